@@ -1,0 +1,205 @@
+/* The configuration model: an immutable object built once from sidecar.yaml
+ * (SPEC section 2) and shared read-only by every thread. Reload builds a new
+ * one and swaps it; requests in flight keep a reference to the one they
+ * started with. All durations are milliseconds, sizes bytes, rates per
+ * second. Every string is owned by the config and freed by config_free(). */
+#ifndef SLUICE_POLICIES_CONFIG_H
+#define SLUICE_POLICIES_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/error.h"
+
+/* HTTP methods as a bit mask (routes' and idempotency's `methods`). */
+enum sc_method {
+    SC_M_GET = 1 << 0,
+    SC_M_HEAD = 1 << 1,
+    SC_M_POST = 1 << 2,
+    SC_M_PUT = 1 << 3,
+    SC_M_PATCH = 1 << 4,
+    SC_M_DELETE = 1 << 5,
+    SC_M_OPTIONS = 1 << 6,
+    SC_M_TRACE = 1 << 7,
+    SC_M_CONNECT = 1 << 8,
+    SC_M_OTHER = 1 << 15, /* any method not named above */
+};
+#define SC_M_ALL 0xffffu
+
+/* Returns the bit for a method name (case-sensitive, as HTTP says), or
+ * SC_M_OTHER for an unknown token. */
+unsigned sc_method_bit(const char *name);
+
+/* Where a value came from, for check-time errors reported after parsing
+ * (e.g. a lease shorter than a paired upstream's timeout). */
+struct sc_pos {
+    int line, col;
+};
+
+struct sc_addr {
+    char *host;     /* numeric or name; IPv6 without brackets */
+    uint16_t port;
+    struct sc_pos pos;
+};
+
+struct sc_header {
+    char *name;
+    char *value;    /* after ${ENV} substitution */
+    bool from_env;  /* the raw value named a variable: a secret to redact */
+};
+
+struct sc_tls {
+    bool verify;    /* default true */
+    char *ca_file;  /* "" = system store */
+    struct sc_pos ca_pos;
+};
+
+struct sc_upstream {
+    char *name;
+    char *url;          /* as written (after ${ENV}) */
+    bool https;
+    char *host;         /* from the URL, IPv6 without brackets */
+    uint16_t port;      /* explicit or 80/443 */
+    char *authority;    /* Host header value: host[:port] as in the URL */
+    char *base_path;    /* "" or "/base" without a trailing slash */
+    uint64_t connect_timeout_ms; /* default 2s */
+    uint64_t timeout_ms;         /* default 30s */
+    uint32_t max_connections;    /* default 64 */
+    struct sc_tls tls;
+    struct sc_header *headers;
+    size_t n_headers;
+    struct sc_pos pos, timeout_pos;
+};
+
+enum sc_jitter { SC_JITTER_FULL = 0, SC_JITTER_EQUAL, SC_JITTER_NONE };
+
+/* Transport failures that retry.on may name, as bits. */
+enum sc_transport {
+    SC_T_CONNECT_ERROR = 1 << 0,
+    SC_T_CONNECTION_LOST = 1 << 1,
+    SC_T_TIMEOUT = 1 << 2,
+};
+
+struct sc_retry {
+    uint64_t on_status[10];   /* bit set of statuses 0..599 listed in `on` */
+    unsigned on_transport;    /* SC_T_* bits */
+    uint64_t base_ms;         /* default 1s */
+    double multiplier;        /* default 2 */
+    uint64_t cap_ms;          /* default 6h */
+    uint32_t max_attempts;    /* default 8 */
+    uint64_t max_delay_ms;    /* default 7d, at most 7d */
+    enum sc_jitter jitter;    /* default full */
+};
+
+/* True when retry.on lists this status. */
+bool sc_retry_on_status(const struct sc_retry *r, int status);
+
+enum sc_fp_part { SC_FP_METHOD = 1 << 0, SC_FP_PATH = 1 << 1, SC_FP_BODY = 1 << 2 };
+
+struct sc_idempotency {
+    bool enabled;             /* the block is present */
+    char *header;             /* default Idempotency-Key */
+    unsigned methods;         /* default POST PUT PATCH DELETE */
+    bool required;            /* default true */
+    uint64_t ttl_ms;          /* default 24h */
+    uint64_t lease_ms;        /* default 60s */
+    unsigned fingerprint;     /* SC_FP_* bits; default all three */
+    uint64_t replay_status[10]; /* bit set of statuses; default 2xx and 4xx */
+    uint64_t max_stored_body; /* default 1MiB */
+    struct sc_pos pos, lease_pos;
+};
+
+bool sc_idem_replays_status(const struct sc_idempotency *i, int status);
+
+enum sc_mode { SC_MODE_ENFORCE = 0, SC_MODE_SHADOW };
+enum sc_shared { SC_SHARED_LOCAL = 0, SC_SHARED_REDIS };
+
+struct sc_policy {
+    char *name;
+    bool has_rate;            /* `rate` given: the policy has a bucket */
+    double rate;              /* tokens per second, > 0 */
+    uint32_t burst;           /* default 1, >= 1 */
+    uint64_t max_wait_ms;     /* default 2s */
+    uint32_t concurrency;     /* 0 = no limit */
+    enum sc_mode mode;
+    char *partition_header;   /* NULL = no partitions */
+    uint32_t partition_max;   /* default 10000 */
+    enum sc_shared shared;
+    struct sc_retry retry;
+    struct sc_idempotency idem;
+    struct sc_pos pos;
+};
+
+struct sc_route {
+    char *name;               /* metrics label; default the prefix */
+    char *prefix;
+    unsigned methods;         /* SC_M_ALL when not filtered */
+    size_t upstream;          /* index into config->upstreams */
+    long policy;              /* index into config->policies, -1 = default */
+    char *strip_prefix;       /* "" = none */
+    struct sc_pos pos;
+};
+
+enum sc_log_level { SC_LOG_ERROR = 0, SC_LOG_WARN, SC_LOG_INFO, SC_LOG_DEBUG };
+enum sc_backend { SC_BACKEND_ROCKSDB = 0, SC_BACKEND_REDIS };
+
+struct sc_config {
+    char *file;               /* path it was loaded from */
+    struct sc_addr listen;    /* default 127.0.0.1:8080 */
+    struct sc_addr admin;     /* default 127.0.0.1:9901 */
+    uint32_t threads;         /* 0 = one per core (resolved at start) */
+    struct {
+        enum sc_backend backend;
+        char *path;           /* default ./data */
+        bool sync;
+        char *url;            /* redis */
+        char *key_prefix;     /* default "sluice:" */
+        uint32_t fleet_size;  /* default 1 */
+    } store;
+    struct {
+        uint64_t max_body;        /* default 8MiB */
+        uint64_t max_header;      /* default 16KiB */
+        uint32_t max_connections; /* default 4096 */
+        uint64_t drain_timeout_ms;/* default 10s */
+    } limits;
+    struct {
+        enum sc_log_level level;
+        bool access;
+    } log;
+    struct {
+        char *statsd;         /* "" = off */
+    } metrics;
+    struct sc_upstream *upstreams;
+    size_t n_upstreams;
+    struct sc_policy *policies;
+    size_t n_policies;
+    struct sc_route *routes;
+    size_t n_routes;
+    /* The policy routes without a `policy` use: no bucket, no limit, no
+     * idempotency, the default retry block. */
+    struct sc_policy default_policy;
+};
+
+/* Parses and validates a YAML file. On success returns 0 and an owned config
+ * in *out. On failure returns a negative code and fills errs with every
+ * problem found, each with file:line:col. */
+int config_load_file(const char *path, struct sc_config **out,
+                     struct sc_errors *errs);
+
+/* Same, from a buffer; `name` is the file name used in errors. */
+int config_load_string(const char *name, const char *yaml, size_t len,
+                       struct sc_config **out, struct sc_errors *errs);
+
+void config_free(struct sc_config *cfg);
+
+/* The effective config as a JSON text (owned, free()), with header values
+ * and secrets redacted; NULL on allocation failure. */
+char *config_to_json(const struct sc_config *cfg);
+
+/* Lookups by name; NULL / -1 when absent. */
+const struct sc_upstream *config_upstream(const struct sc_config *cfg,
+                                          const char *name);
+long config_policy_index(const struct sc_config *cfg, const char *name);
+
+#endif

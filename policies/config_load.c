@@ -1,0 +1,1982 @@
+/* The sidecar.yaml loader: libyaml's document API -> struct sc_config.
+ *
+ * Driven by the schema tables at the end of this file (one row per key, see
+ * config_internal.h). Each mapping is read in two passes: the first matches
+ * the document's keys to rows (unknown and duplicate keys are reported
+ * there), the second walks the rows in table order, parsing the given value
+ * or applying the default. Table order therefore decides dependencies: store
+ * before policies (shared: redis), upstreams and policies before routes
+ * (name references), whatever order the file uses.
+ *
+ * Every problem is collected, with file:line:col, rather than stopping at
+ * the first; errors are sorted by position at the end. */
+#define _GNU_SOURCE
+#include "policies/config.h"
+#include "policies/config_internal.h"
+#include "policies/units.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+#define CFG_MAX_KEYS 16
+#define CFG_MAX_FILE (16u << 20)   /* a config larger than this is a mistake */
+
+_Static_assert(sizeof(enum sc_jitter) == sizeof(int), "enums stored as int");
+_Static_assert(sizeof(enum sc_mode) == sizeof(int), "enums stored as int");
+_Static_assert(sizeof(enum sc_shared) == sizeof(int), "enums stored as int");
+_Static_assert(sizeof(enum sc_backend) == sizeof(int), "enums stored as int");
+_Static_assert(sizeof(enum sc_log_level) == sizeof(int), "enums stored as int");
+
+struct cfg_loader {
+    const char *file;
+    yaml_document_t doc;
+    bool have_doc;
+    struct sc_config *cfg;
+    struct sc_errors *errs;
+    size_t first_err;      /* errors before this index are the caller's */
+    bool oom;
+    char path[512];        /* dotted path of the key being parsed */
+    char **scratch;        /* expanded scalars, freed with the loader */
+    size_t n_scratch, cap_scratch;
+};
+
+/* ---- errors and positions -------------------------------------------- */
+
+static struct sc_pos pos_of(const yaml_node_t *n)
+{
+    struct sc_pos p = {0, 0};
+
+    if (n) {
+        p.line = (int)n->start_mark.line + 1;
+        p.col = (int)n->start_mark.column + 1;
+    }
+    return p;
+}
+
+__attribute__((format(printf, 3, 4)))
+static void err_at(struct cfg_loader *lc, struct sc_pos p, const char *fmt, ...)
+{
+    char text[SC_ERROR_TEXT_MAX];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    if (sc_errors_add(lc->errs, lc->file, p.line, p.col, "%s", text) != 0)
+        lc->oom = true;
+}
+
+/* "PATH: text" at node n: a problem with the value being parsed. */
+__attribute__((format(printf, 3, 4)))
+static void err_val(struct cfg_loader *lc, const yaml_node_t *n,
+                    const char *fmt, ...)
+{
+    char text[SC_ERROR_TEXT_MAX];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    err_at(lc, pos_of(n), "%s: %s", lc->path, text);
+}
+
+/* "PATH.key: text" at p: a block check about one of the block's keys. */
+__attribute__((format(printf, 4, 5)))
+static void err_sub(struct cfg_loader *lc, struct sc_pos p, const char *key,
+                    const char *fmt, ...)
+{
+    char text[SC_ERROR_TEXT_MAX];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    err_at(lc, p, "%s.%s: %s", lc->path, key, text);
+}
+
+/* " in PATH", or "" at the top level. */
+static const char *in_path(const struct cfg_loader *lc, char *buf, size_t len)
+{
+    if (!lc->path[0])
+        return "";
+    snprintf(buf, len, " in %s", lc->path);
+    return buf;
+}
+
+static size_t path_push(struct cfg_loader *lc, const char *seg)
+{
+    size_t len = strlen(lc->path);
+    const char *dot = len && seg[0] != '[' ? "." : "";
+
+    snprintf(lc->path + len, sizeof lc->path - len, "%s%s", dot, seg);
+    return len;
+}
+
+static void path_pop(struct cfg_loader *lc, size_t len)
+{
+    lc->path[len] = '\0';
+}
+
+/* ---- suggestions ----------------------------------------------------- */
+
+/* Optimal string alignment distance, ignoring case, so that a transposition
+ * ("burts") is one edit. Words over 63 bytes are never close. */
+static size_t edit_distance(const char *a, const char *b)
+{
+    unsigned short d[64][64];
+    size_t la = strlen(a), lb = strlen(b), i, j;
+
+    if (la > 63 || lb > 63)
+        return SIZE_MAX;
+    for (i = 0; i <= la; i++)
+        d[i][0] = (unsigned short)i;
+    for (j = 0; j <= lb; j++)
+        d[0][j] = (unsigned short)j;
+    for (i = 1; i <= la; i++) {
+        for (j = 1; j <= lb; j++) {
+            int ca = tolower((unsigned char)a[i - 1]);
+            int cb = tolower((unsigned char)b[j - 1]);
+            unsigned v = d[i - 1][j - 1] + (ca != cb);
+            if (d[i - 1][j] + 1u < v)
+                v = d[i - 1][j] + 1u;
+            if (d[i][j - 1] + 1u < v)
+                v = d[i][j - 1] + 1u;
+            if (i > 1 && j > 1 && ca == tolower((unsigned char)b[j - 2]) &&
+                tolower((unsigned char)a[i - 2]) == cb && d[i - 2][j - 2] + 1u < v)
+                v = d[i - 2][j - 2] + 1u;
+            d[i][j] = (unsigned short)v;
+        }
+    }
+    return d[la][lb];
+}
+
+struct suggest {
+    const char *word;
+    const char *best;
+    size_t limit;   /* candidates must be closer than this */
+};
+
+static void suggest_init(struct suggest *sg, const char *word)
+{
+    size_t len = strlen(word);
+
+    sg->word = word;
+    sg->best = NULL;
+    sg->limit = (len / 3 > 1 ? len / 3 : 1) + 1;
+}
+
+static void suggest_try(struct suggest *sg, const char *cand)
+{
+    size_t d;
+
+    if (!cand)
+        return;
+    d = edit_distance(sg->word, cand);
+    if (d < sg->limit) {
+        sg->limit = d;
+        sg->best = cand;
+    }
+}
+
+/* " (did you mean "x"?)" or "". */
+static const char *hint(const struct suggest *sg, char *buf, size_t len)
+{
+    if (!sg->best)
+        return "";
+    snprintf(buf, len, " (did you mean \"%s\"?)", sg->best);
+    return buf;
+}
+
+/* ---- scalars --------------------------------------------------------- */
+
+static yaml_node_t *node_at(struct cfg_loader *lc, int index)
+{
+    return yaml_document_get_node(&lc->doc, index);
+}
+
+static const char *raw(const yaml_node_t *n)
+{
+    return (const char *)n->data.scalar.value;
+}
+
+/* A plain empty, "~" or "null" scalar: YAML's way of writing nothing. */
+static bool is_null(const yaml_node_t *n)
+{
+    const char *v;
+
+    if (!n || n->type != YAML_SCALAR_NODE ||
+        n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+        return false;
+    v = raw(n);
+    return !*v || !strcmp(v, "~") || !strcmp(v, "null") ||
+           !strcmp(v, "Null") || !strcmp(v, "NULL");
+}
+
+static void type_error(struct cfg_loader *lc, const yaml_node_t *n,
+                       const char *what)
+{
+    if (n->type == YAML_SCALAR_NODE)
+        err_val(lc, n, "expected %s, got \"%s\"", what, raw(n));
+    else
+        err_val(lc, n, "expected %s, got %s", what,
+                n->type == YAML_MAPPING_NODE ? "a mapping" : "a list");
+}
+
+/* Takes ownership of s until the loader ends. */
+static const char *keep(struct cfg_loader *lc, char *s)
+{
+    if (s && lc->n_scratch == lc->cap_scratch) {
+        size_t cap = lc->cap_scratch ? lc->cap_scratch * 2 : 16;
+        char **v = realloc(lc->scratch, cap * sizeof *v);
+        if (!v) {
+            free(s);
+            s = NULL;
+        } else {
+            lc->scratch = v;
+            lc->cap_scratch = cap;
+        }
+    }
+    if (!s) {
+        lc->oom = true;
+        return NULL;
+    }
+    lc->scratch[lc->n_scratch++] = s;
+    return s;
+}
+
+struct sbuf {
+    char *p;
+    size_t n, cap;
+    bool oom;
+};
+
+static void sb_add(struct sbuf *b, const char *s, size_t n)
+{
+    if (b->oom || n == 0)
+        return;
+    if (b->n + n > b->cap) {
+        size_t cap = (b->n + n) * 2 + 16;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+}
+
+static bool is_env_name(const char *s, size_t n)
+{
+    size_t i;
+
+    if (n == 0 || isdigit((unsigned char)s[0]))
+        return false;
+    for (i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && s[i] != '_')
+            return false;
+    return true;
+}
+
+/* Appends the value of ${NAME} at *s (just past "${") and advances *s past
+ * the "}". False, with the error recorded, when it cannot. */
+static bool expand_one(struct cfg_loader *lc, const yaml_node_t *n,
+                       const char **s, struct sbuf *b)
+{
+    const char *close = strchr(*s, '}');
+    const char *val;
+    char name[256];
+    size_t len;
+
+    if (!close) {
+        err_val(lc, n, "unterminated \"${\" in \"%s\"", raw(n));
+        return false;
+    }
+    len = (size_t)(close - *s);
+    if (!is_env_name(*s, len) || len >= sizeof name) {
+        err_val(lc, n, "invalid variable name \"${%.*s}\"", (int)len, *s);
+        return false;
+    }
+    memcpy(name, *s, len);
+    name[len] = '\0';
+    val = getenv(name);
+    if (!val) {
+        err_val(lc, n, "environment variable \"%s\" is not set", name);
+        return false;
+    }
+    sb_add(b, val, strlen(val));
+    *s = close + 1;
+    return true;
+}
+
+/* The scalar's text with every ${NAME} replaced from the environment; NULL
+ * (error recorded) when a variable is unset or the text is malformed. */
+static const char *expand_env(struct cfg_loader *lc, const yaml_node_t *n)
+{
+    const char *s = raw(n), *open;
+    struct sbuf b = {0};
+
+    if (strlen(s) != n->data.scalar.length) {
+        err_val(lc, n, "contains a NUL character");
+        return NULL;
+    }
+    if (!strstr(s, "${"))
+        return s;
+    while ((open = strstr(s, "${"))) {
+        sb_add(&b, s, (size_t)(open - s));
+        s = open + 2;
+        if (!expand_one(lc, n, &s, &b)) {
+            free(b.p);
+            return NULL;
+        }
+    }
+    sb_add(&b, s, strlen(s) + 1);
+    if (b.oom) {
+        free(b.p);
+        lc->oom = true;
+        return NULL;
+    }
+    return keep(lc, b.p);
+}
+
+/* The text of a scalar value after ${NAME} expansion (owned by the loader),
+ * or NULL with an error recorded. */
+static const char *scalar_text(struct cfg_loader *lc, const yaml_node_t *n,
+                               const char *what)
+{
+    if (n->type != YAML_SCALAR_NODE) {
+        type_error(lc, n, what);
+        return NULL;
+    }
+    return expand_env(lc, n);
+}
+
+/* A mapping key: a scalar taken as written (no ${} expansion), or NULL. */
+static const char *key_name(struct cfg_loader *lc, const yaml_node_t *key)
+{
+    char in[600];
+
+    if (key->type == YAML_SCALAR_NODE)
+        return raw(key);
+    err_at(lc, pos_of(key), "invalid key%s: expected a string, got %s",
+           in_path(lc, in, sizeof in),
+           key->type == YAML_MAPPING_NODE ? "a mapping" : "a list");
+    return NULL;
+}
+
+static void set_string(struct cfg_loader *lc, char **field, const char *s)
+{
+    char *copy = strdup(s);
+
+    if (!copy) {
+        lc->oom = true;
+        return;
+    }
+    free(*field);
+    *field = copy;
+}
+
+/* ---- value types ----------------------------------------------------- */
+
+/* A text handler parses one scalar (or one list element) s into its field in
+ * obj; `at` is the node for errors, NULL when s is the row's default. */
+typedef void (*text_fn)(struct cfg_loader *lc, const struct cfg_key *k,
+                        const char *s, void *obj, const yaml_node_t *at);
+typedef int (*num_fn)(const char *s, double *v);
+
+static int num_whole(const char *s, double *v)
+{
+    const char *p = s + (*s == '-');
+    double x = 0;
+
+    if (!*p)
+        return -EINVAL;
+    for (; *p; p++) {
+        if (!isdigit((unsigned char)*p))
+            return -EINVAL;
+        x = x * 10 + (*p - '0');
+    }
+    *v = *s == '-' ? -x : x;
+    return 0;
+}
+
+static int num_decimal(const char *s, double *v)
+{
+    const char *p = s + (*s == '-');
+    size_t digits = strspn(p, "0123456789");
+
+    if (!digits || (p[digits] && (p[digits] != '.' || !p[digits + 1] ||
+                                  strspn(p + digits + 1, "0123456789") !=
+                                      strlen(p + digits + 1))))
+        return -EINVAL;
+    *v = strtod(s, NULL);
+    return 0;
+}
+
+static int num_duration(const char *s, double *v)
+{
+    uint64_t ms;
+    int rc = units_parse_duration(s, &ms, NULL, 0);
+
+    if (rc == 0)
+        *v = (double)ms;
+    return rc;
+}
+
+static int num_size(const char *s, double *v)
+{
+    uint64_t b;
+    int rc = units_parse_size(s, &b, NULL, 0);
+
+    if (rc == 0)
+        *v = (double)b;
+    return rc;
+}
+
+/* Bounds are written in the key's own syntax, so the message can quote them
+ * as the operator would write them. */
+static bool in_bounds(struct cfg_loader *lc, const yaml_node_t *at, num_fn num,
+                      double v, const char *s, const char *min,
+                      const char *max)
+{
+    double b;
+
+    if (min && num(min, &b) == 0 && v < b) {
+        err_val(lc, at, "must be at least %s, got \"%s\"", min, s);
+        return false;
+    }
+    if (max && num(max, &b) == 0 && v > b) {
+        err_val(lc, at, "must be at most %s, got \"%s\"", max, s);
+        return false;
+    }
+    return true;
+}
+
+static void text_string(struct cfg_loader *lc, const struct cfg_key *k,
+                        const char *s, void *obj, const yaml_node_t *at)
+{
+    char why[160] = "";
+
+    if (k->valid && !k->valid(s, why, sizeof why)) {
+        err_val(lc, at, "invalid value \"%s\" (%s)", s, why);
+        return;
+    }
+    set_string(lc, CFG_FIELD(obj, k->off), s);
+}
+
+static void text_bool(struct cfg_loader *lc, const struct cfg_key *k,
+                      const char *s, void *obj, const yaml_node_t *at)
+{
+    bool *f = CFG_FIELD(obj, k->off);
+
+    if (!strcmp(s, "true"))
+        *f = true;
+    else if (!strcmp(s, "false"))
+        *f = false;
+    else
+        err_val(lc, at, "invalid boolean \"%s\" (only true or false are "
+                "accepted)", s);
+}
+
+static void text_u32(struct cfg_loader *lc, const struct cfg_key *k,
+                     const char *s, void *obj, const yaml_node_t *at)
+{
+    double v;
+
+    if (num_whole(s, &v) != 0) {
+        err_val(lc, at, "invalid number \"%s\" (expected a whole number)", s);
+        return;
+    }
+    if (in_bounds(lc, at, num_whole, v, s, k->min ? k->min : "0",
+                  k->max ? k->max : "4294967295"))
+        *(uint32_t *)CFG_FIELD(obj, k->off) = (uint32_t)v;
+}
+
+static void text_double(struct cfg_loader *lc, const struct cfg_key *k,
+                        const char *s, void *obj, const yaml_node_t *at)
+{
+    double v;
+
+    if (num_decimal(s, &v) != 0) {
+        err_val(lc, at, "invalid number \"%s\" (expected a number such as 2 "
+                "or 1.5)", s);
+        return;
+    }
+    if (in_bounds(lc, at, num_decimal, v, s, k->min, k->max))
+        *(double *)CFG_FIELD(obj, k->off) = v;
+}
+
+static void text_duration(struct cfg_loader *lc, const struct cfg_key *k,
+                          const char *s, void *obj, const yaml_node_t *at)
+{
+    char why[160];
+    uint64_t ms;
+
+    if (units_parse_duration(s, &ms, why, sizeof why) != 0) {
+        err_val(lc, at, "invalid duration \"%s\" (%s)", s, why);
+        return;
+    }
+    if (in_bounds(lc, at, num_duration, (double)ms, s, k->min, k->max))
+        *(uint64_t *)CFG_FIELD(obj, k->off) = ms;
+}
+
+static void text_size(struct cfg_loader *lc, const struct cfg_key *k,
+                      const char *s, void *obj, const yaml_node_t *at)
+{
+    char why[160];
+    uint64_t b;
+
+    if (units_parse_size(s, &b, why, sizeof why) != 0) {
+        err_val(lc, at, "invalid size \"%s\" (%s)", s, why);
+        return;
+    }
+    if (in_bounds(lc, at, num_size, (double)b, s, k->min, k->max))
+        *(uint64_t *)CFG_FIELD(obj, k->off) = b;
+}
+
+static void text_rate(struct cfg_loader *lc, const struct cfg_key *k,
+                      const char *s, void *obj, const yaml_node_t *at)
+{
+    char why[160];
+    double r;
+
+    if (units_parse_rate(s, &r, why, sizeof why) != 0)
+        err_val(lc, at, "invalid rate \"%s\" (%s)", s, why);
+    else
+        *(double *)CFG_FIELD(obj, k->off) = r;
+}
+
+/* "a, b or c" */
+static const char *join_names(const struct cfg_name *names, char *buf,
+                              size_t len)
+{
+    size_t used = 0;
+
+    buf[0] = '\0';
+    for (; names->name && used < len; names++) {
+        const char *sep = !used ? "" : names[1].name ? ", " : " or ";
+        used += (size_t)snprintf(buf + used, len - used, "%s%s", sep,
+                                 names->name);
+    }
+    return buf;
+}
+
+static const struct cfg_name *find_name(const struct cfg_name *names,
+                                        const char *s)
+{
+    for (; names->name; names++)
+        if (!strcmp(names->name, s))
+            return names;
+    return NULL;
+}
+
+/* "invalid value "x" (expected EXPECT; did you mean "y"?)", suggesting the
+ * nearest of names. */
+static void bad_value(struct cfg_loader *lc, const struct cfg_name *names,
+                      const char *s, const char *expect, const yaml_node_t *at)
+{
+    const struct cfg_name *n;
+    struct suggest sg;
+    char mean[120] = "";
+
+    suggest_init(&sg, s);
+    for (n = names; n->name; n++)
+        suggest_try(&sg, n->name);
+    if (sg.best)
+        snprintf(mean, sizeof mean, "; did you mean \"%s\"?", sg.best);
+    err_val(lc, at, "invalid value \"%s\" (expected %s%s)", s, expect, mean);
+}
+
+static void bad_name(struct cfg_loader *lc, const struct cfg_name *names,
+                     const char *s, const yaml_node_t *at)
+{
+    char list[200];
+
+    bad_value(lc, names, s, join_names(names, list, sizeof list), at);
+}
+
+static void text_enum(struct cfg_loader *lc, const struct cfg_key *k,
+                      const char *s, void *obj, const yaml_node_t *at)
+{
+    const struct cfg_name *n = find_name(k->names, s);
+
+    if (n)
+        *(int *)CFG_FIELD(obj, k->off) = n->value;
+    else
+        bad_name(lc, k->names, s, at);
+}
+
+static void text_addr(struct cfg_loader *lc, const struct cfg_key *k,
+                      const char *s, void *obj, const yaml_node_t *at)
+{
+    struct sc_addr *a = CFG_FIELD(obj, k->off);
+    char why[160], *host;
+    uint16_t port;
+
+    a->pos = pos_of(at);
+    if (units_parse_hostport(s, &host, &port, why, sizeof why) != 0) {
+        err_val(lc, at, "invalid address \"%s\" (%s)", s, why);
+        return;
+    }
+    free(a->host);
+    a->host = host;
+    a->port = port;
+}
+
+/* ---- upstream URL ---------------------------------------------------- */
+
+static int url_fail(char *why, size_t wlen, const char *msg)
+{
+    snprintf(why, wlen, "%s", msg);
+    return -EINVAL;
+}
+
+/* Checks the base path of an upstream URL: printable ASCII, no query. */
+static int url_check_path(const char *path, char *why, size_t wlen)
+{
+    const char *p;
+
+    if (path[strcspn(path, "?#")])
+        return url_fail(why, wlen, "a query or fragment is not allowed");
+    for (p = path; *p; p++)
+        if ((unsigned char)*p <= 0x20 || (unsigned char)*p >= 0x7f)
+            return url_fail(why, wlen, "invalid character in the path");
+    return 0;
+}
+
+/* http(s)://host[:port][/base] into the URL fields of u. */
+static int parse_url(const char *s, struct sc_upstream *u, char *why,
+                     size_t wlen)
+{
+    bool https = !strncasecmp(s, "https://", 8);
+    const char *auth = s + (https ? 8 : 7), *path;
+    size_t alen, plen;
+    char *host = NULL;
+    int port;
+
+    if (!https && strncasecmp(s, "http://", 7))
+        return url_fail(why, wlen, "expected http:// or https://");
+    alen = strcspn(auth, "/?#");
+    if (memchr(auth, '@', alen))
+        return url_fail(why, wlen, "credentials in the URL are not "
+                        "supported; set an Authorization header instead");
+    if (alen == 0)
+        return url_fail(why, wlen, "missing host");
+    path = auth + alen;
+    if (url_check_path(path, why, wlen) ||
+        units_parse_authority(auth, alen, &host, &port, why, wlen))
+        return -EINVAL;
+    if (port == 0) {
+        free(host);
+        return url_fail(why, wlen, "port 0 is not a port to connect to");
+    }
+    for (plen = strlen(path); plen && path[plen - 1] == '/'; plen--)
+        ;
+    u->https = https;
+    u->host = host;
+    u->port = (uint16_t)(port > 0 ? port : https ? 443 : 80);
+    u->url = strdup(s);
+    u->authority = strndup(auth, alen);
+    u->base_path = strndup(path, plen);
+    return 0;
+}
+
+static void text_url(struct cfg_loader *lc, const struct cfg_key *k,
+                     const char *s, void *obj, const yaml_node_t *at)
+{
+    struct sc_upstream *u = CFG_FIELD(obj, k->off);
+    char why[160];
+
+    free(u->url);
+    free(u->host);
+    free(u->authority);
+    free(u->base_path);
+    u->url = u->host = u->authority = u->base_path = NULL;
+    if (parse_url(s, u, why, sizeof why) != 0)
+        err_val(lc, at, "invalid URL \"%s\" (%s)", s, why);
+    else if (!u->url || !u->authority || !u->base_path)
+        lc->oom = true;
+}
+
+/* ---- references between sections ------------------------------------- */
+
+static void text_upstream_ref(struct cfg_loader *lc, const struct cfg_key *k,
+                              const char *s, void *obj, const yaml_node_t *at)
+{
+    const struct sc_config *cfg = lc->cfg;
+    const struct sc_upstream *u = config_upstream(cfg, s);
+    size_t *f = CFG_FIELD(obj, k->off), i;
+    struct suggest sg;
+    char h[120];
+
+    /* SIZE_MAX marks a route whose upstream did not resolve, so the cross
+     * checks skip it instead of reading a wrong upstream. */
+    *f = u ? (size_t)(u - cfg->upstreams) : SIZE_MAX;
+    if (u)
+        return;
+    suggest_init(&sg, s);
+    for (i = 0; i < cfg->n_upstreams; i++)
+        suggest_try(&sg, cfg->upstreams[i].name);
+    err_val(lc, at, "unknown upstream \"%s\"%s", s, hint(&sg, h, sizeof h));
+}
+
+static void text_policy_ref(struct cfg_loader *lc, const struct cfg_key *k,
+                            const char *s, void *obj, const yaml_node_t *at)
+{
+    const struct sc_config *cfg = lc->cfg;
+    long *f = CFG_FIELD(obj, k->off);
+    struct suggest sg;
+    char h[120];
+    size_t i;
+
+    /* "" and "default" name the built-in default policy. */
+    *f = !*s || !strcmp(s, "default") ? -1 : config_policy_index(cfg, s);
+    if (*f >= 0 || !*s || !strcmp(s, "default"))
+        return;
+    suggest_init(&sg, s);
+    for (i = 0; i < cfg->n_policies; i++)
+        suggest_try(&sg, cfg->policies[i].name);
+    err_val(lc, at, "unknown policy \"%s\"%s", s, hint(&sg, h, sizeof h));
+}
+
+/* ---- list elements --------------------------------------------------- */
+
+static bool has_lower(const char *s)
+{
+    for (; *s; s++)
+        if (islower((unsigned char)*s))
+            return true;
+    return false;
+}
+
+static void elem_method(struct cfg_loader *lc, const struct cfg_key *k,
+                        const char *s, void *obj, const yaml_node_t *at)
+{
+    unsigned *mask = CFG_FIELD(obj, k->off);
+    char up[32];
+    size_t i;
+
+    if (!units_is_token(s)) {
+        err_val(lc, at, "invalid method \"%s\" (expected an HTTP method "
+                "such as GET or POST)", s);
+        return;
+    }
+    if (!has_lower(s)) {
+        *mask |= sc_method_bit(s);
+        return;
+    }
+    for (i = 0; s[i] && i + 1 < sizeof up; i++)
+        up[i] = (char)toupper((unsigned char)s[i]);
+    up[i] = '\0';
+    if (!s[i] && sc_method_bit(up) != SC_M_OTHER)
+        err_val(lc, at, "unknown method \"%s\" (methods are case-sensitive; "
+                "did you mean \"%s\"?)", s, up);
+    else
+        err_val(lc, at, "unknown method \"%s\" (methods are upper-case "
+                "tokens such as GET or POST)", s);
+}
+
+static void elem_flag(struct cfg_loader *lc, const struct cfg_key *k,
+                      const char *s, void *obj, const yaml_node_t *at)
+{
+    const struct cfg_name *n = find_name(k->names, s);
+
+    if (n)
+        *(unsigned *)CFG_FIELD(obj, k->off) |= (unsigned)n->value;
+    else
+        bad_name(lc, k->names, s, at);
+}
+
+/* Exactly three digits from 100 to 599, else -1. */
+static int status_code(const char *s)
+{
+    if (strlen(s) != 3 || strspn(s, "0123456789") != 3)
+        return -1;
+    int v = atoi(s);
+    return v >= 100 && v <= 599 ? v : -1;
+}
+
+static void elem_status(struct cfg_loader *lc, const struct cfg_key *k,
+                        const char *s, void *obj, const yaml_node_t *at)
+{
+    uint64_t *set = CFG_FIELD(obj, k->off);
+    int code = status_code(s), c;
+
+    if (code > 0) {
+        cfg_bit_set(set, code);
+        return;
+    }
+    if (strlen(s) == 3 && s[0] >= '2' && s[0] <= '5' && !strcmp(s + 1, "xx")) {
+        for (c = (s[0] - '0') * 100; c < (s[0] - '0' + 1) * 100; c++)
+            cfg_bit_set(set, c);
+        return;
+    }
+    err_val(lc, at, "invalid status \"%s\" (expected 2xx, 3xx, 4xx, 5xx or "
+            "a status code from 100 to 599)", s);
+}
+
+static const struct cfg_name transport_names[] = {
+    {"connect_error", SC_T_CONNECT_ERROR},
+    {"connection_lost", SC_T_CONNECTION_LOST},
+    {"timeout", SC_T_TIMEOUT},
+    {NULL, 0},
+};
+
+static void elem_retry_on(struct cfg_loader *lc, const struct cfg_key *k,
+                          const char *s, void *obj, const yaml_node_t *at)
+{
+    struct sc_retry *r = CFG_FIELD(obj, k->off);
+    const struct cfg_name *n = find_name(transport_names, s);
+    int code = status_code(s);
+
+    if (code > 0)
+        cfg_bit_set(r->on_status, code);
+    else if (n)
+        r->on_transport |= (unsigned)n->value;
+    else
+        bad_value(lc, transport_names, s, "a status code from 100 to 599, "
+                  "connect_error, connection_lost or timeout", at);
+}
+
+static void reset_mask(void *f)
+{
+    *(unsigned *)f = 0;
+}
+
+static void reset_statuses(void *f)
+{
+    memset(f, 0, sizeof ((struct sc_retry *)0)->on_status);
+}
+
+static void reset_retry_on(void *f)
+{
+    struct sc_retry *r = f;
+
+    memset(r->on_status, 0, sizeof r->on_status);
+    r->on_transport = 0;
+}
+
+/* ---- dispatch -------------------------------------------------------- */
+
+typedef void (*node_fn)(struct cfg_loader *lc, const struct cfg_key *k,
+                        yaml_node_t *n, void *obj, struct sc_pos at_key);
+
+static void parse_headers(struct cfg_loader *, const struct cfg_key *,
+                          yaml_node_t *, void *, struct sc_pos);
+static void parse_subblock(struct cfg_loader *, const struct cfg_key *,
+                           yaml_node_t *, void *, struct sc_pos);
+static void parse_named(struct cfg_loader *, const struct cfg_key *,
+                        yaml_node_t *, void *, struct sc_pos);
+static void parse_seq(struct cfg_loader *, const struct cfg_key *,
+                      yaml_node_t *, void *, struct sc_pos);
+
+/* How each type is read: a scalar text handler, a list (element handler +
+ * reset) or a structure (node handler). */
+struct type_ops {
+    const char *what;      /* for "expected WHAT, got ..." */
+    text_fn text;
+    void (*reset)(void *field);
+    node_fn node;
+};
+
+static const struct type_ops types[CT_COUNT] = {
+    [CT_STRING] = {"a string", text_string, NULL, NULL},
+    [CT_BOOL] = {"true or false", text_bool, NULL, NULL},
+    [CT_U32] = {"a whole number", text_u32, NULL, NULL},
+    [CT_DOUBLE] = {"a number", text_double, NULL, NULL},
+    [CT_DURATION] = {"a duration such as 250ms or 30s", text_duration, NULL, NULL},
+    [CT_SIZE] = {"a size such as 512 or 16KiB", text_size, NULL, NULL},
+    [CT_RATE] = {"a rate such as 10/s", text_rate, NULL, NULL},
+    [CT_ENUM] = {"a name", text_enum, NULL, NULL},
+    [CT_ADDR] = {"host:port", text_addr, NULL, NULL},
+    [CT_URL] = {"a URL", text_url, NULL, NULL},
+    [CT_METHODS] = {"an HTTP method", elem_method, reset_mask, NULL},
+    [CT_FLAGS] = {"a name", elem_flag, reset_mask, NULL},
+    [CT_STATUSES] = {"a status", elem_status, reset_statuses, NULL},
+    [CT_RETRY_ON] = {"a status code or a failure name", elem_retry_on,
+                     reset_retry_on, NULL},
+    [CT_HEADERS] = {"a mapping of header names to values", NULL, NULL,
+                    parse_headers},
+    [CT_BLOCK] = {"a mapping", NULL, NULL, parse_subblock},
+    [CT_NAMED] = {"a mapping of names", NULL, NULL, parse_named},
+    [CT_LIST] = {"a list", NULL, NULL, parse_seq},
+    [CT_UPSTREAM_REF] = {"an upstream name", text_upstream_ref, NULL, NULL},
+    [CT_POLICY_REF] = {"a policy name", text_policy_ref, NULL, NULL},
+};
+
+static void parse_list(struct cfg_loader *lc, const struct cfg_key *k,
+                       yaml_node_t *n, void *obj)
+{
+    const struct type_ops *t = &types[k->type];
+    yaml_node_item_t *it;
+
+    t->reset(CFG_FIELD(obj, k->off));
+    if (n->type != YAML_SEQUENCE_NODE) {
+        type_error(lc, n, "a list such as [a, b]");
+        return;
+    }
+    if (k->nonempty && n->data.sequence.items.start == n->data.sequence.items.top) {
+        err_val(lc, n, "must not be empty");
+        return;
+    }
+    for (it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
+        yaml_node_t *e = node_at(lc, *it);
+        const char *s = scalar_text(lc, e, t->what);
+        if (s)
+            t->text(lc, k, s, obj, e);
+    }
+}
+
+static void parse_value(struct cfg_loader *lc, const struct cfg_key *k,
+                        yaml_node_t *n, void *obj, struct sc_pos at_key)
+{
+    const struct type_ops *t = &types[k->type];
+    const char *s;
+
+    if (t->node)
+        t->node(lc, k, n, obj, at_key);
+    else if (t->reset)
+        parse_list(lc, k, n, obj);
+    else if ((s = scalar_text(lc, n, t->what)))
+        t->text(lc, k, s, obj, n);
+    if (k->pos_off)
+        *(struct sc_pos *)CFG_FIELD(obj, k->pos_off - 1) = pos_of(n);
+    if (k->flag_off)
+        *(bool *)CFG_FIELD(obj, k->flag_off - 1) = true;
+}
+
+static void parse_block(struct cfg_loader *lc, const struct cfg_block *b,
+                        yaml_node_t *map, void *obj, struct sc_pos where);
+
+/* The default of a key that was not given: its def text goes through the
+ * same handler as a value would (lists: one element per comma). */
+static void apply_default(struct cfg_loader *lc, const struct cfg_key *k,
+                          void *obj)
+{
+    const struct type_ops *t = &types[k->type];
+    char item[64];
+    const char *p;
+    size_t n;
+
+    if (k->type == CT_BLOCK) {
+        parse_block(lc, k->block, NULL, CFG_FIELD(obj, k->off),
+                    (struct sc_pos){0, 0});
+    } else if (t->reset) {
+        t->reset(CFG_FIELD(obj, k->off));
+        for (p = k->def; p && *p; p += n + (p[n] == ',')) {
+            n = strcspn(p, ",");
+            snprintf(item, sizeof item, "%.*s", (int)n, p);
+            t->text(lc, k, item, obj, NULL);
+        }
+    } else if (k->def && t->text) {
+        t->text(lc, k, k->def, obj, NULL);
+    }
+}
+
+static bool is_collection(const struct cfg_key *k)
+{
+    return k->type == CT_NAMED || k->type == CT_LIST;
+}
+
+/* One row of a block: the given value, or the default. A null value counts
+ * as not given (collections read it as empty, to say what is missing). */
+static void parse_key(struct cfg_loader *lc, const struct cfg_key *k,
+                      yaml_node_t *key, yaml_node_t *val, void *obj,
+                      bool given, struct sc_pos where)
+{
+    char in[600];
+    size_t mark;
+
+    if (k->required && given && !key)
+        err_at(lc, where, "missing required key \"%s\"%s", k->name,
+               in_path(lc, in, sizeof in));
+    mark = path_push(lc, k->name);
+    if (val && (!is_null(val) || is_collection(k)))
+        parse_value(lc, k, val, obj, pos_of(key));
+    else if (val && k->required)
+        err_val(lc, val, "missing value");
+    else
+        apply_default(lc, k, obj);
+    path_pop(lc, mark);
+}
+
+static long find_key(const struct cfg_block *b, const char *name)
+{
+    size_t i;
+
+    for (i = 0; i < b->n_keys; i++)
+        if (!strcmp(b->keys[i].name, name))
+            return (long)i;
+    return -1;
+}
+
+static void unknown_key(struct cfg_loader *lc, const struct cfg_block *b,
+                        const yaml_node_t *key, const char *name)
+{
+    struct suggest sg;
+    char in[600], h[120];
+    size_t i;
+
+    if (!strcmp(name, "<<")) {
+        err_at(lc, pos_of(key), "YAML merge keys (\"<<\") are not "
+               "supported%s", in_path(lc, in, sizeof in));
+        return;
+    }
+    suggest_init(&sg, name);
+    for (i = 0; i < b->n_keys; i++)
+        suggest_try(&sg, b->keys[i].name);
+    err_at(lc, pos_of(key), "unknown key \"%s\"%s%s", name,
+           in_path(lc, in, sizeof in), hint(&sg, h, sizeof h));
+}
+
+static void duplicate_key(struct cfg_loader *lc, const yaml_node_t *key,
+                          const char *name, struct sc_pos first)
+{
+    char in[600];
+
+    err_at(lc, pos_of(key), "duplicate key \"%s\"%s (first given at line %d)",
+           name, in_path(lc, in, sizeof in), first.line);
+}
+
+/* Pass one: the document's keys matched to the block's rows. */
+static void collect_keys(struct cfg_loader *lc, const struct cfg_block *b,
+                         yaml_node_t *map, yaml_node_t **keys,
+                         yaml_node_t **vals)
+{
+    yaml_node_pair_t *p;
+
+    for (p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
+        yaml_node_t *key = node_at(lc, p->key);
+        const char *name = key_name(lc, key);
+        long i;
+
+        if (!name)
+            continue;
+        i = find_key(b, name);
+        if (i < 0)
+            unknown_key(lc, b, key, name);
+        else if (keys[i])
+            duplicate_key(lc, key, name, pos_of(keys[i]));
+        else {
+            keys[i] = key;
+            vals[i] = node_at(lc, p->value);
+        }
+    }
+}
+
+/* Parses a mapping described by b into obj; map NULL applies the defaults.
+ * A null map is an empty one (so required keys are reported). `where` is
+ * the block's position for "missing key" errors. */
+static void parse_block(struct cfg_loader *lc, const struct cfg_block *b,
+                        yaml_node_t *map, void *obj, struct sc_pos where)
+{
+    yaml_node_t *keys[CFG_MAX_KEYS] = {0}, *vals[CFG_MAX_KEYS] = {0};
+    bool given = map != NULL;
+    size_t i;
+
+    if (b->pos_off)
+        *(struct sc_pos *)CFG_FIELD(obj, b->pos_off - 1) = where;
+    if (map && !is_null(map) && map->type != YAML_MAPPING_NODE) {
+        type_error(lc, map, "a mapping");
+        given = false;
+    } else if (map && map->type == YAML_MAPPING_NODE) {
+        collect_keys(lc, b, map, keys, vals);
+    }
+    for (i = 0; i < b->n_keys; i++)
+        parse_key(lc, &b->keys[i], keys[i], vals[i], obj, given, where);
+    if (given && b->check)
+        b->check(lc, obj, vals, where);
+}
+
+static void parse_subblock(struct cfg_loader *lc, const struct cfg_key *k,
+                           yaml_node_t *n, void *obj, struct sc_pos at_key)
+{
+    parse_block(lc, k->block, n, CFG_FIELD(obj, k->off), at_key);
+}
+
+/* ---- collections ----------------------------------------------------- */
+
+/* Collection elements and their arrays, as described by a CT_NAMED/CT_LIST
+ * row; the count grows as elements are added so config_free sees only
+ * initialised ones. */
+struct coll {
+    const struct cfg_block *b;
+    char *arr;
+    size_t *count;
+};
+
+static bool coll_open(struct cfg_loader *lc, const struct cfg_key *k,
+                      void *obj, size_t cap, struct coll *c)
+{
+    c->b = k->block;
+    c->count = CFG_FIELD(obj, k->n_off);
+    c->arr = calloc(cap, k->block->size);
+    *(void **)CFG_FIELD(obj, k->off) = c->arr;
+    if (!c->arr)
+        lc->oom = true;
+    return c->arr != NULL;
+}
+
+static void *coll_elem(const struct coll *c, size_t i)
+{
+    return c->arr + i * c->b->size;
+}
+
+static bool valid_name(const char *s)
+{
+    size_t n = strlen(s);
+
+    return n > 0 && n <= 64 &&
+           strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                     "0123456789-_.") == n;
+}
+
+static long coll_find(const struct coll *c, const char *name)
+{
+    size_t i;
+
+    for (i = 0; i < *c->count; i++) {
+        const char *n = *(char **)CFG_FIELD(coll_elem(c, i), c->b->name_off - 1);
+        if (n && !strcmp(n, name))
+            return (long)i;
+    }
+    return -1;
+}
+
+/* One "name: {block}" entry of upstreams or policies. */
+static void named_entry(struct cfg_loader *lc, struct coll *c,
+                        yaml_node_t *key, yaml_node_t *val)
+{
+    const char *name = key_name(lc, key);
+    void *elem;
+    size_t mark;
+    long dup;
+
+    if (!name)
+        return;
+    if (!valid_name(name)) {
+        err_at(lc, pos_of(key), "%s: invalid %s name \"%s\" (use up to 64 "
+               "letters, digits, \"-\", \"_\" and \".\")", lc->path,
+               c->b->what, name);
+        return;
+    }
+    if ((dup = coll_find(c, name)) >= 0) {
+        duplicate_key(lc, key, name, *(struct sc_pos *)CFG_FIELD(
+                          coll_elem(c, (size_t)dup), c->b->pos_off - 1));
+        return;
+    }
+    elem = coll_elem(c, (*c->count)++);
+    set_string(lc, CFG_FIELD(elem, c->b->name_off - 1), name);
+    mark = path_push(lc, name);
+    parse_block(lc, c->b, val, elem, pos_of(key));
+    path_pop(lc, mark);
+}
+
+static void parse_named(struct cfg_loader *lc, const struct cfg_key *k,
+                        yaml_node_t *n, void *obj, struct sc_pos at_key)
+{
+    yaml_node_pair_t *p;
+    struct coll c;
+    size_t cap = 0;
+
+    if (n->type == YAML_MAPPING_NODE)
+        cap = (size_t)(n->data.mapping.pairs.top - n->data.mapping.pairs.start);
+    else if (!is_null(n)) {
+        type_error(lc, n, "a mapping of names");
+        return;
+    }
+    if (cap == 0) {
+        if (k->nonempty)
+            err_val(lc, n, "at least one %s is required", k->block->what);
+        return;
+    }
+    if (!coll_open(lc, k, obj, cap, &c))
+        return;
+    for (p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++)
+        named_entry(lc, &c, node_at(lc, p->key), node_at(lc, p->value));
+}
+
+static void parse_seq(struct cfg_loader *lc, const struct cfg_key *k,
+                      yaml_node_t *n, void *obj, struct sc_pos at_key)
+{
+    yaml_node_item_t *it;
+    struct coll c;
+    size_t cap = 0, mark;
+    char seg[32];
+
+    if (n->type == YAML_SEQUENCE_NODE)
+        cap = (size_t)(n->data.sequence.items.top - n->data.sequence.items.start);
+    else if (!is_null(n)) {
+        type_error(lc, n, "a list");
+        return;
+    }
+    if (cap == 0) {
+        if (k->nonempty)
+            err_val(lc, n, "at least one %s is required", k->block->what);
+        return;
+    }
+    if (!coll_open(lc, k, obj, cap, &c))
+        return;
+    for (it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
+        yaml_node_t *item = node_at(lc, *it);
+        snprintf(seg, sizeof seg, "[%zu]", *c.count);
+        mark = path_push(lc, seg);
+        parse_block(lc, c.b, item, coll_elem(&c, (*c.count)++), pos_of(item));
+        path_pop(lc, mark);
+    }
+}
+
+/* ---- upstream headers ------------------------------------------------ */
+
+/* Headers sluice itself owns on the upstream connection (SPEC section 3). */
+static bool reserved_header(const char *name)
+{
+    static const char *const owned[] = {
+        "Host", "Content-Length", "Transfer-Encoding", "Connection",
+        "Keep-Alive", "Proxy-Connection", "TE", "Trailer", "Upgrade", NULL,
+    };
+    const char *const *o;
+
+    for (o = owned; *o; o++)
+        if (!strcasecmp(*o, name))
+            return true;
+    return false;
+}
+
+static void header_entry(struct cfg_loader *lc, struct sc_header *hs,
+                         size_t *count, yaml_node_t *key, yaml_node_t *val)
+{
+    const char *name = key_name(lc, key), *v;
+    struct sc_header *h;
+    size_t i, mark;
+
+    if (!name)
+        return;
+    if (!units_is_token(name) || reserved_header(name)) {
+        err_at(lc, pos_of(key), "%s: %s header name \"%s\"%s", lc->path,
+               reserved_header(name) ? "reserved" : "invalid", name,
+               reserved_header(name) ? " (sluice sets it itself)" : "");
+        return;
+    }
+    for (i = 0; i < *count; i++)
+        if (!strcasecmp(hs[i].name, name))
+            break;
+    mark = path_push(lc, name);
+    v = is_null(val) ? "" : scalar_text(lc, val, "a string");
+    if (i < *count)
+        err_at(lc, pos_of(key), "duplicate header \"%s\" in %.*s", name,
+               (int)mark, lc->path);
+    else if (v && strpbrk(v, "\r\n"))
+        err_val(lc, val, "a header value must not contain CR or LF");
+    else if (v) {
+        h = &hs[(*count)++];
+        h->from_env = val->type == YAML_SCALAR_NODE && strstr(raw(val), "${");
+        h->name = strdup(name);
+        h->value = strdup(v);
+        if (!h->name || !h->value)
+            lc->oom = true;
+    }
+    path_pop(lc, mark);
+}
+
+static void parse_headers(struct cfg_loader *lc, const struct cfg_key *k,
+                          yaml_node_t *n, void *obj, struct sc_pos at_key)
+{
+    struct sc_header **hs = CFG_FIELD(obj, k->off);
+    size_t *count = CFG_FIELD(obj, k->n_off), cap;
+    yaml_node_pair_t *p;
+
+    if (n->type != YAML_MAPPING_NODE) {
+        type_error(lc, n, types[k->type].what);
+        return;
+    }
+    cap = (size_t)(n->data.mapping.pairs.top - n->data.mapping.pairs.start);
+    if (cap == 0)
+        return;
+    *hs = calloc(cap, sizeof **hs);
+    if (!*hs) {
+        lc->oom = true;
+        return;
+    }
+    for (p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++)
+        header_entry(lc, *hs, count, node_at(lc, p->key), node_at(lc, p->value));
+}
+
+/* ---- string validators ----------------------------------------------- */
+
+static bool valid_nonempty(const char *s, char *why, size_t wlen)
+{
+    if (*s)
+        return true;
+    snprintf(why, wlen, "must not be empty");
+    return false;
+}
+
+static bool valid_token(const char *s, char *why, size_t wlen)
+{
+    if (units_is_token(s))
+        return true;
+    snprintf(why, wlen, "expected a header name such as Idempotency-Key");
+    return false;
+}
+
+static bool valid_prefix(const char *s, char *why, size_t wlen)
+{
+    const char *p;
+
+    if (s[0] != '/') {
+        snprintf(why, wlen, "a prefix must start with \"/\"");
+        return false;
+    }
+    for (p = s; *p; p++) {
+        if (*p == '?' || *p == '#' || (unsigned char)*p <= 0x20 ||
+            (unsigned char)*p >= 0x7f) {
+            snprintf(why, wlen, "a prefix is a path: no query, fragment, "
+                     "spaces or control characters");
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool valid_statsd(const char *s, char *why, size_t wlen)
+{
+    char *host = NULL;
+    uint16_t port = 0;
+    int rc;
+
+    if (!*s)
+        return true;
+    rc = units_parse_hostport(s, &host, &port, NULL, 0);
+    free(host);
+    if (rc == 0 && port != 0)
+        return true;
+    snprintf(why, wlen, "expected host:port with a port from 1 to 65535, or "
+             "\"\" for off");
+    return false;
+}
+
+static bool valid_redis_url(const char *s, char *why, size_t wlen)
+{
+    if (!*s || !strncmp(s, "redis://", 8) || !strncmp(s, "rediss://", 9))
+        return true;
+    snprintf(why, wlen, "expected redis://host:port/db or rediss://...");
+    return false;
+}
+
+/* ---- block checks ---------------------------------------------------- */
+
+static bool given(const yaml_node_t *n)
+{
+    return n && !is_null(n);
+}
+
+enum { SK_BACKEND, SK_PATH, SK_SYNC, SK_URL, SK_KEY_PREFIX, SK_FLEET_SIZE };
+
+static void check_store(struct cfg_loader *lc, void *obj,
+                        yaml_node_t *const *vals, struct sc_pos where)
+{
+    const struct sc_config *cfg = obj;
+
+    if (cfg->store.backend == SC_BACKEND_REDIS && cfg->store.url &&
+        !*cfg->store.url)
+        err_sub(lc, pos_of(vals[SK_BACKEND]), "backend", "redis needs "
+                "store.url, such as redis://10.0.0.5:6379/0");
+}
+
+enum { TK_VERIFY, TK_CA_FILE };
+
+static void check_tls(struct cfg_loader *lc, void *obj,
+                      yaml_node_t *const *vals, struct sc_pos where)
+{
+    const struct sc_tls *tls = obj;
+    struct stat st;
+    FILE *f;
+
+    if (!tls->ca_file || !*tls->ca_file)
+        return;
+    f = fopen(tls->ca_file, "r");
+    if (!f)
+        err_sub(lc, tls->ca_pos, "ca_file", "cannot read \"%s\": %s",
+                tls->ca_file, strerror(errno));
+    else if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode))
+        err_sub(lc, tls->ca_pos, "ca_file", "\"%s\" is not a regular file",
+                tls->ca_file);
+    if (f)
+        fclose(f);
+}
+
+enum { PK_RATE, PK_BURST, PK_MAX_WAIT, PK_CONCURRENCY, PK_MODE, PK_PARTITION,
+       PK_SHARED, PK_RETRY, PK_IDEMPOTENCY };
+
+static void check_policy(struct cfg_loader *lc, void *obj,
+                         yaml_node_t *const *vals, struct sc_pos where)
+{
+    const struct sc_policy *p = obj;
+
+    if (p->name && !strcmp(p->name, "default"))
+        err_at(lc, where, "%s: the name \"default\" is reserved for routes "
+               "without a policy", lc->path);
+    if (p->shared == SC_SHARED_REDIS &&
+        lc->cfg->store.backend != SC_BACKEND_REDIS)
+        err_sub(lc, pos_of(vals[PK_SHARED]), "shared", "\"redis\" needs "
+                "store.backend: redis (there is no Redis to share through)");
+}
+
+enum { RK_ON, RK_BASE, RK_MULTIPLIER, RK_CAP, RK_MAX_ATTEMPTS, RK_MAX_DELAY,
+       RK_JITTER };
+
+static void check_retry(struct cfg_loader *lc, void *obj,
+                        yaml_node_t *const *vals, struct sc_pos where)
+{
+    const struct sc_retry *r = obj;
+    char base[32], cap[32];
+
+    if (r->cap_ms >= r->base_ms)
+        return;
+    units_format_duration(r->base_ms, base, sizeof base);
+    units_format_duration(r->cap_ms, cap, sizeof cap);
+    if (given(vals[RK_CAP]))
+        err_sub(lc, pos_of(vals[RK_CAP]), "cap", "%s is less than base (%s)",
+                cap, base);
+    else
+        err_sub(lc, pos_of(vals[RK_BASE]), "base", "%s is more than cap "
+                "(%s, the default)", base, cap);
+}
+
+enum { RT_NAME, RT_PREFIX, RT_METHODS, RT_UPSTREAM, RT_POLICY, RT_STRIP };
+
+static void check_route(struct cfg_loader *lc, void *obj,
+                        yaml_node_t *const *vals, struct sc_pos where)
+{
+    struct sc_route *r = obj;
+    const char *strip = r->strip_prefix;
+
+    /* No filter means every method, including extension ones. */
+    if (!given(vals[RT_METHODS]))
+        r->methods = SC_M_ALL;
+    if (!given(vals[RT_UPSTREAM]))
+        r->upstream = SIZE_MAX;
+    if (r->name && !strcmp(r->name, "none"))
+        err_sub(lc, pos_of(vals[RT_NAME]), "name", "\"none\" is reserved for "
+                "requests that match no route");
+    if ((!r->name || !*r->name) && r->prefix)
+        set_string(lc, &r->name, r->prefix);
+    if (strip && *strip && r->prefix &&
+        strncmp(r->prefix, strip, strlen(strip)) != 0)
+        err_sub(lc, pos_of(vals[RT_STRIP]), "strip_prefix", "\"%s\" is not a "
+                "prefix of the route's prefix \"%s\"", strip, r->prefix);
+}
+
+static bool is_wildcard(const char *host)
+{
+    return !strcmp(host, "0.0.0.0") || !strcmp(host, "::");
+}
+
+/* Port 0 asks the kernel for a free port, which never collides. */
+static bool addrs_overlap(const struct sc_addr *a, const struct sc_addr *b)
+{
+    if (!a->host || !b->host || a->port != b->port || a->port == 0)
+        return false;
+    return !strcasecmp(a->host, b->host) || is_wildcard(a->host) ||
+           is_wildcard(b->host);
+}
+
+static void check_listeners(struct cfg_loader *lc)
+{
+    const struct sc_addr *l = &lc->cfg->listen, *a = &lc->cfg->admin;
+    bool v6l = strchr(l->host ? l->host : "", ':') != NULL;
+    bool v6a = strchr(a->host ? a->host : "", ':') != NULL;
+
+    if (!addrs_overlap(l, a))
+        return;
+    /* Report where the operator wrote something: admin, unless defaulted. */
+    err_at(lc, a->pos.line ? a->pos : l->pos,
+           "%s: %s%s%s:%u overlaps %s %s%s%s:%u (the admin listener must not "
+           "share the worker port)", a->pos.line ? "admin" : "listen",
+           v6a ? "[" : "", a->host, v6a ? "]" : "", a->port,
+           a->pos.line ? "listen" : "admin", v6l ? "[" : "", l->host,
+           v6l ? "]" : "", l->port);
+}
+
+/* A policy's lease must outlast the timeout of every upstream a route pairs
+ * it with: otherwise a slow but successful attempt loses its lease and a
+ * redelivery runs the side effect twice. */
+static bool lease_too_short(const struct sc_config *cfg,
+                            const struct sc_route *r)
+{
+    const struct sc_policy *p;
+
+    /* A route that did not parse (no name yet) pairs nothing. */
+    if (!r->name || r->policy < 0 || (size_t)r->policy >= cfg->n_policies ||
+        r->upstream >= cfg->n_upstreams)
+        return false;
+    p = &cfg->policies[r->policy];
+    return p->idem.enabled &&
+           p->idem.lease_ms <= cfg->upstreams[r->upstream].timeout_ms;
+}
+
+static void report_lease(struct cfg_loader *lc, const struct sc_route *r)
+{
+    const struct sc_policy *p = &lc->cfg->policies[r->policy];
+    const struct sc_upstream *u = &lc->cfg->upstreams[r->upstream];
+    char lease[32], timeout[32];
+
+    units_format_duration(p->idem.lease_ms, lease, sizeof lease);
+    units_format_duration(u->timeout_ms, timeout, sizeof timeout);
+    if (p->idem.lease_pos.line)
+        err_at(lc, p->idem.lease_pos, "policies.%s.idempotency.lease: %s "
+               "must be longer than the timeout of upstream \"%s\" (%s), "
+               "which route \"%s\" pairs it with", p->name, lease, u->name,
+               timeout, r->name);
+    else
+        err_at(lc, p->idem.pos, "policies.%s.idempotency: the default lease "
+               "(%s) must be longer than the timeout of upstream \"%s\" (%s), "
+               "which route \"%s\" pairs it with; set lease", p->name, lease,
+               u->name, timeout, r->name);
+}
+
+static void check_leases(struct cfg_loader *lc)
+{
+    const struct sc_config *cfg = lc->cfg;
+    size_t i, j;
+
+    for (i = 0; i < cfg->n_routes; i++) {
+        const struct sc_route *r = &cfg->routes[i];
+        if (!lease_too_short(cfg, r))
+            continue;
+        for (j = 0; j < i; j++)   /* once per (policy, upstream) pair */
+            if (cfg->routes[j].policy == r->policy &&
+                cfg->routes[j].upstream == r->upstream)
+                break;
+        if (j == i)
+            report_lease(lc, r);
+    }
+}
+
+static void check_root(struct cfg_loader *lc, void *obj,
+                       yaml_node_t *const *vals, struct sc_pos where)
+{
+    check_listeners(lc);
+    check_leases(lc);
+}
+
+/* ---- the schema ------------------------------------------------------ */
+
+#define KEYS(a) .keys = (a), .n_keys = sizeof(a) / sizeof((a)[0])
+#define FITS(a) _Static_assert(sizeof(a) / sizeof((a)[0]) <= CFG_MAX_KEYS, \
+                               #a " has too many keys")
+
+static const struct cfg_name backend_names[] = {
+    {"rocksdb", SC_BACKEND_ROCKSDB}, {"redis", SC_BACKEND_REDIS}, {NULL, 0}};
+static const struct cfg_name level_names[] = {
+    {"error", SC_LOG_ERROR}, {"warn", SC_LOG_WARN}, {"info", SC_LOG_INFO},
+    {"debug", SC_LOG_DEBUG}, {NULL, 0}};
+static const struct cfg_name jitter_names[] = {
+    {"full", SC_JITTER_FULL}, {"equal", SC_JITTER_EQUAL},
+    {"none", SC_JITTER_NONE}, {NULL, 0}};
+static const struct cfg_name mode_names[] = {
+    {"enforce", SC_MODE_ENFORCE}, {"shadow", SC_MODE_SHADOW}, {NULL, 0}};
+static const struct cfg_name shared_names[] = {
+    {"local", SC_SHARED_LOCAL}, {"redis", SC_SHARED_REDIS}, {NULL, 0}};
+static const struct cfg_name fp_names[] = {
+    {"method", SC_FP_METHOD}, {"path", SC_FP_PATH}, {"body", SC_FP_BODY},
+    {NULL, 0}};
+
+#define CF(field) offsetof(struct sc_config, field)
+
+static const struct cfg_key store_keys[] = {
+    [SK_BACKEND] = {"backend", CT_ENUM, CF(store.backend), .def = "rocksdb",
+                    .names = backend_names},
+    [SK_PATH] = {"path", CT_STRING, CF(store.path), .def = "./data",
+                 .valid = valid_nonempty},
+    [SK_SYNC] = {"sync", CT_BOOL, CF(store.sync), .def = "false"},
+    [SK_URL] = {"url", CT_STRING, CF(store.url), .def = "",
+                .valid = valid_redis_url, .secret = true},
+    [SK_KEY_PREFIX] = {"key_prefix", CT_STRING, CF(store.key_prefix),
+                       .def = "sluice:"},
+    [SK_FLEET_SIZE] = {"fleet_size", CT_U32, CF(store.fleet_size), .def = "1",
+                       .min = "1"},
+};
+FITS(store_keys);
+static const struct cfg_block store_block = {"store", KEYS(store_keys),
+                                             .check = check_store};
+
+static const struct cfg_key limits_keys[] = {
+    {"max_body", CT_SIZE, CF(limits.max_body), .def = "8MiB"},
+    {"max_header", CT_SIZE, CF(limits.max_header), .def = "16KiB",
+     .min = "1KiB", .max = "1MiB"},
+    {"max_connections", CT_U32, CF(limits.max_connections), .def = "4096",
+     .min = "1"},
+    {"drain_timeout", CT_DURATION, CF(limits.drain_timeout_ms), .def = "10s"},
+};
+FITS(limits_keys);
+static const struct cfg_block limits_block = {"limits", KEYS(limits_keys)};
+
+static const struct cfg_key log_keys[] = {
+    {"level", CT_ENUM, CF(log.level), .def = "info", .names = level_names},
+    {"access", CT_BOOL, CF(log.access), .def = "true"},
+};
+static const struct cfg_block log_block = {"log", KEYS(log_keys)};
+
+static const struct cfg_key metrics_keys[] = {
+    {"statsd", CT_STRING, CF(metrics.statsd), .def = "",
+     .valid = valid_statsd},
+};
+static const struct cfg_block metrics_block = {"metrics", KEYS(metrics_keys)};
+
+#define CU(field) offsetof(struct sc_upstream, field)
+
+static const struct cfg_key tls_keys[] = {
+    [TK_VERIFY] = {"verify", CT_BOOL, offsetof(struct sc_tls, verify),
+                   .def = "true"},
+    [TK_CA_FILE] = {"ca_file", CT_STRING, offsetof(struct sc_tls, ca_file),
+                    .def = "",
+                    .pos_off = CFG_OPT(offsetof(struct sc_tls, ca_pos))},
+};
+static const struct cfg_block tls_block = {"tls", KEYS(tls_keys),
+                                           .check = check_tls};
+
+static const struct cfg_key upstream_keys[] = {
+    {"url", CT_URL, 0, .required = true},
+    {"connect_timeout", CT_DURATION, CU(connect_timeout_ms), .def = "2s",
+     .min = "1ms"},
+    {"timeout", CT_DURATION, CU(timeout_ms), .def = "30s", .min = "1ms",
+     .pos_off = CFG_OPT(CU(timeout_pos))},
+    {"max_connections", CT_U32, CU(max_connections), .def = "64", .min = "1"},
+    {"tls", CT_BLOCK, CU(tls), .block = &tls_block},
+    {"headers", CT_HEADERS, CU(headers), .n_off = CU(n_headers)},
+};
+FITS(upstream_keys);
+static const struct cfg_block upstream_block = {
+    "upstream", KEYS(upstream_keys), .size = sizeof(struct sc_upstream),
+    .name_off = CFG_OPT(CU(name)), .pos_off = CFG_OPT(CU(pos))};
+
+#define CP(field) offsetof(struct sc_policy, field)
+#define CR(field) offsetof(struct sc_retry, field)
+#define CI(field) offsetof(struct sc_idempotency, field)
+
+static bool partition_present(const void *obj)
+{
+    return ((const struct sc_policy *)obj)->partition_header != NULL;
+}
+
+static bool idem_present(const void *obj)
+{
+    return ((const struct sc_idempotency *)obj)->enabled;
+}
+
+static const struct cfg_key partition_keys[] = {
+    {"header", CT_STRING, CP(partition_header), .required = true,
+     .valid = valid_token},
+    {"max", CT_U32, CP(partition_max), .def = "10000", .min = "1"},
+};
+/* partition's keys live flat in struct sc_policy. */
+static const struct cfg_block partition_block = {
+    "partition", KEYS(partition_keys), .present = partition_present};
+
+static const struct cfg_key retry_keys[] = {
+    [RK_ON] = {"on", CT_RETRY_ON, 0,
+               .def = "429,502,503,504,connect_error,connection_lost,timeout"},
+    [RK_BASE] = {"base", CT_DURATION, CR(base_ms), .def = "1s", .min = "1ms"},
+    [RK_MULTIPLIER] = {"multiplier", CT_DOUBLE, CR(multiplier), .def = "2",
+                       .min = "1", .max = "1000"},
+    [RK_CAP] = {"cap", CT_DURATION, CR(cap_ms), .def = "6h", .min = "1ms"},
+    [RK_MAX_ATTEMPTS] = {"max_attempts", CT_U32, CR(max_attempts), .def = "8",
+                         .min = "1"},
+    [RK_MAX_DELAY] = {"max_delay", CT_DURATION, CR(max_delay_ms), .def = "7d",
+                      .min = "1s", .max = "7d"},
+    [RK_JITTER] = {"jitter", CT_ENUM, CR(jitter), .def = "full",
+                   .names = jitter_names},
+};
+FITS(retry_keys);
+static const struct cfg_block retry_block = {"retry", KEYS(retry_keys),
+                                             .check = check_retry};
+
+static const struct cfg_key idem_keys[] = {
+    {"header", CT_STRING, CI(header), .def = "Idempotency-Key",
+     .valid = valid_token},
+    {"methods", CT_METHODS, CI(methods), .def = "POST,PUT,PATCH,DELETE",
+     .nonempty = true},
+    {"required", CT_BOOL, CI(required), .def = "true"},
+    {"ttl", CT_DURATION, CI(ttl_ms), .def = "24h", .min = "1ms"},
+    {"lease", CT_DURATION, CI(lease_ms), .def = "60s", .min = "1ms",
+     .pos_off = CFG_OPT(CI(lease_pos))},
+    {"fingerprint", CT_FLAGS, CI(fingerprint), .def = "method,path,body",
+     .names = fp_names, .nonempty = true},
+    {"replay_statuses", CT_STATUSES, CI(replay_status), .def = "2xx,4xx"},
+    {"max_stored_body", CT_SIZE, CI(max_stored_body), .def = "1MiB"},
+};
+FITS(idem_keys);
+static const struct cfg_block idem_block = {
+    "idempotency", KEYS(idem_keys), .pos_off = CFG_OPT(CI(pos)),
+    .present = idem_present};
+
+static const struct cfg_key policy_keys[] = {
+    [PK_RATE] = {"rate", CT_RATE, CP(rate), .flag_off = CFG_OPT(CP(has_rate))},
+    [PK_BURST] = {"burst", CT_U32, CP(burst), .def = "1", .min = "1"},
+    [PK_MAX_WAIT] = {"max_wait", CT_DURATION, CP(max_wait_ms), .def = "2s"},
+    [PK_CONCURRENCY] = {"concurrency", CT_U32, CP(concurrency), .def = "0"},
+    [PK_MODE] = {"mode", CT_ENUM, CP(mode), .def = "enforce",
+                 .names = mode_names},
+    [PK_PARTITION] = {"partition", CT_BLOCK, 0, .block = &partition_block},
+    [PK_SHARED] = {"shared", CT_ENUM, CP(shared), .def = "local",
+                   .names = shared_names},
+    [PK_RETRY] = {"retry", CT_BLOCK, CP(retry), .block = &retry_block},
+    [PK_IDEMPOTENCY] = {"idempotency", CT_BLOCK, CP(idem), .block = &idem_block,
+                        .flag_off = CFG_OPT(CP(idem.enabled))},
+};
+FITS(policy_keys);
+const struct cfg_block cfg_policy_block = {
+    "policy", KEYS(policy_keys), .size = sizeof(struct sc_policy),
+    .name_off = CFG_OPT(CP(name)), .pos_off = CFG_OPT(CP(pos)),
+    .check = check_policy};
+
+#define CT(field) offsetof(struct sc_route, field)
+
+static const struct cfg_key route_keys[] = {
+    [RT_NAME] = {"name", CT_STRING, CT(name)},
+    [RT_PREFIX] = {"prefix", CT_STRING, CT(prefix), .required = true,
+                   .valid = valid_prefix},
+    [RT_METHODS] = {"methods", CT_METHODS, CT(methods), .nonempty = true},
+    [RT_UPSTREAM] = {"upstream", CT_UPSTREAM_REF, CT(upstream),
+                     .required = true},
+    [RT_POLICY] = {"policy", CT_POLICY_REF, CT(policy), .def = ""},
+    [RT_STRIP] = {"strip_prefix", CT_STRING, CT(strip_prefix), .def = ""},
+};
+FITS(route_keys);
+static const struct cfg_block route_block = {
+    "route", KEYS(route_keys), .size = sizeof(struct sc_route),
+    .pos_off = CFG_OPT(CT(pos)), .check = check_route};
+
+/* Order matters: see the comment at the top of the file. */
+static const struct cfg_key root_keys[] = {
+    {"listen", CT_ADDR, CF(listen), .def = "127.0.0.1:8080"},
+    {"admin", CT_ADDR, CF(admin), .def = "127.0.0.1:9901"},
+    {"threads", CT_U32, CF(threads), .def = "0", .max = "256"},
+    {"store", CT_BLOCK, 0, .block = &store_block},
+    {"limits", CT_BLOCK, 0, .block = &limits_block},
+    {"log", CT_BLOCK, 0, .block = &log_block},
+    {"metrics", CT_BLOCK, 0, .block = &metrics_block},
+    {"upstreams", CT_NAMED, CF(upstreams), .n_off = CF(n_upstreams),
+     .block = &upstream_block, .required = true, .nonempty = true},
+    {"policies", CT_NAMED, CF(policies), .n_off = CF(n_policies),
+     .block = &cfg_policy_block},
+    {"routes", CT_LIST, CF(routes), .n_off = CF(n_routes),
+     .block = &route_block, .required = true, .nonempty = true},
+};
+FITS(root_keys);
+const struct cfg_block cfg_root_block = {"config", KEYS(root_keys),
+                                         .check = check_root};
+
+/* ---- loading --------------------------------------------------------- */
+
+static void syntax_error(struct cfg_loader *lc, const yaml_parser_t *p)
+{
+    struct sc_pos pos = {(int)p->problem_mark.line + 1,
+                         (int)p->problem_mark.column + 1};
+
+    if (p->error == YAML_MEMORY_ERROR)
+        lc->oom = true;
+    else if (p->context)
+        err_at(lc, pos, "invalid YAML: %s (%s at line %zu)",
+               p->problem ? p->problem : "syntax error", p->context,
+               p->context_mark.line + 1);
+    else
+        err_at(lc, pos, "invalid YAML: %s",
+               p->problem ? p->problem : "syntax error");
+}
+
+/* Loads the one document of the stream into lc->doc. */
+static int load_document(struct cfg_loader *lc, const char *yaml, size_t len)
+{
+    yaml_parser_t parser;
+    yaml_document_t extra;
+    int rc = -EINVAL;
+
+    if (!yaml_parser_initialize(&parser))
+        return -ENOMEM;
+    yaml_parser_set_input_string(&parser, (const unsigned char *)yaml, len);
+    if (!yaml_parser_load(&parser, &lc->doc)) {
+        syntax_error(lc, &parser);
+        goto out;
+    }
+    lc->have_doc = true;
+    if (!yaml_parser_load(&parser, &extra)) {
+        syntax_error(lc, &parser);
+        goto out;
+    }
+    if (yaml_document_get_root_node(&extra))
+        err_at(lc, (struct sc_pos){(int)extra.start_mark.line + 1,
+                                   (int)extra.start_mark.column + 1},
+               "only one YAML document is allowed");
+    else
+        rc = 0;
+    yaml_document_delete(&extra);
+out:
+    yaml_parser_delete(&parser);
+    return rc;
+}
+
+static void load_root(struct cfg_loader *lc)
+{
+    yaml_node_t *root = yaml_document_get_root_node(&lc->doc);
+
+    if (!root || is_null(root)) {
+        err_at(lc, (struct sc_pos){1, 1}, "the configuration is empty: "
+               "upstreams and routes are required");
+        return;
+    }
+    if (root->type != YAML_MAPPING_NODE) {
+        err_at(lc, pos_of(root), "expected a mapping of keys at the top "
+               "level, got %s", root->type == YAML_SEQUENCE_NODE
+                                    ? "a list" : "a scalar");
+        return;
+    }
+    parse_block(lc, &cfg_root_block, root, lc->cfg, pos_of(root));
+}
+
+static bool error_before(const struct sc_error *a, const struct sc_error *b)
+{
+    return a->line < b->line || (a->line == b->line && a->col < b->col);
+}
+
+/* Stable (insertion) sort by position of the errors this load added:
+ * checks run in table order, not file order. */
+static void sort_errors(struct sc_errors *e, size_t from)
+{
+    size_t i, j;
+
+    for (i = from + 1; i < e->n; i++) {
+        struct sc_error x = e->v[i];
+        for (j = i; j > from && error_before(&x, &e->v[j - 1]); j--)
+            e->v[j] = e->v[j - 1];
+        e->v[j] = x;
+    }
+}
+
+static int loader_start(struct cfg_loader *lc, const char *name)
+{
+    struct sc_config *cfg = calloc(1, sizeof *cfg);
+
+    if (!cfg)
+        return -ENOMEM;
+    lc->cfg = cfg;
+    cfg->file = strdup(name);
+    cfg->default_policy.name = strdup("default");
+    if (!cfg->file || !cfg->default_policy.name)
+        return -ENOMEM;
+    parse_block(lc, &cfg_policy_block, NULL, &cfg->default_policy,
+                (struct sc_pos){0, 0});
+    return 0;
+}
+
+static int loader_end(struct cfg_loader *lc, int rc)
+{
+    size_t i;
+
+    for (i = 0; i < lc->n_scratch; i++)
+        free(lc->scratch[i]);
+    free(lc->scratch);
+    if (lc->have_doc)
+        yaml_document_delete(&lc->doc);
+    if (lc->oom || rc == -ENOMEM) {
+        sc_errors_add(lc->errs, lc->file, 0, 0, "out of memory");
+        rc = -ENOMEM;
+    } else if (rc == 0 && lc->errs->n > lc->first_err) {
+        rc = -EINVAL;
+    }
+    sort_errors(lc->errs, lc->first_err);
+    return rc;
+}
+
+int config_load_string(const char *name, const char *yaml, size_t len,
+                       struct sc_config **out, struct sc_errors *errs)
+{
+    struct sc_errors local = {0};
+    struct cfg_loader lc = {0};
+    int rc;
+
+    if (!out)
+        return -EINVAL;
+    *out = NULL;
+    lc.file = name ? name : "<config>";
+    lc.errs = errs ? errs : &local;
+    lc.first_err = lc.errs->n;
+    rc = loader_start(&lc, lc.file);
+    if (rc == 0 && yaml)
+        rc = load_document(&lc, yaml, len);
+    if (rc == 0)
+        load_root(&lc);
+    rc = loader_end(&lc, rc);
+    if (rc == 0)
+        *out = lc.cfg;
+    else
+        config_free(lc.cfg);
+    sc_errors_free(&local);
+    return rc;
+}
+
+/* Reads a whole file; a negative errno on failure. */
+static int read_file(const char *path, char **buf, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *p = NULL, *grown;
+    size_t n = 0, cap = 0, got;
+    int rc = 0;
+
+    if (!f)
+        return -errno;
+    do {
+        if (n == cap) {
+            cap = cap ? cap * 2 : 4096;
+            if (cap > CFG_MAX_FILE || !(grown = realloc(p, cap))) {
+                rc = cap > CFG_MAX_FILE ? -EFBIG : -ENOMEM;
+                break;
+            }
+            p = grown;
+        }
+        got = fread(p + n, 1, cap - n, f);
+        n += got;
+    } while (got > 0);
+    if (rc == 0 && ferror(f))
+        rc = errno ? -errno : -EIO;
+    fclose(f);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    *buf = p;
+    *len = n;
+    return 0;
+}
+
+int config_load_file(const char *path, struct sc_config **out,
+                     struct sc_errors *errs)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    int rc;
+
+    if (!out || !path)
+        return -EINVAL;
+    *out = NULL;
+    rc = read_file(path, &buf, &len);
+    if (rc) {
+        if (errs)
+            sc_errors_add(errs, path, 0, 0, "cannot read the configuration: "
+                          "%s", strerror(-rc));
+        return rc;
+    }
+    rc = config_load_string(path, buf, len, out, errs);
+    free(buf);
+    return rc;
+}

@@ -1,0 +1,16 @@
+/* The admin listener (SPEC section 7), never on the worker port: health,
+ * readiness and the effective config. It runs its own small thread, so a
+ * scrape or a slow admin client never touches the request loops. */
+#ifndef SLUICE_PROXY_ADMIN_H
+#define SLUICE_PROXY_ADMIN_H
+
+#include "util/error.h"
+
+struct app;
+struct MHD_Daemon;
+
+/* Starts the admin server on app->cfg->admin. NULL + err on failure. */
+struct MHD_Daemon *admin_start(struct app *app, struct sc_error *err);
+void admin_stop(struct MHD_Daemon *d);
+
+#endif

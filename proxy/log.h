@@ -1,0 +1,44 @@
+/* Logging: one JSON object per line on stderr, so operational messages and
+ * the access log (SPEC section 9) go through the same pipeline. Each line is
+ * written with one write(2), so lines from different threads never mix. */
+#ifndef SLUICE_PROXY_LOG_H
+#define SLUICE_PROXY_LOG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "policies/config.h"
+
+void log_set_level(enum sc_log_level level);
+bool log_enabled(enum sc_log_level level);
+
+void log_msg(enum sc_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#define log_error(...) log_msg(SC_LOG_ERROR, __VA_ARGS__)
+#define log_warn(...) log_msg(SC_LOG_WARN, __VA_ARGS__)
+#define log_info(...) log_msg(SC_LOG_INFO, __VA_ARGS__)
+#define log_debug(...) log_msg(SC_LOG_DEBUG, __VA_ARGS__)
+
+struct access_entry {
+    const char *route;      /* "none" when no route matched */
+    const char *policy;     /* "" when none */
+    const char *method;
+    const char *target;     /* raw target; the query is cut off when logged */
+    int status;
+    const char *outcome;
+    const char *reason;     /* "none" when there is none */
+    unsigned attempt;
+    double permit_wait_ms, upstream_ms, total_ms;
+    const char *key;        /* idempotency key or NULL; only a hash is logged */
+};
+
+void log_access(const struct access_entry *e);
+
+/* Appends s as a JSON string (with quotes) to buf at *pos, escaping what JSON
+ * requires; stops short of len. Exposed for tests and the problem bodies. */
+void json_escape_append(char *buf, size_t len, size_t *pos, const char *s,
+                        size_t slen);
+
+#endif

@@ -1,0 +1,114 @@
+/* sluice's command line (SPEC section 1). The only place that prints to
+ * stdout or decides the exit status. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "policies/config.h"
+#include "proxy/app.h"
+#include "proxy/log.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: sluice [-c FILE]             run (FILE: $SLUICE_CONFIG, then ./sidecar.yaml)\n"
+            "       sluice --check-config FILE   validate FILE; errors as FILE:LINE:COL: message\n"
+            "       sluice --version | --help\n");
+}
+
+static void print_errors(const struct sc_errors *errs)
+{
+    char line[SC_ERROR_TEXT_MAX + SC_ERROR_FILE_MAX + 32];
+
+    for (size_t i = 0; i < errs->n; i++) {
+        sc_error_format(&errs->v[i], line, sizeof line);
+        fprintf(stderr, "%s\n", line);
+    }
+}
+
+static int check_config(const char *path)
+{
+    struct sc_errors errs = {0};
+    struct sc_config *cfg = NULL;
+    int rc = config_load_file(path, &cfg, &errs);
+
+    if (rc != 0) {
+        print_errors(&errs);
+        sc_errors_free(&errs);
+        return 1;
+    }
+    printf("%s: ok (%zu upstreams, %zu policies, %zu routes)\n", path,
+           cfg->n_upstreams, cfg->n_policies, cfg->n_routes);
+    config_free(cfg);
+    return 0;
+}
+
+static const char *default_config(void)
+{
+    const char *env = getenv("SLUICE_CONFIG");
+
+    return env && *env ? env : "./sidecar.yaml";
+}
+
+static int run(const char *path)
+{
+    struct sc_errors errs = {0};
+    struct sc_config *cfg = NULL;
+    struct sc_error err = {0};
+    struct app app;
+    int rc;
+
+    if (config_load_file(path, &cfg, &errs) != 0) {
+        print_errors(&errs);
+        sc_errors_free(&errs);
+        return 1;
+    }
+    rc = app_start(&app, cfg, &err);
+    if (rc != 0) {
+        log_error("cannot start: %s", err.text);
+        app_free(&app);
+        return 1;
+    }
+    rc = app_run(&app);
+    app_free(&app);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"check-config", required_argument, NULL, 'k'},
+        {"version", no_argument, NULL, 'v'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *path = NULL;
+    int c;
+
+    while ((c = getopt_long(argc, argv, "c:hv", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c':
+            path = optarg;
+            break;
+        case 'k':
+            return check_config(optarg);
+        case 'v':
+            printf("sluice %s\n", SLUICE_VERSION);
+            return 0;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "sluice: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+    return run(path ? path : default_config());
+}

@@ -1,0 +1,352 @@
+#include "proxy/server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <event2/dns.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <microhttpd.h>
+
+#include "proxy/app.h"
+#include "proxy/exchange.h"
+#include "proxy/log.h"
+#include "proxy/upstream.h"
+
+/* Idle keep-alive connections from workers are closed after this, like
+ * nginx's keepalive_timeout default. Suspended requests are not affected. */
+#define WORKER_IDLE_TIMEOUT_S 75
+
+/* ---- listening socket --------------------------------------------------- */
+
+int server_listen(const struct sc_addr *addr, int backlog, struct sc_error *err)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    char port[8];
+    int fd = -1, one = 1, rc;
+
+    snprintf(port, sizeof port, "%u", addr->port);
+    rc = getaddrinfo(addr->host, port, &hints, &res);
+    if (rc != 0) {
+        sc_error_set(err, "cannot resolve %s: %s", addr->host, gai_strerror(rc));
+        return -EINVAL;
+    }
+    fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        goto fail;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, backlog) != 0)
+        goto fail;
+    freeaddrinfo(res);
+    return fd;
+fail:
+    rc = -errno;
+    sc_error_set(err, "cannot listen on %s:%u: %s", addr->host, addr->port,
+                 strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    freeaddrinfo(res);
+    return rc;
+}
+
+/* ---- joining MHD and libevent ------------------------------------------- */
+
+static void mhd_run(struct worker *w)
+{
+    MHD_UNSIGNED_LONG_LONG ms;
+
+    MHD_run(w->mhd);
+    /* MHD's timeout covers idle connections and pending work; re-arm after
+     * every run (0 ms, "run again at once", is common under load). */
+    if (MHD_get_timeout(w->mhd, &ms) == MHD_YES) {
+        struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+        evtimer_add(w->mhd_timer_ev, &tv);
+    } else {
+        evtimer_del(w->mhd_timer_ev);
+    }
+}
+
+static void on_mhd_ready(evutil_socket_t fd, short what, void *arg)
+{
+    mhd_run(arg);
+}
+
+void worker_kick(struct worker *w)
+{
+    /* One MHD_run per loop pass serves every resume made during it. */
+    event_active(w->mhd_read_ev, EV_READ, 0);
+}
+
+static void mhd_logger(void *cls, const char *fmt, va_list ap)
+{
+    char msg[512];
+
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    msg[strcspn(msg, "\n")] = '\0';
+    log_debug("http server: %s", msg);
+}
+
+/* Counts worker connections for max_connections; the accept path adds,
+ * this callback takes away when MHD closes one. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    struct worker *w = cls;
+
+    if (code == MHD_CONNECTION_NOTIFY_CLOSED)
+        atomic_fetch_sub(&w->app->conns, 1);
+}
+
+static struct MHD_Daemon *mhd_start(struct worker *w)
+{
+    const struct sc_config *cfg = w->app->cfg;
+    /* The pool holds the request head and the body read buffer; it is sized
+     * above max_header so that our own check answers 431, not MHD's. */
+    size_t pool = (size_t)cfg->limits.max_header + 8192;
+
+    return MHD_start_daemon(
+        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_NO_LISTEN_SOCKET |
+            MHD_USE_ERROR_LOG, 0, NULL, NULL, exchange_access, w,
+        MHD_OPTION_URI_LOG_CALLBACK, exchange_uri_log, w,
+        MHD_OPTION_NOTIFY_COMPLETED, exchange_completed, w,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, w,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->limits.max_connections,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)WORKER_IDLE_TIMEOUT_S,
+        MHD_OPTION_STRICT_FOR_CLIENT, 1,
+        MHD_OPTION_EXTERNAL_LOGGER, mhd_logger, w,
+        MHD_OPTION_END);
+}
+
+/* ---- commands from other threads ---------------------------------------- */
+
+static void on_quiesce(evutil_socket_t fd, short what, void *arg)
+{
+    struct worker *w = arg;
+
+    /* Stop accepting. The last loop to let go closes the socket, so new
+     * connections are refused by the kernel rather than left in a backlog
+     * nobody reads; closing earlier could pull the fd from under a loop. */
+    evconnlistener_disable(w->listener);
+    if (atomic_fetch_add(&w->app->quiesced, 1) + 1 == w->app->n_workers) {
+        int lfd = atomic_exchange(&w->app->listen_fd, -1);
+        if (lfd >= 0)
+            close(lfd);
+    }
+}
+
+/* ---- accepting ---------------------------------------------------------- */
+
+/* sluice accepts by itself (MHD has no listening socket) so that a connection
+ * beyond max_connections is closed at once, as the contract says, instead of
+ * waiting in the backlog while MHD stops accepting. */
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd,
+                      struct sockaddr *addr, int len, void *arg)
+{
+    struct worker *w = arg;
+    long max = (long)w->app->cfg->limits.max_connections;
+
+    if (atomic_fetch_add(&w->app->conns, 1) >= max) {
+        atomic_fetch_sub(&w->app->conns, 1);
+        atomic_fetch_add(&w->app->conns_refused, 1);
+        close(fd);
+        return;
+    }
+    /* On failure MHD closes the socket itself; no CLOSED notice follows. */
+    if (MHD_add_connection(w->mhd, fd, addr, (socklen_t)len) != MHD_YES) {
+        atomic_fetch_sub(&w->app->conns, 1);
+        return;
+    }
+    worker_kick(w);
+}
+
+static void on_accept_error(struct evconnlistener *l, void *arg)
+{
+    int e = EVUTIL_SOCKET_ERROR();
+
+    /* EMFILE and friends: keep the listener; the loop retries next event. */
+    log_warn("accept: %s", evutil_socket_error_to_string(e));
+}
+
+static void on_abort(evutil_socket_t fd, short what, void *arg)
+{
+    exchange_abort_all(arg);
+}
+
+void worker_quiesce(struct worker *w)
+{
+    event_active(w->quiesce_ev, EV_TIMEOUT, 0);
+}
+
+void worker_abort_inflight(struct worker *w)
+{
+    event_active(w->abort_ev, EV_TIMEOUT, 0);
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+static int pools_init(struct worker *w, struct sc_error *err)
+{
+    const struct sc_config *cfg = w->app->cfg;
+    unsigned n = w->app->n_workers;
+
+    w->n_pools = cfg->n_upstreams;
+    w->pools = calloc(w->n_pools, sizeof *w->pools);
+    if (!w->pools)
+        goto nomem;
+    for (size_t i = 0; i < w->n_pools; i++) {
+        const struct sc_upstream *u = &cfg->upstreams[i];
+        /* The keep-alive limit is per upstream; each loop gets its share. */
+        uint32_t share = (u->max_connections + n - 1) / n;
+
+        w->pools[i] = up_pool_new(w->base, w->dns, u, w->app->tls[i], share);
+        if (!w->pools[i])
+            goto nomem;
+    }
+    return 0;
+nomem:
+    sc_error_set(err, "out of memory creating upstream pools");
+    return -ENOMEM;
+}
+
+static int events_init(struct worker *w, struct sc_error *err)
+{
+    const union MHD_DaemonInfo *info =
+        MHD_get_daemon_info(w->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+
+    if (!info) {
+        sc_error_set(err, "http server: no epoll fd");
+        return -EINVAL;
+    }
+    w->mhd_read_ev = event_new(w->base, info->epoll_fd, EV_READ | EV_PERSIST,
+                               on_mhd_ready, w);
+    w->mhd_timer_ev = evtimer_new(w->base, on_mhd_ready, w);
+    w->quiesce_ev = event_new(w->base, -1, 0, on_quiesce, w);
+    w->abort_ev = event_new(w->base, -1, 0, on_abort, w);
+    if (!w->mhd_read_ev || !w->mhd_timer_ev || !w->quiesce_ev || !w->abort_ev ||
+        event_add(w->mhd_read_ev, NULL) != 0) {
+        sc_error_set(err, "cannot create the loop's events");
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+static struct event_base *base_new(void)
+{
+    struct event_config *ec = event_config_new();
+    struct event_base *base;
+
+    if (!ec)
+        return NULL;
+    /* The changelist folds add/del pairs into one epoll_ctl: measurably
+     * cheaper per request (DESIGN.md, measured facts). */
+    event_config_set_flag(ec, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
+    base = event_base_new_with_config(ec);
+    event_config_free(ec);
+    return base;
+}
+
+int worker_init(struct worker *w, struct app *app, unsigned idx,
+                int listen_fd, struct sc_error *err)
+{
+    memset(w, 0, sizeof *w);
+    w->idx = idx;
+    w->app = app;
+    TAILQ_INIT(&w->waiting);
+    w->base = base_new();
+    if (!w->base) {
+        sc_error_set(err, "cannot create an event loop");
+        return -ENOMEM;
+    }
+    /* Resolves upstream host names without blocking; reads resolv.conf. */
+    w->dns = evdns_base_new(w->base, EVDNS_BASE_INITIALIZE_NAMESERVERS |
+                                         EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+    if (!w->dns)
+        w->dns = evdns_base_new(w->base, EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+    w->mhd = mhd_start(w);
+    if (!w->mhd) {
+        sc_error_set(err, "cannot start the http server on %s:%u",
+                     app->cfg->listen.host, app->cfg->listen.port);
+        return -EINVAL;
+    }
+    if (events_init(w, err) != 0 || pools_init(w, err) != 0)
+        return -ENOMEM;
+    /* Every loop accepts from the one shared socket; the kernel wakes one
+     * or both, and a loser's accept just finds nothing. */
+    w->listener = evconnlistener_new(w->base, on_accept, w, 0, -1, listen_fd);
+    if (!w->listener) {
+        sc_error_set(err, "cannot accept on the listening socket");
+        return -ENOMEM;
+    }
+    evconnlistener_set_error_cb(w->listener, on_accept_error);
+    mhd_run(w);
+    return 0;
+}
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+
+    event_base_loop(w->base, EVLOOP_NO_EXIT_ON_EMPTY);
+    return NULL;
+}
+
+int worker_start(struct worker *w, struct sc_error *err)
+{
+    int rc = pthread_create(&w->tid, NULL, worker_main, w);
+
+    if (rc != 0) {
+        sc_error_set(err, "cannot start a worker thread: %s", strerror(rc));
+        return -rc;
+    }
+    w->started = true;
+    return 0;
+}
+
+static void free_event(struct event **ev)
+{
+    if (*ev) {
+        event_free(*ev);
+        *ev = NULL;
+    }
+}
+
+void worker_stop(struct worker *w)
+{
+    if (w->started) {
+        event_base_loopexit(w->base, NULL);
+        pthread_join(w->tid, NULL);
+        w->started = false;
+    }
+    /* Nothing is suspended any more (the drain answered it all), so MHD may
+     * stop: it closes idle keep-alive connections to workers. */
+    if (w->listener)
+        evconnlistener_free(w->listener);
+    w->listener = NULL;
+    if (w->mhd)
+        MHD_stop_daemon(w->mhd);
+    w->mhd = NULL;
+    for (size_t i = 0; w->pools && i < w->n_pools; i++)
+        up_pool_free(w->pools[i]);
+    free(w->pools);
+    w->pools = NULL;
+    free_event(&w->mhd_read_ev);
+    free_event(&w->mhd_timer_ev);
+    free_event(&w->quiesce_ev);
+    free_event(&w->abort_ev);
+    if (w->dns)
+        evdns_base_free(w->dns, 0);
+    w->dns = NULL;
+    if (w->base)
+        event_base_free(w->base);
+    w->base = NULL;
+}

@@ -1,0 +1,68 @@
+/* The worker-facing server: `threads` event loops, each a libevent
+ * event_base driving its own libmicrohttpd daemon in external-epoll mode on a
+ * listening socket they share. Requests suspend their MHD connection while
+ * they wait (for the upstream, later for a permit) and resume it when the
+ * answer is ready, so no thread ever blocks on a request. */
+#ifndef SLUICE_PROXY_SERVER_H
+#define SLUICE_PROXY_SERVER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/queue.h>
+
+#include "policies/config.h"
+#include "util/error.h"
+
+struct app;
+struct exchange;
+struct event;
+struct event_base;
+struct evdns_base;
+struct MHD_Daemon;
+struct up_pool;
+struct evconnlistener;
+
+TAILQ_HEAD(exchange_list, exchange);
+
+/* One event-loop thread. Everything in it is touched only by its thread,
+ * except the command events, which other threads may activate. */
+struct worker {
+    unsigned idx;
+    struct app *app;
+    struct event_base *base;
+    struct evdns_base *dns;
+    struct MHD_Daemon *mhd;
+    struct evconnlistener *listener; /* on the shared listening socket */
+    struct event *mhd_read_ev;  /* MHD's epoll fd became readable */
+    struct event *mhd_timer_ev; /* MHD_get_timeout() expired */
+    struct event *quiesce_ev;   /* command: stop accepting */
+    struct event *abort_ev;     /* command: answer what is still in flight */
+    struct up_pool **pools;     /* one per upstream of the config */
+    size_t n_pools;
+    struct exchange_list waiting; /* exchanges suspended on the upstream */
+    pthread_t tid;
+    bool started;
+};
+
+/* Creates worker w (loop, MHD daemon on listen_fd, pools); does not start
+ * its thread. 0 or negative + err. */
+int worker_init(struct worker *w, struct app *app, unsigned idx,
+                int listen_fd, struct sc_error *err);
+int worker_start(struct worker *w, struct sc_error *err);
+/* Asks the thread to stop its loop and waits for it; then frees. */
+void worker_stop(struct worker *w);
+
+/* Makes MHD process pending work on the next loop pass: needed after
+ * MHD_resume_connection, which does not wake an external-epoll loop. */
+void worker_kick(struct worker *w);
+
+/* Thread-safe commands for the drain sequence. */
+void worker_quiesce(struct worker *w);
+void worker_abort_inflight(struct worker *w);
+
+/* Opens, binds and listens on addr (non-blocking). fd or negative + err. */
+int server_listen(const struct sc_addr *addr, int backlog,
+                  struct sc_error *err);
+
+#endif

@@ -1,0 +1,680 @@
+#include "proxy/upstream.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <event2/dns.h>
+#include <event2/event.h>
+#include <http_parser.h>
+#include <openssl/err.h>
+#include <openssl/x509v3.h>
+
+#include "util/clock.h"
+
+/* Upper bounds on what an upstream may make us hold for one response. */
+#define UP_MAX_HEADER_BYTES (64 * 1024)
+#define UP_MAX_HEADERS 256
+#define UP_MAX_BODY_BYTES ((size_t)256 * 1024 * 1024)
+
+enum conn_state { C_CONNECTING, C_IDLE, C_BUSY };
+
+struct up_conn {
+    struct up_pool *pool;
+    struct bufferevent *bev;
+    struct event *connect_timer;
+    http_parser parser;
+    struct up_request *req;
+    enum conn_state state;
+    bool connected;
+    bool sent;              /* the whole request left our buffer */
+    bool complete;          /* a final response was parsed */
+    bool in_value;          /* header parsing: last callback was a value */
+    size_t header_bytes;
+    TAILQ_ENTRY(up_conn) link;
+};
+
+TAILQ_HEAD(conn_list, up_conn);
+TAILQ_HEAD(req_list, up_request);
+
+struct up_pool {
+    struct event_base *base;
+    struct evdns_base *dns;
+    const struct sc_upstream *u;
+    SSL_CTX *ssl_ctx;
+    uint32_t max_conns;
+    size_t n_conns, n_idle;
+    struct conn_list idle;      /* most recently used first */
+    struct conn_list busy;
+    struct req_list waiting;    /* FIFO of requests without a connection */
+};
+
+static http_parser_settings parser_settings;
+
+static void conn_free(struct up_conn *c);
+static void conn_start(struct up_conn *c, struct up_request *req);
+static void req_finish(struct up_request *req, enum up_result r,
+                       const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- TLS ---------------------------------------------------------------- */
+
+SSL_CTX *up_tls_ctx_new(const struct sc_upstream *u, struct sc_error *err)
+{
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+
+    if (!ctx) {
+        sc_error_set(err, "upstream %s: cannot create a TLS context", u->name);
+        return NULL;
+    }
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+    if (!u->tls.verify) {
+        SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, NULL);
+        return ctx;
+    }
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+    if (u->tls.ca_file && u->tls.ca_file[0]) {
+        if (SSL_CTX_load_verify_locations(ctx, u->tls.ca_file, NULL) != 1) {
+            sc_error_set(err, "upstream %s: cannot load tls.ca_file %s",
+                         u->name, u->tls.ca_file);
+            SSL_CTX_free(ctx);
+            return NULL;
+        }
+    } else if (SSL_CTX_set_default_verify_paths(ctx) != 1) {
+        sc_error_set(err, "upstream %s: cannot load the system CA store",
+                     u->name);
+        SSL_CTX_free(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+static bool is_ip_literal(const char *host)
+{
+    unsigned char buf[16];
+
+    return inet_pton(AF_INET, host, buf) == 1 ||
+           inet_pton(AF_INET6, host, buf) == 1;
+}
+
+/* Verification of the name (or IP) and SNI, per connection. */
+static SSL *tls_new(struct up_pool *pool)
+{
+    SSL *ssl = SSL_new(pool->ssl_ctx);
+    const char *host = pool->u->host;
+
+    if (!ssl)
+        return NULL;
+    if (is_ip_literal(host)) {
+        if (pool->u->tls.verify)
+            X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), host);
+    } else {
+        SSL_set_tlsext_host_name(ssl, host);
+        if (pool->u->tls.verify)
+            SSL_set1_host(ssl, host);
+    }
+    return ssl;
+}
+
+/* ---- responses ---------------------------------------------------------- */
+
+void up_response_clear(struct up_response *resp)
+{
+    for (size_t i = 0; i < resp->n_headers; i++) {
+        free(resp->headers[i].name);
+        free(resp->headers[i].value);
+    }
+    free(resp->headers);
+    if (resp->body)
+        evbuffer_free(resp->body);
+    memset(resp, 0, sizeof *resp);
+}
+
+const char *up_response_header(const struct up_response *resp,
+                               const char *name)
+{
+    for (size_t i = 0; i < resp->n_headers; i++)
+        if (strcasecmp(resp->headers[i].name, name) == 0)
+            return resp->headers[i].value;
+    return NULL;
+}
+
+static void response_reset_headers(struct up_response *resp)
+{
+    for (size_t i = 0; i < resp->n_headers; i++) {
+        free(resp->headers[i].name);
+        free(resp->headers[i].value);
+    }
+    resp->n_headers = 0;
+}
+
+/* Appends to a growing string (name or value split across reads). */
+static int str_append(char **s, const char *at, size_t len)
+{
+    size_t old = *s ? strlen(*s) : 0;
+    char *n = realloc(*s, old + len + 1);
+
+    if (!n)
+        return -1;
+    memcpy(n + old, at, len);
+    n[old + len] = '\0';
+    *s = n;
+    return 0;
+}
+
+/* ---- parser callbacks --------------------------------------------------- */
+
+static int on_header_field(http_parser *p, const char *at, size_t len)
+{
+    struct up_conn *c = p->data;
+    struct up_response *r = &c->req->resp;
+
+    c->header_bytes += len;
+    if (c->header_bytes > UP_MAX_HEADER_BYTES)
+        return 1;
+    if (c->in_value || r->n_headers == 0) {
+        if (r->n_headers == UP_MAX_HEADERS)
+            return 1;
+        if (r->n_headers == r->cap_headers) {
+            size_t cap = r->cap_headers ? r->cap_headers * 2 : 16;
+            struct up_header *h = realloc(r->headers, cap * sizeof *h);
+            if (!h)
+                return 1;
+            r->headers = h;
+            r->cap_headers = cap;
+        }
+        r->headers[r->n_headers].name = NULL;
+        r->headers[r->n_headers].value = NULL;
+        r->n_headers++;
+        c->in_value = false;
+    }
+    return str_append(&r->headers[r->n_headers - 1].name, at, len) ? 1 : 0;
+}
+
+static int on_header_value(http_parser *p, const char *at, size_t len)
+{
+    struct up_conn *c = p->data;
+    struct up_response *r = &c->req->resp;
+
+    c->header_bytes += len;
+    if (c->header_bytes > UP_MAX_HEADER_BYTES || r->n_headers == 0)
+        return 1;
+    c->in_value = true;
+    return str_append(&r->headers[r->n_headers - 1].value, at, len) ? 1 : 0;
+}
+
+static int on_headers_complete(http_parser *p)
+{
+    struct up_conn *c = p->data;
+    struct up_response *r = &c->req->resp;
+
+    /* A header without a value (e.g. "X-Empty:") still needs a string. */
+    for (size_t i = 0; i < r->n_headers; i++)
+        if (!r->headers[i].value && str_append(&r->headers[i].value, "", 0))
+            return -1;
+    r->status = (int)p->status_code;
+    if (p->status_code >= 100 && p->status_code < 200)
+        return 0;
+    return c->req->no_body ? 1 : 0;
+}
+
+static int on_body(http_parser *p, const char *at, size_t len)
+{
+    struct up_conn *c = p->data;
+    struct up_response *r = &c->req->resp;
+
+    if (evbuffer_get_length(r->body) + len > UP_MAX_BODY_BYTES)
+        return 1;
+    return evbuffer_add(r->body, at, len) ? 1 : 0;
+}
+
+static int on_message_complete(http_parser *p)
+{
+    struct up_conn *c = p->data;
+    struct up_response *r = &c->req->resp;
+
+    /* Interim 1xx answers are not the response: forget them and go on. */
+    if (r->status >= 100 && r->status < 200 && r->status != 101) {
+        response_reset_headers(r);
+        r->status = 0;
+        c->in_value = false;
+        c->header_bytes = 0;
+        return 0;
+    }
+    c->complete = true;
+    http_parser_pause(p, 1);
+    return 0;
+}
+
+static void parser_settings_init(void)
+{
+    parser_settings.on_header_field = on_header_field;
+    parser_settings.on_header_value = on_header_value;
+    parser_settings.on_headers_complete = on_headers_complete;
+    parser_settings.on_body = on_body;
+    parser_settings.on_message_complete = on_message_complete;
+}
+
+/* ---- pool bookkeeping --------------------------------------------------- */
+
+struct up_pool *up_pool_new(struct event_base *base, struct evdns_base *dns,
+                            const struct sc_upstream *u, SSL_CTX *ssl_ctx,
+                            uint32_t max_conns)
+{
+    struct up_pool *pool = calloc(1, sizeof *pool);
+
+    if (!pool)
+        return NULL;
+    if (!parser_settings.on_body)
+        parser_settings_init();
+    pool->base = base;
+    pool->dns = dns;
+    pool->u = u;
+    pool->ssl_ctx = ssl_ctx;
+    pool->max_conns = max_conns ? max_conns : 1;
+    TAILQ_INIT(&pool->idle);
+    TAILQ_INIT(&pool->busy);
+    TAILQ_INIT(&pool->waiting);
+    return pool;
+}
+
+void up_pool_free(struct up_pool *pool)
+{
+    struct up_conn *c;
+    struct up_request *req;
+
+    if (!pool)
+        return;
+    while ((req = TAILQ_FIRST(&pool->waiting)))
+        up_request_cancel(req);
+    while ((c = TAILQ_FIRST(&pool->busy))) {
+        if (c->req)
+            up_request_cancel(c->req);
+        else
+            conn_free(c);
+    }
+    while ((c = TAILQ_FIRST(&pool->idle)))
+        conn_free(c);
+    free(pool);
+}
+
+size_t up_pool_conns(const struct up_pool *pool)
+{
+    return pool->n_conns;
+}
+
+size_t up_pool_idle(const struct up_pool *pool)
+{
+    return pool->n_idle;
+}
+
+static void conn_unlink(struct up_conn *c)
+{
+    if (c->state == C_IDLE) {
+        TAILQ_REMOVE(&c->pool->idle, c, link);
+        c->pool->n_idle--;
+    } else {
+        TAILQ_REMOVE(&c->pool->busy, c, link);
+    }
+}
+
+static void conn_free(struct up_conn *c)
+{
+    conn_unlink(c);
+    c->pool->n_conns--;
+    if (c->connect_timer)
+        event_free(c->connect_timer);
+    if (c->bev)
+        bufferevent_free(c->bev);
+    free(c);
+}
+
+/* ---- request completion ------------------------------------------------- */
+
+static void req_stop_timer(struct up_request *req)
+{
+    if (req->timer) {
+        event_free(req->timer);
+        req->timer = NULL;
+    }
+}
+
+/* Detaches the request from pool and connection, then reports. The
+ * connection (if any) must already be recycled or freed by the caller. */
+static void req_finish(struct up_request *req, enum up_result r,
+                       const char *fmt, ...)
+{
+    va_list ap;
+
+    req_stop_timer(req);
+    if (req->waiting) {
+        TAILQ_REMOVE(&req->pool->waiting, req, wait_link);
+        req->waiting = false;
+    }
+    req->conn = NULL;
+    req->resp.result = r;
+    if (fmt) {
+        va_start(ap, fmt);
+        vsnprintf(req->resp.detail, sizeof req->resp.detail, fmt, ap);
+        va_end(ap);
+    }
+    req->done_ns = clock_mono_ns();
+    req->done(req, req->arg);
+}
+
+/* Hands a free connection to the oldest waiting request, or parks it. */
+static void conn_release(struct up_conn *c)
+{
+    struct up_pool *pool = c->pool;
+    struct up_request *next = TAILQ_FIRST(&pool->waiting);
+
+    c->req = NULL;
+    if (next) {
+        TAILQ_REMOVE(&pool->waiting, next, wait_link);
+        next->waiting = false;
+        req_stop_timer(next);
+        conn_start(c, next);
+        return;
+    }
+    TAILQ_REMOVE(&pool->busy, c, link);
+    c->state = C_IDLE;
+    TAILQ_INSERT_HEAD(&pool->idle, c, link);
+    pool->n_idle++;
+}
+
+/* A connection failed: the request learns how, the connection goes. */
+static void conn_fail(struct up_conn *c, enum up_result r, const char *detail)
+{
+    struct up_request *req = c->req;
+
+    conn_free(c);
+    if (req)
+        req_finish(req, r, "%s", detail);
+}
+
+static void conn_done_ok(struct up_conn *c)
+{
+    struct up_request *req = c->req;
+    bool keep = http_should_keep_alive(&c->parser) &&
+                evbuffer_get_length(bufferevent_get_input(c->bev)) == 0;
+
+    if (keep)
+        conn_release(c);
+    else
+        conn_free(c);
+    req_finish(req, UP_OK, NULL);
+}
+
+/* ---- bufferevent callbacks ---------------------------------------------- */
+
+static void parse_input(struct up_conn *c)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+
+    while (evbuffer_get_length(in) > 0 && !c->complete) {
+        struct evbuffer_iovec v;
+        size_t n;
+
+        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+            break;
+        n = http_parser_execute(&c->parser, &parser_settings, v.iov_base,
+                                v.iov_len);
+        evbuffer_drain(in, c->complete ? n : v.iov_len);
+        if (!c->complete && HTTP_PARSER_ERRNO(&c->parser) != HPE_OK) {
+            char why[160];
+            snprintf(why, sizeof why, "invalid response from upstream: %s",
+                     http_errno_description(HTTP_PARSER_ERRNO(&c->parser)));
+            conn_fail(c, UP_CONNECTION_LOST, why);
+            return;
+        }
+    }
+    if (c->complete)
+        conn_done_ok(c);
+}
+
+static void on_read(struct bufferevent *bev, void *arg)
+{
+    struct up_conn *c = arg;
+
+    if (!c->req) {
+        /* Bytes on an idle connection answer nothing we asked: drop it. */
+        conn_free(c);
+        return;
+    }
+    parse_input(c);
+}
+
+static void on_write(struct bufferevent *bev, void *arg)
+{
+    struct up_conn *c = arg;
+
+    if (c->req && evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+        c->sent = true;
+}
+
+static void describe_error(struct up_conn *c, short what, char *buf, size_t len)
+{
+    unsigned long ssl_err = c->pool->ssl_ctx ? bufferevent_get_openssl_error(c->bev) : 0;
+    int dns_err = bufferevent_socket_get_dns_error(c->bev);
+
+    if (ssl_err) {
+        char e[128];
+        ERR_error_string_n(ssl_err, e, sizeof e);
+        snprintf(buf, len, "TLS: %s", e);
+    } else if (dns_err) {
+        snprintf(buf, len, "cannot resolve %s: %s", c->pool->u->host,
+                 evutil_gai_strerror(dns_err));
+    } else if (what & BEV_EVENT_EOF) {
+        snprintf(buf, len, "upstream closed the connection");
+    } else {
+        int e = EVUTIL_SOCKET_ERROR();
+        snprintf(buf, len, "%s", e ? evutil_socket_error_to_string(e)
+                                   : "connection failed");
+    }
+}
+
+static void on_event(struct bufferevent *bev, short what, void *arg)
+{
+    struct up_conn *c = arg;
+    char why[192];
+
+    if (what & BEV_EVENT_CONNECTED) {
+        c->connected = true;
+        if (c->connect_timer)
+            event_del(c->connect_timer);
+        return;
+    }
+    if (!c->req) {
+        conn_free(c);
+        return;
+    }
+    if (c->sent && (what & BEV_EVENT_EOF)) {
+        /* A body delimited by the close is complete at EOF. */
+        http_parser_execute(&c->parser, &parser_settings, NULL, 0);
+        if (c->complete) {
+            conn_done_ok(c);
+            return;
+        }
+    }
+    describe_error(c, what, why, sizeof why);
+    conn_fail(c, c->connected && c->sent ? UP_CONNECTION_LOST : UP_CONNECT_ERROR,
+              why);
+}
+
+static void on_connect_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    struct up_conn *c = arg;
+    char why[96];
+
+    snprintf(why, sizeof why, "no connection within connect_timeout (%llu ms)",
+             (unsigned long long)c->pool->u->connect_timeout_ms);
+    conn_fail(c, UP_CONNECT_ERROR, why);
+}
+
+/* ---- dispatch ----------------------------------------------------------- */
+
+static struct timeval ms_to_tv(uint64_t ms)
+{
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+    return tv;
+}
+
+static void on_request_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    struct up_request *req = arg;
+    struct up_conn *c = req->conn;
+
+    if (req->waiting) {
+        req_finish(req, UP_CONNECT_ERROR,
+                   "no free upstream connection within connect_timeout "
+                   "(max_connections %u)", req->pool->max_conns);
+        return;
+    }
+    if (c && !c->connected) {
+        conn_fail(c, UP_CONNECT_ERROR, "connect timed out");
+        return;
+    }
+    if (c)
+        conn_free(c);
+    req_finish(req, UP_TIMEOUT, "no whole response within timeout (%llu ms)",
+               (unsigned long long)req->pool->u->timeout_ms);
+}
+
+static int req_arm_timer(struct up_request *req, uint64_t ms)
+{
+    struct timeval tv = ms_to_tv(ms);
+
+    req_stop_timer(req);
+    req->timer = evtimer_new(req->pool->base, on_request_timeout, req);
+    if (!req->timer)
+        return -ENOMEM;
+    return evtimer_add(req->timer, &tv);
+}
+
+/* Puts a request on a connection: parser reset, bytes queued, timer armed. */
+static void conn_start(struct up_conn *c, struct up_request *req)
+{
+    c->req = req;
+    c->state = C_BUSY;
+    c->sent = false;
+    c->complete = false;
+    c->in_value = false;
+    c->header_bytes = 0;
+    req->conn = c;
+    http_parser_init(&c->parser, HTTP_RESPONSE);
+    c->parser.data = c;
+    if (req_arm_timer(req, req->pool->u->timeout_ms) != 0 ||
+        bufferevent_write_buffer(c->bev, req->wire) != 0 ||
+        bufferevent_enable(c->bev, EV_READ | EV_WRITE) != 0)
+        conn_fail(c, UP_CONNECT_ERROR, "cannot queue the request");
+}
+
+static struct bufferevent *bev_new(struct up_pool *pool)
+{
+    SSL *ssl;
+    struct bufferevent *bev;
+
+    if (!pool->ssl_ctx)
+        return bufferevent_socket_new(pool->base, -1, BEV_OPT_CLOSE_ON_FREE);
+    ssl = tls_new(pool);
+    if (!ssl)
+        return NULL;
+    bev = bufferevent_openssl_socket_new(pool->base, -1, ssl,
+                                         BUFFEREVENT_SSL_CONNECTING,
+                                         BEV_OPT_CLOSE_ON_FREE);
+    if (!bev) {
+        SSL_free(ssl);
+        return NULL;
+    }
+    /* Many servers close without close_notify; the framing tells us whether
+     * the response was whole, so a dirty shutdown is not an error here. */
+    bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
+    return bev;
+}
+
+static struct up_conn *conn_new(struct up_pool *pool)
+{
+    struct up_conn *c = calloc(1, sizeof *c);
+    struct timeval tv = ms_to_tv(pool->u->connect_timeout_ms);
+
+    if (!c)
+        return NULL;
+    c->pool = pool;
+    c->state = C_CONNECTING;
+    TAILQ_INSERT_TAIL(&pool->busy, c, link);
+    pool->n_conns++;
+    c->bev = bev_new(pool);
+    c->connect_timer = evtimer_new(pool->base, on_connect_timeout, c);
+    if (!c->bev || !c->connect_timer)
+        goto fail;
+    bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
+    if (bufferevent_socket_connect_hostname(c->bev, pool->dns, AF_UNSPEC,
+                                            pool->u->host, pool->u->port) != 0)
+        goto fail;
+    evtimer_add(c->connect_timer, &tv);
+    return c;
+fail:
+    conn_free(c);
+    return NULL;
+}
+
+int up_pool_send(struct up_pool *pool, struct up_request *req)
+{
+    struct up_conn *c;
+
+    req->pool = pool;
+    req->conn = NULL;
+    req->waiting = false;
+    req->timer = NULL;
+    memset(&req->resp, 0, sizeof req->resp);
+    req->resp.body = evbuffer_new();
+    if (!req->resp.body)
+        return -ENOMEM;
+    req->sent_ns = clock_mono_ns();
+    c = TAILQ_FIRST(&pool->idle);
+    if (c) {
+        TAILQ_REMOVE(&pool->idle, c, link);
+        pool->n_idle--;
+        TAILQ_INSERT_TAIL(&pool->busy, c, link);
+        conn_start(c, req);
+        return 0;
+    }
+    if (pool->n_conns < pool->max_conns) {
+        c = conn_new(pool);
+        if (!c) {
+            /* Connect failed synchronously (e.g. no fd): nothing was sent. */
+            snprintf(req->resp.detail, sizeof req->resp.detail,
+                     "cannot open a connection to %s", pool->u->authority);
+            req->resp.result = UP_CONNECT_ERROR;
+            req->done_ns = clock_mono_ns();
+            req->done(req, req->arg);
+            return 0;
+        }
+        conn_start(c, req);
+        return 0;
+    }
+    req->waiting = true;
+    TAILQ_INSERT_TAIL(&pool->waiting, req, wait_link);
+    return req_arm_timer(req, pool->u->connect_timeout_ms);
+}
+
+void up_request_cancel(struct up_request *req)
+{
+    req_stop_timer(req);
+    if (req->waiting) {
+        TAILQ_REMOVE(&req->pool->waiting, req, wait_link);
+        req->waiting = false;
+    }
+    if (req->conn) {
+        req->conn->req = NULL;
+        conn_free(req->conn);
+        req->conn = NULL;
+    }
+}

@@ -1,0 +1,98 @@
+/* The upstream client: a keep-alive connection pool per (thread, upstream)
+ * on libevent bufferevents (OpenSSL bufferevents for https), responses parsed
+ * with http-parser. It tells apart what SPEC section 4 needs: a failure before
+ * the request was fully sent (connect_error: nothing reached the upstream),
+ * a connection lost after it (unknown outcome) and a timeout. */
+#ifndef SLUICE_PROXY_UPSTREAM_H
+#define SLUICE_PROXY_UPSTREAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/queue.h>
+
+#include <openssl/ssl.h>
+
+#include "policies/config.h"
+#include "util/error.h"
+
+struct event_base;
+struct evdns_base;
+struct evbuffer;
+struct event;
+struct up_pool;
+struct up_conn;
+
+enum up_result {
+    UP_OK = 0,              /* a whole response was read */
+    UP_CONNECT_ERROR,       /* TCP/TLS failure before the request was sent */
+    UP_CONNECTION_LOST,     /* closed, reset or garbled after it was sent */
+    UP_TIMEOUT,             /* no whole response within `timeout` */
+};
+
+struct up_header {
+    char *name, *value;     /* owned */
+};
+
+struct up_response {
+    enum up_result result;
+    int status;             /* 0 when no status line was received */
+    struct up_header *headers;
+    size_t n_headers, cap_headers;
+    struct evbuffer *body;  /* owned; may be stolen by the caller (set NULL) */
+    char detail[192];       /* why it failed, for logs and problem bodies */
+};
+
+struct up_request;
+typedef void (*up_done_cb)(struct up_request *req, void *arg);
+
+/* One exchange with the upstream. The caller owns the struct, fills the
+ * first block and calls up_pool_send(); `done` runs exactly once, from the
+ * pool's event loop, unless the request is cancelled first. */
+struct up_request {
+    struct evbuffer *wire;  /* full request bytes; the pool drains it */
+    bool no_body;           /* HEAD: the response carries no body */
+    up_done_cb done;
+    void *arg;
+    struct up_response resp;
+    uint64_t sent_ns, done_ns; /* monotonic: dispatch and completion */
+
+    /* internal */
+    struct up_pool *pool;
+    struct up_conn *conn;
+    struct event *timer;
+    bool waiting;           /* queued for a free connection */
+    TAILQ_ENTRY(up_request) wait_link;
+};
+
+/* A TLS client context for an https upstream: peer verification unless
+ * tls.verify is false, ca_file or the system store. NULL + err on failure. */
+SSL_CTX *up_tls_ctx_new(const struct sc_upstream *u, struct sc_error *err);
+
+/* A pool of at most max_conns connections to u, driven by base. ssl_ctx is
+ * borrowed (NULL for http). Returns NULL on allocation failure. */
+struct up_pool *up_pool_new(struct event_base *base, struct evdns_base *dns,
+                            const struct sc_upstream *u, SSL_CTX *ssl_ctx,
+                            uint32_t max_conns);
+void up_pool_free(struct up_pool *pool);
+
+/* Starts the exchange. Returns 0, or a negative code (done is then not
+ * called) when the request cannot even be queued. */
+int up_pool_send(struct up_pool *pool, struct up_request *req);
+
+/* Abandons a request whose answer nobody will read: its connection is
+ * closed (its response would arrive for no one), done is never called. */
+void up_request_cancel(struct up_request *req);
+
+/* Frees what the response owns and zeroes it. */
+void up_response_clear(struct up_response *resp);
+
+/* The first header with this name (case-insensitive), or NULL. */
+const char *up_response_header(const struct up_response *resp,
+                               const char *name);
+
+/* Counts for the pool (tests, metrics). */
+size_t up_pool_conns(const struct up_pool *pool);
+size_t up_pool_idle(const struct up_pool *pool);
+
+#endif

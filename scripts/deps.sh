@@ -1,0 +1,23 @@
+#!/bin/sh
+# Installs what sluice needs to build, test and benchmark on Debian 12.
+# Idempotent: does nothing (and needs no network) when all is there.
+set -eu
+PKGS="build-essential cmake pkg-config libmicrohttpd-dev libevent-dev
+librocksdb-dev libjansson-dev libyaml-dev libssl-dev libhttp-parser-dev
+libcriterion-dev openssl curl"
+[ "${1:-}" = "--bench" ] && PKGS="$PKGS wrk nginx-light"
+
+missing=""
+for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||
+        missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+echo "installing:$missing" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -q --no-install-recommends $missing

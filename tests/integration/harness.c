@@ -1,0 +1,408 @@
+#define _GNU_SOURCE
+#include "integration/harness.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "support/testutil.h"
+
+#define IO_TIMEOUT_MS 10000
+
+static const char *env_or(const char *name, const char *def)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : def;
+}
+
+int h_free_port(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    socklen_t len = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
+
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0)
+        return -1;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+static long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000L + ts.tv_nsec / 1000000L;
+}
+
+/* ---- the stub ----------------------------------------------------------- */
+
+int h_stub_start(struct h_stub *s, const char *const *args)
+{
+    const char *bin = env_or("SLUICE_STUB", SLUICE_BUILD_DIR "/sluice-stub");
+    const char *argv[32] = {bin, "--listen", "127.0.0.1:0"};
+    int n = 3, pfd[2];
+    char line[128] = {0};
+    size_t got = 0;
+
+    for (; args && *args && n < 30; args++)
+        argv[n++] = *args;
+    argv[n] = NULL;
+    if (pipe(pfd) != 0)
+        return -1;
+    s->pid = fork();
+    if (s->pid == 0) {
+        /* A test that dies must not leave its servers behind. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(pfd[1], STDOUT_FILENO);
+        close(pfd[0]);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    close(pfd[1]);
+    while (got < sizeof line - 1 && !strchr(line, '\n')) {
+        struct pollfd p = {pfd[0], POLLIN, 0};
+        ssize_t r;
+        if (poll(&p, 1, IO_TIMEOUT_MS) <= 0)
+            break;
+        r = read(pfd[0], line + got, sizeof line - 1 - got);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(pfd[0]);
+    s->port = -1;
+    if (strncmp(line, "listening ", 10) == 0 && strrchr(line, ':'))
+        s->port = atoi(strrchr(line, ':') + 1);
+    return s->port > 0 ? 0 : -1;
+}
+
+void h_stub_stop(struct h_stub *s)
+{
+    if (s->pid > 0) {
+        kill(s->pid, SIGTERM);
+        waitpid(s->pid, NULL, 0);
+        s->pid = 0;
+    }
+}
+
+/* ---- sluice ------------------------------------------------------------- */
+
+static bool ready(int admin_port)
+{
+    struct h_resp r = {0};
+    bool ok = h_http(admin_port, "GET", "/readyz", NULL, NULL, 0, &r) == 0 &&
+              r.status == 200;
+    h_resp_free(&r);
+    return ok;
+}
+
+int h_sluice_start_raw(struct h_sluice *s, const char *yaml, int port,
+                       int admin_port)
+{
+    const char *bin = env_or("SLUICE_BIN", SLUICE_BUILD_DIR "/sluice");
+    long deadline = now_ms() + IO_TIMEOUT_MS;
+    int status;
+
+    if (!s->dir)
+        s->dir = tu_mkdtemp("it");
+    free(s->cfg_path);
+    s->cfg_path = tu_write_file(s->dir, "sidecar.yaml", yaml);
+    if (!s->log_path && asprintf(&s->log_path, "%s/sluice.log", s->dir) < 0)
+        return -1;
+    s->port = port;
+    s->admin_port = admin_port;
+    s->pid = fork();
+    if (s->pid == 0) {
+        int fd;
+
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        fd = open(s->log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        dup2(fd, STDERR_FILENO);
+        dup2(fd, STDOUT_FILENO);
+        if (chdir(s->dir) != 0)
+            _exit(126);
+        execl(bin, bin, "-c", s->cfg_path, (char *)NULL);
+        _exit(127);
+    }
+    while (now_ms() < deadline) {
+        if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
+            s->pid = 0;
+            return -1;
+        }
+        if (ready(admin_port))
+            return 0;
+        usleep(20000);
+    }
+    return -1;
+}
+
+int h_sluice_start(struct h_sluice *s, const char *body)
+{
+    int port = h_free_port(), admin = h_free_port(), rc;
+    char *yaml;
+
+    if (!s->dir)
+        s->dir = tu_mkdtemp("it");
+    /* Two loops by default, so cross-thread paths are exercised. */
+    if (asprintf(&yaml,
+                 "listen: 127.0.0.1:%d\nadmin: 127.0.0.1:%d\n%s"
+                 "store: {path: %s/data}\n%s",
+                 port, admin,
+                 strncmp(body, "threads:", 8) && !strstr(body, "\nthreads:")
+                     ? "threads: 2\n" : "",
+                 s->dir, body) < 0)
+        return -1;
+    rc = h_sluice_start_raw(s, yaml, port, admin);
+    free(yaml);
+    return rc;
+}
+
+int h_sluice_stop(struct h_sluice *s, int timeout_s)
+{
+    long deadline = now_ms() + timeout_s * 1000L;
+    int status;
+
+    if (s->pid <= 0)
+        return -1;
+    kill(s->pid, SIGTERM);
+    while (now_ms() < deadline) {
+        if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
+            s->pid = 0;
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        }
+        usleep(10000);
+    }
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, NULL, 0);
+    s->pid = 0;
+    return -1;
+}
+
+void h_sluice_cleanup(struct h_sluice *s)
+{
+    if (s->pid > 0) {
+        kill(s->pid, SIGKILL);
+        waitpid(s->pid, NULL, 0);
+    }
+    if (s->dir && !getenv("SLUICE_KEEP_TMP"))
+        tu_rm_rf(s->dir);
+    free(s->dir);
+    free(s->cfg_path);
+    free(s->log_path);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- raw HTTP ----------------------------------------------------------- */
+
+static int connect_port(int port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0)
+        return -1;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int send_all(int fd, const char *p, size_t len)
+{
+    while (len) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static char *read_all(int fd, size_t *len)
+{
+    size_t cap = 65536, got = 0;
+    char *buf = malloc(cap);
+    long deadline = now_ms() + IO_TIMEOUT_MS;
+
+    while (buf && now_ms() < deadline) {
+        struct pollfd p = {fd, POLLIN, 0};
+        ssize_t n;
+
+        if (poll(&p, 1, (int)(deadline - now_ms())) <= 0)
+            break;
+        if (got + 4096 > cap) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) {
+                free(buf);
+                return NULL;
+            }
+            buf = nb;
+        }
+        n = recv(fd, buf + got, cap - got - 1, 0);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    if (buf)
+        buf[got] = '\0';
+    *len = got;
+    return buf;
+}
+
+/* De-chunks in place; returns the body length. */
+static size_t dechunk(char *b, size_t len)
+{
+    size_t in = 0, out = 0;
+
+    while (in < len) {
+        char *end;
+        unsigned long n = strtoul(b + in, &end, 16);
+        char *crlf = strstr(end, "\r\n");
+        if (!crlf || n == 0)
+            break;
+        in = (size_t)(crlf + 2 - b);
+        memmove(b + out, b + in, n);
+        out += n;
+        in += n + 2;
+    }
+    return out;
+}
+
+static int parse_response(char *raw, size_t len, struct h_resp *r)
+{
+    char *eoh = strstr(raw, "\r\n\r\n"), *te;
+    size_t hl;
+
+    if (strncmp(raw, "HTTP/1.", 7) != 0 || !eoh)
+        return -1;
+    r->status = atoi(raw + 9);
+    hl = (size_t)(eoh - raw);
+    r->head = strndup(raw, hl + 2);
+    r->body_len = len - hl - 4;
+    r->body = malloc(r->body_len + 1);
+    memcpy(r->body, eoh + 4, r->body_len);
+    r->body[r->body_len] = '\0';
+    te = h_header(r, "Transfer-Encoding");
+    if (te && strcasecmp(te, "chunked") == 0)
+        r->body_len = dechunk(r->body, r->body_len);
+    free(te);
+    return 0;
+}
+
+int h_http_raw(int port, const char *req, size_t len, struct h_resp *r)
+{
+    int fd = connect_port(port), rc = -1;
+    char *raw = NULL;
+    size_t got = 0;
+
+    memset(r, 0, sizeof *r);
+    if (fd < 0)
+        return -1;
+    if (send_all(fd, req, len) == 0 && (raw = read_all(fd, &got)))
+        rc = parse_response(raw, got, r);
+    free(raw);
+    close(fd);
+    return rc;
+}
+
+int h_http(int port, const char *method, const char *target,
+           const char *headers, const char *body, size_t body_len,
+           struct h_resp *r)
+{
+    char *head, *full, len[48] = "";
+    int n, rc;
+
+    if (body)
+        snprintf(len, sizeof len, "Content-Length: %zu\r\n", body_len);
+    n = asprintf(&head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                        "Connection: close\r\n%s%s\r\n",
+                 method, target, headers ? headers : "", len);
+    if (n < 0)
+        return -1;
+    full = malloc((size_t)n + body_len + 1);
+    if (!full) {
+        free(head);
+        return -1;
+    }
+    memcpy(full, head, (size_t)n);
+    if (body && body_len)
+        memcpy(full + n, body, body_len);
+    rc = h_http_raw(port, full, (size_t)n + (body ? body_len : 0), r);
+    free(full);
+    free(head);
+    return rc;
+}
+
+char *h_header(const struct h_resp *r, const char *name)
+{
+    size_t nl = strlen(name);
+
+    for (const char *p = r->head; p && *p;) {
+        const char *eol = strstr(p, "\r\n");
+        if (!eol)
+            break;
+        if (strncasecmp(p, name, nl) == 0 && p[nl] == ':') {
+            const char *v = p + nl + 1;
+            while (*v == ' ')
+                v++;
+            return strndup(v, (size_t)(eol - v));
+        }
+        p = eol + 2;
+    }
+    return NULL;
+}
+
+void h_resp_free(struct h_resp *r)
+{
+    free(r->head);
+    free(r->body);
+    memset(r, 0, sizeof *r);
+}
+
+int h_sh(const char *fmt, ...)
+{
+    char *cmd;
+    va_list ap;
+    int rc;
+
+    va_start(ap, fmt);
+    rc = vasprintf(&cmd, fmt, ap);
+    va_end(ap);
+    if (rc < 0)
+        return -1;
+    rc = system(cmd);
+    free(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+bool h_file_contains(const char *path, const char *text)
+{
+    size_t len;
+    char *buf = tu_read_file(path, &len);
+    bool found = buf && memmem(buf, len, text, strlen(text));
+
+    free(buf);
+    return found;
+}

@@ -1,0 +1,66 @@
+/* Integration-test harness: starts the real sluice binary and the real stub
+ * on loopback ports, writes configs into a temp dir, and speaks raw HTTP/1.1
+ * over sockets (so tests can also send what no well-behaved client would). */
+#ifndef SLUICE_TESTS_HARNESS_H
+#define SLUICE_TESTS_HARNESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+struct h_stub {
+    pid_t pid;
+    int port;
+};
+
+struct h_sluice {
+    pid_t pid;
+    int port, admin_port;
+    char *dir;          /* temp dir: config, log, data */
+    char *cfg_path;
+    char *log_path;     /* sluice's stderr */
+};
+
+struct h_resp {
+    int status;
+    char *head;         /* raw header block after the status line */
+    char *body;
+    size_t body_len;
+};
+
+/* A free loopback TCP port (bound then released). */
+int h_free_port(void);
+
+/* Starts the stub with extra args (NULL-terminated, may be NULL). */
+int h_stub_start(struct h_stub *s, const char *const *args);
+void h_stub_stop(struct h_stub *s);
+
+/* Writes a config (listen/admin/threads/store are added in front of `body`)
+ * and starts sluice; waits until /readyz answers 200. */
+int h_sluice_start(struct h_sluice *s, const char *body);
+/* Same with a config text used as is (ports must be filled by the caller). */
+int h_sluice_start_raw(struct h_sluice *s, const char *yaml, int port,
+                       int admin_port);
+/* SIGTERM, then waits (up to timeout_s); returns the exit status or -1. */
+int h_sluice_stop(struct h_sluice *s, int timeout_s);
+void h_sluice_cleanup(struct h_sluice *s);
+
+/* Sends raw bytes and reads the response until the server closes (10 s
+ * limit). 0 or -1. */
+int h_http_raw(int port, const char *req, size_t len, struct h_resp *r);
+/* Builds and sends "METHOD target" with extra header lines (each ending in
+ * \r\n, may be NULL), a body, Connection: close and Content-Length. */
+int h_http(int port, const char *method, const char *target,
+           const char *headers, const char *body, size_t body_len,
+           struct h_resp *r);
+/* First header value (owned copy) or NULL. */
+char *h_header(const struct h_resp *r, const char *name);
+void h_resp_free(struct h_resp *r);
+
+/* Runs a command line via /bin/sh; returns its exit status. */
+int h_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* True when the file contains the text. */
+bool h_file_contains(const char *path, const char *text);
+
+#endif

@@ -1,0 +1,243 @@
+/* The process as an operator meets it: the command line, the admin
+ * listener, and the SIGTERM drain of SPEC section 1. */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "integration/harness.h"
+#include "support/testutil.h"
+
+static struct h_stub stub;
+static struct h_sluice sl;
+
+static const char *bin(void)
+{
+    const char *b = getenv("SLUICE_BIN");
+    return b ? b : SLUICE_BUILD_DIR "/sluice";
+}
+
+static void stop(void)
+{
+    h_sluice_cleanup(&sl);
+    h_stub_stop(&stub);
+}
+
+/* ---- command line ------------------------------------------------------- */
+
+Test(cli, version_and_help)
+{
+    cr_expect_eq(h_sh("%s --version | grep -q '^sluice '", bin()), 0);
+    cr_expect_eq(h_sh("%s --help | grep -q check-config", bin()), 0);
+    cr_expect_neq(h_sh("%s --bogus 2>/dev/null", bin()), 0);
+}
+
+Test(cli, check_config_valid_and_invalid)
+{
+    char *dir = tu_mkdtemp("cli");
+    char *good = tu_write_file(dir, "good.yaml",
+        "upstreams: {a: {url: http://127.0.0.1:1}}\nroutes: [{prefix: /, upstream: a}]\n");
+    char *bad = tu_write_file(dir, "bad.yaml",
+        "upstreams: {a: {url: http://127.0.0.1:1, timeout: 3x}}\nroutes: [{prefix: /, upstream: b}]\n");
+
+    cr_expect_eq(h_sh("%s --check-config %s >/dev/null", bin(), good), 0);
+    cr_expect_eq(h_sh("%s --check-config %s 2>/dev/null", bin(), bad), 1);
+    /* Errors are FILE:LINE:COL: message, one per problem. */
+    cr_expect_eq(h_sh("%s --check-config %s 2>&1 | grep -q '^%s:1:[0-9]*: .*timeout'",
+                      bin(), bad, bad), 0);
+    cr_expect_eq(h_sh("%s --check-config %s 2>&1 | grep -q '^%s:2:[0-9]*: .*\"b\"'",
+                      bin(), bad, bad), 0);
+    cr_expect_eq(h_sh("%s --check-config %s/missing.yaml 2>/dev/null", bin(), dir), 1);
+    /* Running on an invalid file refuses to start. */
+    cr_expect_eq(h_sh("%s -c %s 2>/dev/null", bin(), bad), 1);
+    tu_rm_rf(dir);
+    free(dir);
+    free(good);
+    free(bad);
+}
+
+Test(cli, default_config_from_environment)
+{
+    char *dir = tu_mkdtemp("cli");
+    char *bad = tu_write_file(dir, "env.yaml", "routes: 5\n");
+
+    /* $SLUICE_CONFIG names the file when -c is absent: its error proves it. */
+    cr_expect_eq(h_sh("cd %s && SLUICE_CONFIG=%s %s 2>&1 | grep -q 'env.yaml'",
+                      dir, bad, bin()), 0);
+    tu_rm_rf(dir);
+    free(dir);
+    free(bad);
+}
+
+Test(cli, busy_port_fails_clearly, .fini = stop)
+{
+    struct h_sluice second = {0};
+    char *cfg;
+
+    cr_assert_eq(h_stub_start(&stub, NULL), 0);
+    cr_assert(asprintf(&cfg, "upstreams: {a: {url: http://127.0.0.1:%d}}\n"
+                             "routes: [{prefix: /, upstream: a}]\n", stub.port) > 0);
+    cr_assert_eq(h_sluice_start(&sl, cfg), 0);
+    free(cfg);
+    cr_assert(asprintf(&cfg,
+        "listen: 127.0.0.1:%d\nadmin: 127.0.0.1:%d\n"
+        "upstreams: {a: {url: http://127.0.0.1:%d}}\n"
+        "routes: [{prefix: /, upstream: a}]\n",
+        sl.port, h_free_port(), stub.port) > 0);
+    cr_expect_neq(h_sluice_start_raw(&second, cfg, sl.port, h_free_port()), 0);
+    cr_expect(h_file_contains(second.log_path, "cannot listen"));
+    h_sluice_cleanup(&second);
+    free(cfg);
+}
+
+/* ---- admin -------------------------------------------------------------- */
+
+static void start_admin(void)
+{
+    char *cfg;
+
+    setenv("IT_SECRET", "hunter2-secret", 1);
+    cr_assert_eq(h_stub_start(&stub, NULL), 0);
+    cr_assert(asprintf(&cfg,
+        "upstreams:\n"
+        "  partner:\n"
+        "    url: http://127.0.0.1:%d\n"
+        "    headers: {Authorization: \"Bearer ${IT_SECRET}\", X-Plain: visible-value}\n"
+        "policies:\n"
+        "  writes: {rate: 5/s, burst: 2}\n"
+        "routes: [{prefix: /, upstream: partner, policy: writes}]\n",
+        stub.port) > 0);
+    cr_assert_eq(h_sluice_start(&sl, cfg), 0);
+    free(cfg);
+}
+
+TestSuite(admin, .init = start_admin, .fini = stop, .timeout = 30);
+
+Test(admin, health_and_ready)
+{
+    struct h_resp r;
+
+    cr_assert_eq(h_http(sl.admin_port, "GET", "/healthz", NULL, NULL, 0, &r), 0);
+    cr_expect_eq(r.status, 200);
+    h_resp_free(&r);
+    cr_assert_eq(h_http(sl.admin_port, "GET", "/readyz", NULL, NULL, 0, &r), 0);
+    cr_expect_eq(r.status, 200);
+    h_resp_free(&r);
+    cr_assert_eq(h_http(sl.admin_port, "GET", "/nope", NULL, NULL, 0, &r), 0);
+    cr_expect_eq(r.status, 404);
+    h_resp_free(&r);
+}
+
+Test(admin, config_is_redacted_json)
+{
+    struct h_resp r;
+
+    cr_assert_eq(h_http(sl.admin_port, "GET", "/config", NULL, NULL, 0, &r), 0);
+    cr_expect_eq(r.status, 200);
+    cr_expect(strstr(r.body, "\"partner\"") != NULL, "%s", r.body);
+    cr_expect(strstr(r.body, "\"writes\"") != NULL, "%s", r.body);
+    cr_expect(strstr(r.body, "hunter2") == NULL, "secret leaked: %s", r.body);
+    cr_expect(strstr(r.body, "visible-value") == NULL, "header value leaked");
+    cr_expect(strstr(r.body, "Authorization") != NULL, "header names are shown");
+    h_resp_free(&r);
+}
+
+Test(admin, not_on_the_worker_port)
+{
+    struct h_resp r;
+
+    /* The worker port forwards /healthz to the upstream like any path. */
+    cr_assert_eq(h_http(sl.port, "GET", "/healthz", NULL, NULL, 0, &r), 0);
+    cr_expect_eq(r.status, 200);
+    cr_expect(strstr(r.head, "X-Stub-Target: /healthz") != NULL);
+    h_resp_free(&r);
+}
+
+/* ---- drain -------------------------------------------------------------- */
+
+static void start_drain(const char *drain)
+{
+    char *cfg;
+
+    cr_assert_eq(h_stub_start(&stub, NULL), 0);
+    cr_assert(asprintf(&cfg,
+        "limits: {drain_timeout: %s}\n"
+        "upstreams: {a: {url: http://127.0.0.1:%d}}\n"
+        "routes: [{prefix: /, upstream: a}]\n", drain, stub.port) > 0);
+    cr_assert_eq(h_sluice_start(&sl, cfg), 0);
+    free(cfg);
+}
+
+struct slow_arg {
+    int delay_ms;
+    struct h_resp r;
+    int rc;
+};
+
+static void *slow(void *p)
+{
+    struct slow_arg *a = p;
+    char hdr[64];
+
+    snprintf(hdr, sizeof hdr, "X-Stub-Delay-Ms: %d\r\n", a->delay_ms);
+    a->rc = h_http(sl.port, "POST", "/slow", hdr, "job", 3, &a->r);
+    return NULL;
+}
+
+Test(drain, in_flight_requests_finish, .fini = stop, .timeout = 30)
+{
+    struct slow_arg a = {.delay_ms = 700};
+    pthread_t t;
+    struct h_resp r;
+
+    start_drain("10s");
+    pthread_create(&t, NULL, slow, &a);
+    usleep(200000);
+    kill(sl.pid, SIGTERM);
+    usleep(100000);
+    /* Draining: not ready, and new connections are refused. */
+    cr_expect(h_http(sl.admin_port, "GET", "/readyz", NULL, NULL, 0, &r) != 0 ||
+              r.status == 503);
+    h_resp_free(&r);
+    cr_expect_neq(h_http(sl.port, "GET", "/new", NULL, NULL, 0, &r), 0,
+                  "a new request was accepted while draining");
+    h_resp_free(&r);
+    pthread_join(t, NULL);
+    cr_expect_eq(a.rc, 0);
+    cr_expect_eq(a.r.status, 200);
+    cr_expect_str_eq(a.r.body, "job");
+    h_resp_free(&a.r);
+    cr_expect_eq(h_sluice_stop(&sl, 10), 0, "exit status after drain");
+}
+
+Test(drain, deadline_answers_requeue, .fini = stop, .timeout = 30)
+{
+    struct slow_arg a = {.delay_ms = 5000};
+    pthread_t t;
+    char *o;
+
+    start_drain("300ms");
+    pthread_create(&t, NULL, slow, &a);
+    usleep(200000);
+    kill(sl.pid, SIGTERM);
+    pthread_join(t, NULL);
+    cr_expect_eq(a.rc, 0);
+    cr_expect_eq(a.r.status, 503);
+    o = h_header(&a.r, "Sluice-Outcome");
+    cr_expect(o && strcmp(o, "requeue") == 0, "outcome %s", o ? o : "");
+    cr_expect(strstr(a.r.body, "connection_lost") != NULL, "%s", a.r.body);
+    free(o);
+    h_resp_free(&a.r);
+    cr_expect_eq(h_sluice_stop(&sl, 10), 0);
+}
+
+Test(drain, idle_process_exits_zero, .fini = stop, .timeout = 30)
+{
+    start_drain("10s");
+    cr_expect_eq(h_sluice_stop(&sl, 5), 0);
+}

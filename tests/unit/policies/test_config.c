@@ -1,0 +1,796 @@
+/* policies/config_*.c: loading sidecar.yaml (SPEC section 2): defaults,
+ * the full example, ${ENV}, error reporting, the JSON view and its
+ * redaction. Invalid configs one by one live in test_config_invalid.c. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <jansson.h>
+#include <regex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "policies/config.h"
+#include "support/testutil.h"
+
+#define MINIMAL                                  \
+    "upstreams:\n"                               \
+    "  up: { url: http://127.0.0.1:9000 }\n"     \
+    "routes:\n"                                  \
+    "  - { prefix: /, upstream: up }\n"
+
+static void log_errors(const struct sc_errors *errs)
+{
+    char line[1024];
+    size_t i;
+
+    for (i = 0; i < errs->n; i++) {
+        sc_error_format(&errs->v[i], line, sizeof line);
+        cr_log_error("%s", line);
+    }
+}
+
+static struct sc_config *load_ok(const char *yaml)
+{
+    struct sc_errors errs = {0};
+    struct sc_config *cfg = NULL;
+    int rc = config_load_string("test.yaml", yaml, strlen(yaml), &cfg, &errs);
+
+    log_errors(&errs);
+    cr_assert_eq(rc, 0, "config must load");
+    cr_assert_not_null(cfg);
+    cr_assert_eq(errs.n, 0);
+    sc_errors_free(&errs);
+    return cfg;
+}
+
+/* Loads a config that must fail; returns its errors formatted, one a line
+ * (owned). */
+static char *load_fail(const char *yaml, size_t *n_errors)
+{
+    struct sc_errors errs = {0};
+    struct sc_config *cfg = (struct sc_config *)1;
+    char line[1024], *all = NULL;
+    size_t i, len = 0;
+    int rc = config_load_string("test.yaml", yaml, strlen(yaml), &cfg, &errs);
+
+    cr_assert(rc < 0, "config must be refused");
+    cr_assert_null(cfg, "*out must be NULL on failure");
+    cr_assert(errs.n > 0);
+    for (i = 0; i < errs.n; i++) {
+        sc_error_format(&errs.v[i], line, sizeof line);
+        all = realloc(all, len + strlen(line) + 2);
+        cr_assert_not_null(all);
+        len += (size_t)sprintf(all + len, "%s\n", line);
+    }
+    if (n_errors)
+        *n_errors = errs.n;
+    sc_errors_free(&errs);
+    return all;
+}
+
+/* The first error of a refused config. */
+static void expect_first_error(const char *yaml, const char *expected)
+{
+    char *all = load_fail(yaml, NULL);
+
+    cr_expect(strncmp(all, expected, strlen(expected)) == 0 &&
+              all[strlen(expected)] == '\n',
+              "expected\n  %s\ngot\n  %s", expected, all);
+    free(all);
+}
+
+/* ---- defaults ------------------------------------------------------------ */
+
+Test(config_defaults, minimal_config_gets_spec_defaults)
+{
+    struct sc_config *cfg = load_ok(MINIMAL);
+    const struct sc_upstream *u = &cfg->upstreams[0];
+
+    cr_expect_str_eq(cfg->file, "test.yaml");
+    cr_expect_str_eq(cfg->listen.host, "127.0.0.1");
+    cr_expect_eq(cfg->listen.port, 8080);
+    cr_expect_str_eq(cfg->admin.host, "127.0.0.1");
+    cr_expect_eq(cfg->admin.port, 9901);
+    cr_expect_eq(cfg->threads, 0);
+    cr_expect_eq(cfg->store.backend, SC_BACKEND_ROCKSDB);
+    cr_expect_str_eq(cfg->store.path, "./data");
+    cr_expect_eq(cfg->store.sync, false);
+    cr_expect_str_eq(cfg->store.url, "");
+    cr_expect_str_eq(cfg->store.key_prefix, "sluice:");
+    cr_expect_eq(cfg->store.fleet_size, 1);
+    cr_expect_eq(cfg->limits.max_body, 8u << 20);
+    cr_expect_eq(cfg->limits.max_header, 16u << 10);
+    cr_expect_eq(cfg->limits.max_connections, 4096);
+    cr_expect_eq(cfg->limits.drain_timeout_ms, 10000);
+    cr_expect_eq(cfg->log.level, SC_LOG_INFO);
+    cr_expect_eq(cfg->log.access, true);
+    cr_expect_str_eq(cfg->metrics.statsd, "");
+
+    cr_assert_eq(cfg->n_upstreams, 1);
+    cr_expect_str_eq(u->name, "up");
+    cr_expect_str_eq(u->url, "http://127.0.0.1:9000");
+    cr_expect_eq(u->https, false);
+    cr_expect_str_eq(u->host, "127.0.0.1");
+    cr_expect_eq(u->port, 9000);
+    cr_expect_str_eq(u->authority, "127.0.0.1:9000");
+    cr_expect_str_eq(u->base_path, "");
+    cr_expect_eq(u->connect_timeout_ms, 2000);
+    cr_expect_eq(u->timeout_ms, 30000);
+    cr_expect_eq(u->max_connections, 64);
+    cr_expect_eq(u->tls.verify, true);
+    cr_expect_str_eq(u->tls.ca_file, "");
+    cr_expect_eq(u->n_headers, 0);
+
+    cr_expect_eq(cfg->n_policies, 0);
+    cr_assert_eq(cfg->n_routes, 1);
+    cr_expect_str_eq(cfg->routes[0].name, "/");
+    cr_expect_str_eq(cfg->routes[0].prefix, "/");
+    cr_expect_eq(cfg->routes[0].methods, SC_M_ALL);
+    cr_expect_eq(cfg->routes[0].upstream, 0);
+    cr_expect_eq(cfg->routes[0].policy, -1);
+    cr_expect_str_eq(cfg->routes[0].strip_prefix, "");
+    config_free(cfg);
+}
+
+static void expect_default_retry(const struct sc_retry *r)
+{
+    static const int on[] = {429, 502, 503, 504};
+    int s, n = 0;
+
+    for (s = 0; s < 640; s++)
+        n += sc_retry_on_status(r, s);
+    cr_expect_eq(n, 4);
+    for (s = 0; s < 4; s++)
+        cr_expect(sc_retry_on_status(r, on[s]), "%d", on[s]);
+    cr_expect_eq(r->on_transport,
+                 SC_T_CONNECT_ERROR | SC_T_CONNECTION_LOST | SC_T_TIMEOUT);
+    cr_expect_eq(r->base_ms, 1000);
+    cr_expect_eq(r->multiplier, 2.0);
+    cr_expect_eq(r->cap_ms, 6ull * 3600 * 1000);
+    cr_expect_eq(r->max_attempts, 8);
+    cr_expect_eq(r->max_delay_ms, 7ull * 86400 * 1000);
+    cr_expect_eq(r->jitter, SC_JITTER_FULL);
+}
+
+static void expect_default_idem_values(const struct sc_idempotency *i)
+{
+    int s;
+
+    cr_expect_str_eq(i->header, "Idempotency-Key");
+    cr_expect_eq(i->methods, SC_M_POST | SC_M_PUT | SC_M_PATCH | SC_M_DELETE);
+    cr_expect_eq(i->required, true);
+    cr_expect_eq(i->ttl_ms, 86400000);
+    cr_expect_eq(i->lease_ms, 60000);
+    cr_expect_eq(i->fingerprint, SC_FP_METHOD | SC_FP_PATH | SC_FP_BODY);
+    for (s = 100; s < 600; s++)
+        cr_expect_eq(sc_idem_replays_status(i, s), s / 100 == 2 || s / 100 == 4,
+                     "%d", s);
+    cr_expect_eq(i->max_stored_body, 1u << 20);
+}
+
+Test(config_defaults, default_policy)
+{
+    struct sc_config *cfg = load_ok(MINIMAL);
+    const struct sc_policy *p = &cfg->default_policy;
+
+    cr_expect_str_eq(p->name, "default");
+    cr_expect_eq(p->has_rate, false);
+    cr_expect_eq(p->burst, 1);
+    cr_expect_eq(p->max_wait_ms, 2000);
+    cr_expect_eq(p->concurrency, 0);
+    cr_expect_eq(p->mode, SC_MODE_ENFORCE);
+    cr_expect_null(p->partition_header);
+    cr_expect_eq(p->partition_max, 10000);
+    cr_expect_eq(p->shared, SC_SHARED_LOCAL);
+    expect_default_retry(&p->retry);
+    cr_expect_eq(p->idem.enabled, false);
+    /* disabled, but filled so that nothing reads a NULL */
+    expect_default_idem_values(&p->idem);
+    config_free(cfg);
+}
+
+Test(config_defaults, empty_policy_and_idempotency_block)
+{
+    struct sc_config *cfg = load_ok(
+        "upstreams: { up: { url: http://h } }\n"
+        "policies:\n"
+        "  p: {}\n"
+        "  q:\n"
+        "    idempotency: {}\n"
+        "routes: [ { prefix: /p, upstream: up, policy: p },\n"
+        "          { prefix: /q, upstream: up, policy: q } ]\n");
+
+    cr_assert_eq(cfg->n_policies, 2);
+    cr_expect_eq(cfg->policies[0].burst, 1);
+    cr_expect_eq(cfg->policies[0].idem.enabled, false);
+    expect_default_retry(&cfg->policies[0].retry);
+    cr_expect_eq(cfg->policies[1].idem.enabled, true);
+    expect_default_idem_values(&cfg->policies[1].idem);
+    cr_expect_eq(cfg->policies[1].idem.pos.line, 5);
+    cr_expect_eq(cfg->policies[1].idem.pos.col, 5);
+    cr_expect_eq(cfg->policies[1].idem.lease_pos.line, 0);
+    cr_expect_eq(cfg->routes[0].policy, 0);
+    cr_expect_eq(cfg->routes[1].policy, 1);
+    config_free(cfg);
+}
+
+Test(config_defaults, null_values_mean_not_given)
+{
+    struct sc_config *cfg = load_ok(
+        "listen:\n"
+        "limits:\n"
+        "policies:\n"
+        "  p:\n"
+        "    burst: ~\n"
+        "    idempotency: null\n"
+        "upstreams: { up: { url: http://h, headers: } }\n"
+        "routes: [ { prefix: /, upstream: up, policy: p, methods: } ]\n");
+
+    cr_expect_eq(cfg->listen.port, 8080);
+    cr_expect_eq(cfg->limits.max_connections, 4096);
+    cr_expect_eq(cfg->policies[0].burst, 1);
+    cr_expect_eq(cfg->policies[0].idem.enabled, false);
+    cr_expect_eq(cfg->routes[0].methods, SC_M_ALL);
+    config_free(cfg);
+}
+
+/* ---- the full example -------------------------------------------------------- */
+
+static struct sc_config *load_file_ok(const char *path)
+{
+    struct sc_errors errs = {0};
+    struct sc_config *cfg = NULL;
+    int rc = config_load_file(path, &cfg, &errs);
+
+    log_errors(&errs);
+    cr_assert_eq(rc, 0, "%s must load", path);
+    sc_errors_free(&errs);
+    return cfg;
+}
+
+Test(config_full, spec_example_loads)
+{
+    struct sc_config *cfg;
+    const struct sc_upstream *u;
+    const struct sc_policy *p;
+    const struct sc_route *r;
+
+    setenv("PARTNER_TOKEN", "s3cr3t-token", 1);
+    cfg = load_file_ok(SLUICE_SOURCE_DIR "/tests/config/valid/full.yaml");
+    cr_expect_str_eq(cfg->file, SLUICE_SOURCE_DIR "/tests/config/valid/full.yaml");
+
+    u = config_upstream(cfg, "partner");
+    cr_assert_not_null(u);
+    cr_expect_eq(u->https, true);
+    cr_expect_str_eq(u->host, "api.partner.example");
+    cr_expect_eq(u->port, 443);
+    cr_expect_str_eq(u->authority, "api.partner.example");
+    cr_expect_str_eq(u->base_path, "/base");
+    cr_expect_eq(u->timeout_ms, 30000);
+    cr_expect_eq(u->timeout_pos.line, 24);
+    cr_assert_eq(u->n_headers, 1);
+    cr_expect_str_eq(u->headers[0].name, "Authorization");
+    cr_expect_str_eq(u->headers[0].value, "Bearer s3cr3t-token");
+    cr_expect_eq(u->headers[0].from_env, true);
+
+    cr_assert_eq(config_policy_index(cfg, "partner-writes"), 0);
+    p = &cfg->policies[0];
+    cr_expect_eq(p->has_rate, true);
+    cr_expect_eq(p->rate, 10.0);
+    cr_expect_eq(p->burst, 10);
+    cr_expect_eq(p->max_wait_ms, 2000);
+    cr_expect_eq(p->concurrency, 8);
+    expect_default_retry(&p->retry);
+    cr_expect_eq(p->idem.enabled, true);
+    expect_default_idem_values(&p->idem);
+    cr_expect_eq(p->idem.lease_pos.line, 49);
+
+    cr_assert_eq(cfg->n_routes, 1);
+    r = &cfg->routes[0];
+    cr_expect_str_eq(r->name, "sync");
+    cr_expect_str_eq(r->prefix, "/v1/sync");
+    cr_expect_eq(r->methods, SC_M_POST);
+    cr_expect_eq(r->upstream, 0);
+    cr_expect_eq(r->policy, 0);
+    cr_expect_str_eq(r->strip_prefix, "");
+    config_free(cfg);
+}
+
+Test(config_full, spec_example_needs_its_variable)
+{
+    char *src = tu_read_file(SLUICE_SOURCE_DIR "/tests/config/valid/full.yaml", NULL);
+    char *all;
+
+    cr_assert_not_null(src);
+    unsetenv("PARTNER_TOKEN");
+    all = load_fail(src, NULL);
+    cr_expect_str_eq(all, "test.yaml:28:22: upstreams.partner.headers.Authorization: "
+                     "environment variable \"PARTNER_TOKEN\" is not set\n");
+    free(all);
+    free(src);
+}
+
+/* ---- sidecar.yaml ------------------------------------------------------------ */
+
+Test(config_sidecar, default_config_loads)
+{
+    struct sc_config *cfg = load_file_ok(SLUICE_SOURCE_DIR "/sidecar.yaml");
+
+    cr_expect_str_eq(cfg->listen.host, "127.0.0.1");
+    cr_expect_eq(cfg->listen.port, 8080);
+    cr_expect_eq(cfg->admin.port, 9901);
+    cr_expect_str_eq(cfg->store.path, "./data");
+    cr_assert_not_null(config_upstream(cfg, "demo"));
+    cr_expect_eq(config_upstream(cfg, "demo")->port, 9000);
+    cr_assert_eq(cfg->n_routes, 1);
+    cr_expect_str_eq(cfg->routes[0].name, "demo");
+    cr_expect_str_eq(cfg->routes[0].prefix, "/");
+    cr_expect_eq(cfg->routes[0].policy, -1);
+    config_free(cfg);
+}
+
+/* The commented-out partner example, uncommented, must load too: an
+ * operator will do exactly that. Uncomments "# key: ..." and "# - key: ..."
+ * lines, leaving the prose comments. */
+Test(config_sidecar, commented_example_loads_when_uncommented)
+{
+    char *src = tu_read_file(SLUICE_SOURCE_DIR "/sidecar.yaml", NULL), *out;
+    char *line, *save = NULL, *p;
+    regex_t re;
+    regmatch_t m[3];
+    struct sc_config *cfg;
+    size_t n = 0;
+
+    cr_assert_not_null(src);
+    out = calloc(1, strlen(src) + 64);   /* a missing final newline is added */
+    cr_assert_eq(regcomp(&re, "^( +)# ( *(- )?[A-Za-z_][-A-Za-z0-9_]*:.*)$",
+                         REG_EXTENDED), 0);
+    for (line = strtok_r(src, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (!strcmp(line, "policies: {}"))
+            line = (char *)"policies:";
+        if (regexec(&re, line, 3, m, 0) == 0) {
+            n++;
+            memcpy(out + strlen(out), line, (size_t)m[1].rm_eo);
+            p = out + strlen(out);
+            sprintf(p, "%s\n", line + m[2].rm_so);
+        } else {
+            sprintf(out + strlen(out), "%s\n", line);
+        }
+    }
+    regfree(&re);
+    cr_expect(n > 40, "only %zu example lines found", n);
+    setenv("PARTNER_TOKEN", "x", 1);
+    cfg = load_ok(out);
+    cr_expect_eq(cfg->n_upstreams, 2);
+    cr_expect_eq(cfg->n_policies, 1);
+    cr_expect_eq(cfg->n_routes, 2);
+    cr_expect_str_eq(cfg->policies[0].partition_header, "X-Tenant");
+    cr_expect_eq(cfg->policies[0].idem.enabled, true);
+    config_free(cfg);
+    free(out);
+    free(src);
+}
+
+/* ---- values ------------------------------------------------------------------ */
+
+Test(config_values, upstream_urls)
+{
+    struct sc_config *cfg = load_ok(
+        "upstreams:\n"
+        "  a: { url: https://api.example/v2/ }\n"
+        "  b: { url: \"http://[::1]:8081\" }\n"
+        "  c: { url: HTTPS://h.example:8443/ }\n"
+        "  d: { url: http://10.0.0.1/x/y//, timeout: 1.5s }\n"
+        "routes: [ { prefix: /, upstream: a } ]\n");
+    const struct sc_upstream *u = cfg->upstreams;
+
+    cr_expect_eq(u[0].port, 443);
+    cr_expect_str_eq(u[0].authority, "api.example");
+    cr_expect_str_eq(u[0].base_path, "/v2");
+    cr_expect_eq(u[1].https, false);
+    cr_expect_str_eq(u[1].host, "::1");
+    cr_expect_eq(u[1].port, 8081);
+    cr_expect_str_eq(u[1].authority, "[::1]:8081");
+    cr_expect_str_eq(u[1].base_path, "");
+    cr_expect_eq(u[2].https, true);
+    cr_expect_eq(u[2].port, 8443);
+    cr_expect_str_eq(u[2].authority, "h.example:8443");
+    cr_expect_str_eq(u[2].base_path, "");
+    cr_expect_eq(u[3].port, 80);
+    cr_expect_str_eq(u[3].base_path, "/x/y");
+    cr_expect_eq(u[3].timeout_ms, 1500);
+    config_free(cfg);
+}
+
+Test(config_values, redis_store_and_shared_policy)
+{
+    struct sc_config *cfg = load_ok(
+        "store: { backend: redis, url: \"redis://u:pw@10.0.0.5:6379/0\", fleet_size: 4 }\n"
+        "upstreams: { up: { url: http://h } }\n"
+        "policies:\n"
+        "  w: { rate: 100/s, burst: 20, shared: redis, mode: shadow,\n"
+        "       partition: { header: X-Tenant } }\n"
+        "routes: [ { prefix: /, upstream: up, policy: w } ]\n");
+
+    cr_expect_eq(cfg->store.backend, SC_BACKEND_REDIS);
+    cr_expect_str_eq(cfg->store.url, "redis://u:pw@10.0.0.5:6379/0");
+    cr_expect_str_eq(cfg->store.key_prefix, "sluice:");
+    cr_expect_eq(cfg->store.fleet_size, 4);
+    cr_expect_eq(cfg->policies[0].shared, SC_SHARED_REDIS);
+    cr_expect_eq(cfg->policies[0].mode, SC_MODE_SHADOW);
+    cr_expect_str_eq(cfg->policies[0].partition_header, "X-Tenant");
+    cr_expect_eq(cfg->policies[0].partition_max, 10000);
+    cr_expect_eq(cfg->policies[0].rate, 100.0);
+    config_free(cfg);
+}
+
+Test(config_values, lists_and_enums)
+{
+    struct sc_config *cfg = load_ok(
+        "upstreams: { up: { url: http://h, timeout: 5s } }\n"
+        "policies:\n"
+        "  p:\n"
+        "    retry: { on: [500, timeout], jitter: equal, multiplier: 1.5 }\n"
+        "    idempotency:\n"
+        "      methods: [POST, PURGE]\n"
+        "      fingerprint: [body]\n"
+        "      replay_statuses: [2xx, 409, 3xx]\n"
+        "routes: [ { prefix: /, upstream: up, policy: p, methods: [GET, HEAD, MKCOL] } ]\n");
+    const struct sc_policy *p = &cfg->policies[0];
+
+    cr_expect(sc_retry_on_status(&p->retry, 500));
+    cr_expect(!sc_retry_on_status(&p->retry, 429));
+    cr_expect(!sc_retry_on_status(&p->retry, -1));
+    cr_expect(!sc_retry_on_status(&p->retry, 10000));
+    cr_expect_eq(p->retry.on_transport, SC_T_TIMEOUT);
+    cr_expect_eq(p->retry.jitter, SC_JITTER_EQUAL);
+    cr_expect_eq(p->retry.multiplier, 1.5);
+    cr_expect_eq(p->idem.methods, SC_M_POST | SC_M_OTHER);
+    cr_expect_eq(p->idem.fingerprint, SC_FP_BODY);
+    cr_expect(sc_idem_replays_status(&p->idem, 204));
+    cr_expect(sc_idem_replays_status(&p->idem, 301));
+    cr_expect(sc_idem_replays_status(&p->idem, 409));
+    cr_expect(!sc_idem_replays_status(&p->idem, 404));
+    cr_expect(!sc_idem_replays_status(&p->idem, 500));
+    cr_expect_eq(cfg->routes[0].methods, SC_M_GET | SC_M_HEAD | SC_M_OTHER);
+    config_free(cfg);
+}
+
+Test(config_values, aliases_are_followed)
+{
+    struct sc_config *cfg = load_ok(
+        "upstreams: { up: { url: http://h } }\n"
+        "policies:\n"
+        "  a: { retry: &slow { base: 5s, cap: 1h } }\n"
+        "  b: { retry: *slow }\n"
+        "routes: [ { prefix: /, upstream: up } ]\n");
+
+    cr_expect_eq(cfg->policies[1].retry.base_ms, 5000);
+    cr_expect_eq(cfg->policies[1].retry.cap_ms, 3600000);
+    config_free(cfg);
+}
+
+Test(config_values, lookups)
+{
+    struct sc_config *cfg = load_ok(
+        "upstreams: { a: { url: http://a }, b: { url: http://b } }\n"
+        "policies: { x: {}, y: {} }\n"
+        "routes: [ { prefix: /, upstream: b, policy: y },\n"
+        "          { prefix: /d, upstream: a, policy: default } ]\n");
+
+    cr_expect_eq(config_upstream(cfg, "b"), &cfg->upstreams[1]);
+    cr_expect_null(config_upstream(cfg, "c"));
+    cr_expect_null(config_upstream(NULL, "a"));
+    cr_expect_eq(config_policy_index(cfg, "y"), 1);
+    cr_expect_eq(config_policy_index(cfg, "z"), -1);
+    cr_expect_eq(config_policy_index(cfg, NULL), -1);
+    cr_expect_eq(cfg->routes[0].upstream, 1);
+    cr_expect_eq(cfg->routes[0].policy, 1);
+    cr_expect_eq(cfg->routes[1].policy, -1);
+    config_free(cfg);
+}
+
+Test(config_values, method_bits)
+{
+    cr_expect_eq(sc_method_bit("GET"), SC_M_GET);
+    cr_expect_eq(sc_method_bit("CONNECT"), SC_M_CONNECT);
+    cr_expect_eq(sc_method_bit("get"), SC_M_OTHER);
+    cr_expect_eq(sc_method_bit("PROPFIND"), SC_M_OTHER);
+    cr_expect_eq(sc_method_bit(""), SC_M_OTHER);
+    cr_expect_eq(sc_method_bit(NULL), SC_M_OTHER);
+}
+
+Test(config_values, listeners_may_share_a_port_on_distinct_hosts)
+{
+    struct sc_config *cfg = load_ok(
+        "listen: 127.0.0.1:8080\n"
+        "admin: 127.0.0.2:8080\n" MINIMAL);
+
+    cr_expect_str_eq(cfg->admin.host, "127.0.0.2");
+    config_free(cfg);
+    cfg = load_ok("listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\n" MINIMAL);
+    config_free(cfg);
+}
+
+/* ---- ${ENV} ------------------------------------------------------------------- */
+
+Test(config_env, substitutes_in_every_string_scalar)
+{
+    struct sc_config *cfg;
+
+    setenv("SLUICE_T_HOST", "api.example", 1);
+    setenv("SLUICE_T_TIMEOUT", "45s", 1);
+    setenv("SLUICE_T_A", "A", 1);
+    setenv("SLUICE_T_EMPTY", "", 1);
+    cfg = load_ok(
+        "upstreams:\n"
+        "  up:\n"
+        "    url: https://${SLUICE_T_HOST}/v1\n"
+        "    timeout: ${SLUICE_T_TIMEOUT}\n"
+        "    headers:\n"
+        "      X-Two: \"${SLUICE_T_A}-${SLUICE_T_A}$ $x {SLUICE_T_A}${SLUICE_T_EMPTY}\"\n"
+        "      X-Plain: \"no variables\"\n"
+        "routes: [ { prefix: /, upstream: up } ]\n");
+    cr_expect_str_eq(cfg->upstreams[0].host, "api.example");
+    cr_expect_str_eq(cfg->upstreams[0].url, "https://api.example/v1");
+    cr_expect_eq(cfg->upstreams[0].timeout_ms, 45000);
+    cr_expect_str_eq(cfg->upstreams[0].headers[0].value, "A-A$ $x {SLUICE_T_A}");
+    cr_expect_eq(cfg->upstreams[0].headers[0].from_env, true);
+    cr_expect_eq(cfg->upstreams[0].headers[1].from_env, false);
+    config_free(cfg);
+}
+
+Test(config_env, unset_variable_is_an_error_at_the_scalar)
+{
+    unsetenv("SLUICE_T_SURELY_UNSET_1");
+    expect_first_error(
+        "upstreams:\n"
+        "  up: { url: \"http://${SLUICE_T_SURELY_UNSET_1}/\" }\n"
+        "routes: [ { prefix: /, upstream: up } ]\n",
+        "test.yaml:2:14: upstreams.up.url: environment variable "
+        "\"SLUICE_T_SURELY_UNSET_1\" is not set");
+}
+
+Test(config_env, malformed_references)
+{
+    expect_first_error("upstreams: { up: { url: \"http://${HOST\" } }\n"
+                       "routes: [ { prefix: /, upstream: up } ]\n",
+                       "test.yaml:1:25: upstreams.up.url: unterminated \"${\" "
+                       "in \"http://${HOST\"");
+    expect_first_error("upstreams: { up: { url: \"http://${1X}\" } }\n"
+                       "routes: [ { prefix: /, upstream: up } ]\n",
+                       "test.yaml:1:25: upstreams.up.url: invalid variable "
+                       "name \"${1X}\"");
+    expect_first_error("upstreams: { up: { url: \"http://${}\" } }\n"
+                       "routes: [ { prefix: /, upstream: up } ]\n",
+                       "test.yaml:1:25: upstreams.up.url: invalid variable "
+                       "name \"${}\"");
+}
+
+/* ---- errors ------------------------------------------------------------------- */
+
+Test(config_errors, every_error_is_collected_and_sorted)
+{
+    size_t n = 0;
+    char *all = load_fail(
+        "routes:\n"
+        "  - { prefix: /, upstream: nope }\n"
+        "threads: 999\n"
+        "upstreams:\n"
+        "  up: { url: http://h, timeout: 30x, burts: 1 }\n"
+        "log: { level: loud }\n", &n);
+
+    cr_expect_eq(n, 5, "%s", all);
+    cr_expect_str_eq(all,
+        "test.yaml:2:28: routes[0].upstream: unknown upstream \"nope\"\n"
+        "test.yaml:3:10: threads: must be at most 256, got \"999\"\n"
+        "test.yaml:5:33: upstreams.up.timeout: invalid duration \"30x\" "
+        "(expected a number followed by ms, s, m, h or d)\n"
+        "test.yaml:5:38: unknown key \"burts\" in upstreams.up\n"
+        "test.yaml:6:15: log.level: invalid value \"loud\" (expected error, "
+        "warn, info or debug)\n");
+    free(all);
+}
+
+Test(config_errors, unknown_keys_suggest_the_nearest)
+{
+    expect_first_error("listn: 127.0.0.1:8080\n" MINIMAL,
+                       "test.yaml:1:1: unknown key \"listn\" (did you mean "
+                       "\"listen\"?)");
+    expect_first_error(MINIMAL "policies: { partner-writes: { burts: 5 } }\n",
+                       "test.yaml:5:31: unknown key \"burts\" in "
+                       "policies.partner-writes (did you mean \"burst\"?)");
+    expect_first_error(MINIMAL "xyzzy: 1\n", "test.yaml:5:1: unknown key \"xyzzy\"");
+    expect_first_error(MINIMAL "Threads: 1\n",
+                       "test.yaml:5:1: unknown key \"Threads\" (did you mean "
+                       "\"threads\"?)");
+}
+
+Test(config_errors, out_is_null_and_errs_may_be_null)
+{
+    struct sc_config *cfg = (struct sc_config *)1;
+
+    cr_expect_eq(config_load_string("x", "threads: -1\n", 12, &cfg, NULL), -EINVAL);
+    cr_expect_null(cfg);
+    cr_expect_eq(config_load_string("x", MINIMAL, strlen(MINIMAL), &cfg, NULL), 0);
+    cr_expect_not_null(cfg);
+    config_free(cfg);
+    config_free(NULL);
+}
+
+Test(config_errors, errors_are_appended_after_the_callers)
+{
+    struct sc_errors errs = {0};
+    struct sc_config *cfg;
+
+    sc_errors_add(&errs, "earlier", 99, 1, "kept first");
+    cr_expect(config_load_string("x", "threads: -1\n", 12, &cfg, &errs) < 0);
+    /* threads, and the missing upstreams and routes, after the caller's */
+    cr_assert_eq(errs.n, 4);
+    cr_expect_str_eq(errs.v[0].text, "kept first");
+    cr_expect_eq(errs.v[1].line, 1);
+    cr_expect_eq(errs.v[1].col, 1);
+    cr_expect_eq(errs.v[3].col, 10);
+    sc_errors_free(&errs);
+}
+
+Test(config_errors, unreadable_file_names_path_and_reason)
+{
+    struct sc_errors errs = {0};
+    struct sc_config *cfg = (struct sc_config *)1;
+    char line[512];
+
+    cr_expect_eq(config_load_file("/nonexistent/sluice.yaml", &cfg, &errs), -ENOENT);
+    cr_expect_null(cfg);
+    cr_assert_eq(errs.n, 1);
+    sc_error_format(&errs.v[0], line, sizeof line);
+    cr_expect_str_eq(line, "/nonexistent/sluice.yaml: cannot read the "
+                     "configuration: No such file or directory");
+    sc_errors_free(&errs);
+}
+
+Test(config_errors, file_errors_use_the_path)
+{
+    char *dir = tu_mkdtemp("cfg"), *path;
+    struct sc_errors errs = {0};
+    struct sc_config *cfg;
+    char line[512], want[512];
+
+    path = tu_write_file(dir, "bad.yaml", "threads: many\n" MINIMAL);
+    cr_expect_eq(config_load_file(path, &cfg, &errs), -EINVAL);
+    cr_assert(errs.n >= 1);
+    sc_error_format(&errs.v[0], line, sizeof line);
+    snprintf(want, sizeof want, "%s:1:10: threads: invalid number \"many\" "
+             "(expected a whole number)", path);
+    cr_expect_str_eq(line, want);
+    sc_errors_free(&errs);
+    free(path);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+/* ---- JSON --------------------------------------------------------------------- */
+
+static const char REDACT[] =
+    "store: { backend: redis, url: \"redis://admin:hunter2@10.0.0.5:6379/0\" }\n"
+    "upstreams:\n"
+    "  up:\n"
+    "    url: https://api.example/base\n"
+    "    timeout: 250ms\n"
+    "    headers:\n"
+    "      Authorization: \"Bearer ${SLUICE_T_SECRET}\"\n"
+    "      X-Static: plain-value-also-hidden\n"
+    "policies:\n"
+    "  p: { rate: 600/m, burst: 3, idempotency: { lease: 90s, replay_statuses: [2xx, 409] } }\n"
+    "routes:\n"
+    "  - { name: r, prefix: /v1, upstream: up, policy: p, methods: [POST] }\n"
+    "  - { prefix: /, upstream: up }\n";
+
+static json_t *to_json(const struct sc_config *cfg, char **text)
+{
+    json_error_t jerr;
+    json_t *root;
+
+    *text = config_to_json(cfg);
+    cr_assert_not_null(*text);
+    root = json_loads(*text, 0, &jerr);
+    cr_assert_not_null(root, "%s", jerr.text);
+    return root;
+}
+
+Test(config_json, secrets_are_redacted)
+{
+    struct sc_config *cfg;
+    json_t *root, *h;
+    char *text;
+
+    setenv("SLUICE_T_SECRET", "tok-123456", 1);
+    cfg = load_ok(REDACT);
+    root = to_json(cfg, &text);
+    cr_expect_null(strstr(text, "tok-123456"));
+    cr_expect_null(strstr(text, "hunter2"));
+    cr_expect_null(strstr(text, "plain-value-also-hidden"));
+    h = json_object_get(json_object_get(json_object_get(json_object_get(
+            root, "upstreams"), "up"), "headers"), "Authorization");
+    cr_expect_str_eq(json_string_value(h), "<redacted>");
+    cr_expect_str_eq(json_string_value(json_object_get(json_object_get(root,
+                     "store"), "url")), "redis://admin:<redacted>@10.0.0.5:6379/0");
+    json_decref(root);
+    free(text);
+    config_free(cfg);
+}
+
+Test(config_json, every_key_in_config_syntax)
+{
+    struct sc_config *cfg;
+    json_t *root, *pol, *idem, *r0, *r1;
+    char *text;
+
+    setenv("SLUICE_T_SECRET", "x", 1);
+    cfg = load_ok(REDACT);
+    root = to_json(cfg, &text);
+    cr_expect_str_eq(json_string_value(json_object_get(root, "listen")), "127.0.0.1:8080");
+    cr_expect_eq(json_integer_value(json_object_get(root, "threads")), 0);
+    cr_expect_str_eq(json_string_value(json_object_get(json_object_get(root,
+                     "limits"), "max_body")), "8MiB");
+    cr_expect_str_eq(json_string_value(json_object_get(json_object_get(json_object_get(
+                     root, "upstreams"), "up"), "timeout")), "250ms");
+    pol = json_object_get(json_object_get(root, "policies"), "p");
+    cr_expect_str_eq(json_string_value(json_object_get(pol, "rate")), "10/s");
+    cr_expect_eq(json_integer_value(json_object_get(pol, "burst")), 3);
+    cr_expect(json_is_null(json_object_get(pol, "partition")));
+    cr_expect_str_eq(json_string_value(json_object_get(json_object_get(pol,
+                     "retry"), "max_delay")), "7d");
+    idem = json_object_get(pol, "idempotency");
+    cr_expect_str_eq(json_string_value(json_object_get(idem, "lease")), "90s");
+    cr_expect_eq(json_array_size(json_object_get(idem, "replay_statuses")), 2);
+    cr_expect_eq(json_integer_value(json_array_get(json_object_get(idem,
+                 "replay_statuses"), 1)), 409);
+    r0 = json_array_get(json_object_get(root, "routes"), 0);
+    r1 = json_array_get(json_object_get(root, "routes"), 1);
+    cr_expect_str_eq(json_string_value(json_object_get(r0, "policy")), "p");
+    cr_expect_str_eq(json_string_value(json_array_get(json_object_get(r0,
+                     "methods"), 0)), "POST");
+    cr_expect(json_is_null(json_object_get(r1, "policy")));
+    cr_expect(json_is_null(json_object_get(r1, "methods")));
+    cr_expect_str_eq(json_string_value(json_object_get(r1, "name")), "/");
+    cr_expect_eq(json_object_size(root), 10);
+    json_decref(root);
+    free(text);
+    config_free(cfg);
+}
+
+/* JSON is YAML: the effective config loads back to the same effective
+ * config (redacted values included, as plain strings). */
+Test(config_json, loads_back_to_itself)
+{
+    struct sc_config *a, *b;
+    char *ja, *jb;
+
+    setenv("SLUICE_T_SECRET", "x", 1);
+    setenv("PARTNER_TOKEN", "y", 1);
+    a = load_ok(REDACT);
+    ja = config_to_json(a);
+    b = load_ok(ja);
+    jb = config_to_json(b);
+    cr_expect_str_eq(ja, jb);
+    free(ja);
+    free(jb);
+    config_free(a);
+    config_free(b);
+
+    a = load_file_ok(SLUICE_SOURCE_DIR "/tests/config/valid/full.yaml");
+    ja = config_to_json(a);
+    b = load_ok(ja);
+    jb = config_to_json(b);
+    cr_expect_str_eq(ja, jb);
+    free(ja);
+    free(jb);
+    config_free(a);
+    config_free(b);
+}
+
+Test(config_json, null_config)
+{
+    cr_expect_null(config_to_json(NULL));
+}
