@@ -147,6 +147,19 @@ static int signals_init(struct app *app, struct sc_error *err)
 
 /* ---- lifecycle ---------------------------------------------------------- */
 
+/* Never fail open silently: say which configured limits this build loads
+ * but does not enforce yet. */
+static void warn_unenforced(const struct sc_config *cfg)
+{
+    for (size_t i = 0; i < cfg->n_policies; i++) {
+        const struct sc_policy *p = &cfg->policies[i];
+
+        if (p->idem.enabled)
+            log_warn("policy %s: idempotency is not enforced by this build",
+                     p->name);
+    }
+}
+
 int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
 {
     int rc;
@@ -167,6 +180,10 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
     }
     if ((rc = signals_init(app, err)) != 0 || (rc = tls_init(app, err)) != 0)
         return rc;
+    if (pacing_init(&app->pacing, cfg) != 0) {
+        sc_error_set(err, "out of memory");
+        return -ENOMEM;
+    }
     app->listen_fd = server_listen(&cfg->listen, 1024, err);
     if (app->listen_fd < 0)
         return app->listen_fd;
@@ -175,6 +192,7 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
     app->admin = admin_start(app, err);
     if (!app->admin)
         return -EINVAL;
+    warn_unenforced(cfg);
     atomic_store(&app->ready, true);
     log_info("sluice %s listening on %s:%u (admin %s:%u), %u threads",
              SLUICE_VERSION, cfg->listen.host, cfg->listen.port,
@@ -201,6 +219,7 @@ void app_free(struct app *app)
         worker_stop(&app->workers[i]);
     free(app->workers);
     admin_stop(app->admin);
+    pacing_free(&app->pacing);
     if (app->listen_fd >= 0)
         close(atomic_exchange(&app->listen_fd, -1));
     for (size_t i = 0; app->tls && app->cfg && i < app->cfg->n_upstreams; i++)

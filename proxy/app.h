@@ -9,6 +9,7 @@
 #include <openssl/ssl.h>
 
 #include "policies/config.h"
+#include "proxy/pacing.h"
 #include "proxy/server.h"
 #include "util/error.h"
 
@@ -18,6 +19,7 @@ struct event;
 
 struct app {
     struct sc_config *cfg;      /* owned; immutable while workers run */
+    struct pacing pacing;       /* buckets, cooldowns, slots: shared by all loops */
     SSL_CTX **tls;              /* per upstream; NULL for http */
     atomic_int listen_fd;       /* closed by the last loop to quiesce */
     atomic_uint quiesced;

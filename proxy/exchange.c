@@ -9,46 +9,17 @@
 #include <strings.h>
 
 #include <event2/buffer.h>
+#include <event2/event.h>
 
 #include "policies/route.h"
 #include "proxy/app.h"
+#include "proxy/exchange_internal.h"
 #include "proxy/headers.h"
 #include "proxy/log.h"
 #include "proxy/problem.h"
 #include "proxy/server.h"
 #include "proxy/upstream.h"
 #include "util/clock.h"
-
-enum ex_state {
-    EX_HEADERS = 0, /* first call: headers are in, body not yet */
-    EX_BODY,        /* collecting the body */
-    EX_REFUSED,     /* answer decided, body discarded */
-    EX_UPSTREAM,    /* suspended, waiting on the upstream */
-    EX_READY,       /* resumed with an answer to queue */
-    EX_ANSWERED,
-};
-
-struct exchange {
-    struct worker *w;
-    struct MHD_Connection *mc;
-    const struct sc_config *cfg;
-    enum ex_state state;
-    char *target;           /* raw origin-form target, query included */
-    const char *method;     /* MHD's, valid until completion */
-    const struct sc_route *route;
-    const struct sc_upstream *up;
-    const struct sc_policy *pol;
-    struct evbuffer *body;
-    /* the answer */
-    int status;
-    enum outcome outcome;
-    enum reason reason;
-    char detail[192];
-    bool from_upstream;
-    struct up_request ureq;
-    uint64_t t0_ns;
-    TAILQ_ENTRY(exchange) link;
-};
 
 /* ---- allocation --------------------------------------------------------- */
 
@@ -91,10 +62,20 @@ void *exchange_uri_log(void *cls, const char *uri, struct MHD_Connection *c)
 
 static void exchange_free(struct exchange *ex)
 {
-    if (ex->state == EX_UPSTREAM) {
+    /* Only a suspended exchange can still wait on something; MHD completes
+     * none of those, but a daemon stopped early would. */
+    if (ex->suspended) {
         TAILQ_REMOVE(&ex->w->waiting, ex, link);
-        up_request_cancel(&ex->ureq);
+        if (ex->state == EX_UPSTREAM)
+            up_request_cancel(&ex->ureq);
+        if (ex->state == EX_SLOT)
+            pacing_slot_cancel(ex->ps, &ex->slot);
     }
+    ex_pace_release(ex);
+    if (ex->timer)
+        event_free(ex->timer);
+    if (ex->slot.granted_ev)
+        event_free(ex->slot.granted_ev);
     up_response_clear(&ex->ureq.resp);
     if (ex->ureq.wire)
         evbuffer_free(ex->ureq.wire);
@@ -107,19 +88,15 @@ static void exchange_free(struct exchange *ex)
 
 /* ---- answers ------------------------------------------------------------ */
 
-static void refuse(struct exchange *ex, int status, enum outcome o,
-                   enum reason r, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-
-static void refuse(struct exchange *ex, int status, enum outcome o,
-                   enum reason r, const char *fmt, ...)
+void ex_refuse(struct exchange *ex, int status, enum outcome o, enum reason r,
+               const char *fmt, ...)
 {
     va_list ap;
 
+    ex->kind = ANSWER_PROBLEM;
     ex->status = status;
     ex->outcome = o;
     ex->reason = r;
-    ex->from_upstream = false;
     va_start(ap, fmt);
     vsnprintf(ex->detail, sizeof ex->detail, fmt, ap);
     va_end(ap);
@@ -195,9 +172,75 @@ static enum MHD_Result answer_upstream(struct exchange *ex)
     return queue(ex, resp);
 }
 
+void ex_instruct(struct exchange *ex, enum outcome o, enum reason r,
+                 uint64_t delay_ms, uint32_t attempt, int upstream_status)
+{
+    struct instruction *in = &ex->instr;
+
+    ex->kind = ANSWER_INSTRUCTION;
+    ex->outcome = o;
+    ex->reason = r;
+    ex->status = instruction_status(r);
+    in->outcome = o;
+    in->reason = r;
+    in->delay_ms = delay_ms ? delay_ms : 1;
+    in->attempt = attempt;
+    in->max_attempts = ex->pol->retry.max_attempts;
+    in->key = ex->key;
+    in->upstream_status = upstream_status;
+}
+
+static enum MHD_Result answer_instruction(struct exchange *ex)
+{
+    size_t len;
+    char *body = instruction_json(&ex->instr, &len), num[32];
+    struct MHD_Response *resp;
+
+    if (!body)
+        return MHD_NO;
+    resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    if (ex->outcome == OUT_REQUEUE) {
+        snprintf(num, sizeof num, "%llu", (unsigned long long)
+                 instruction_delay_seconds(ex->instr.delay_ms));
+        MHD_add_response_header(resp, "Retry-After", num);
+    }
+    if (ex->rate_headers && ex->bucket) {
+        char pol[160], st[160];
+        ex_rate_headers(ex, pol, sizeof pol, st, sizeof st);
+        MHD_add_response_header(resp, "RateLimit-Policy", pol);
+        MHD_add_response_header(resp, "RateLimit", st);
+    }
+    return queue(ex, resp);
+}
+
 static enum MHD_Result answer(struct exchange *ex)
 {
-    return ex->from_upstream ? answer_upstream(ex) : answer_problem(ex);
+    switch (ex->kind) {
+    case ANSWER_UPSTREAM:
+        return answer_upstream(ex);
+    case ANSWER_INSTRUCTION:
+        return answer_instruction(ex);
+    default:
+        return answer_problem(ex);
+    }
+}
+
+void ex_finish(struct exchange *ex)
+{
+    if (!ex->suspended) {
+        ex->state = EX_READY;
+        return;
+    }
+    TAILQ_REMOVE(&ex->w->waiting, ex, link);
+    ex->suspended = false;
+    ex->state = EX_READY;
+    MHD_resume_connection(ex->mc);
+    worker_kick(ex->w);
 }
 
 /* ---- header checks ------------------------------------------------------ */
@@ -239,13 +282,13 @@ static bool check_headers(struct exchange *ex)
     MHD_get_connection_values(ex->mc, MHD_HEADER_KIND, scan_header, &s);
     s.bytes += strlen(ex->method) + strlen(ex->target) + 12;
     if (s.bytes > cfg->limits.max_header) {
-        refuse(ex, 431, OUT_REJECTED, R_HEADERS_TOO_LARGE,
+        ex_refuse(ex, 431, OUT_REJECTED, R_HEADERS_TOO_LARGE,
                "request headers of %zu bytes exceed limits.max_header (%llu)",
                s.bytes, (unsigned long long)cfg->limits.max_header);
         return false;
     }
     if ((s.n_cl && s.n_te) || s.cl_conflict || s.te_bad || s.n_te > 1) {
-        refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST,
+        ex_refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST,
                "conflicting or unsupported Content-Length / Transfer-Encoding");
         return false;
     }
@@ -253,12 +296,12 @@ static bool check_headers(struct exchange *ex)
         return true;
     cl = strtoull(s.cl, &end, 10);
     if (*end || !*s.cl || s.cl[0] == '-') {
-        refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST,
+        ex_refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST,
                "invalid Content-Length");
         return false;
     }
     if (cl > cfg->limits.max_body) {
-        refuse(ex, 413, OUT_REJECTED, R_BODY_TOO_LARGE,
+        ex_refuse(ex, 413, OUT_REJECTED, R_BODY_TOO_LARGE,
                "request body of %llu bytes exceeds limits.max_body (%llu)", cl,
                (unsigned long long)cfg->limits.max_body);
         return false;
@@ -266,172 +309,61 @@ static bool check_headers(struct exchange *ex)
     return true;
 }
 
+/* The header that carries the job's key: the policy's, else the usual one,
+ * so that log lines of one job correlate even without idempotency. */
+static const char *key_header(const struct exchange *ex)
+{
+    if (ex->pol && ex->pol->idem.enabled && ex->pol->idem.header)
+        return ex->pol->idem.header;
+    return "Idempotency-Key";
+}
+
 static bool check_route(struct exchange *ex)
 {
     ex->route = route_match(ex->cfg, ex->target, sc_method_bit(ex->method));
     if (!ex->route) {
-        refuse(ex, 404, OUT_REJECTED, R_NO_ROUTE, "no route for %s %.*s",
+        ex_refuse(ex, 404, OUT_REJECTED, R_NO_ROUTE, "no route for %s %.*s",
                ex->method, (int)strcspn(ex->target, "?"), ex->target);
         return false;
     }
     ex->up = &ex->cfg->upstreams[ex->route->upstream];
     ex->pol = ex->route->policy >= 0 ? &ex->cfg->policies[ex->route->policy]
                                      : &ex->cfg->default_policy;
+    ex->key = MHD_lookup_connection_value(ex->mc, MHD_HEADER_KIND, key_header(ex));
     return true;
 }
 
-/* ---- the upstream request ----------------------------------------------- */
+/* ---- into the pipeline ------------------------------------------------- */
 
-struct wire_ctx {
-    struct evbuffer *out;
-    const struct sc_upstream *up;
-    struct hdr_conn_tokens tok;
-    int rc;
-};
-
-static bool configured_header(const struct sc_upstream *up, const char *name)
+/* Sluice-Attempt: the worker's own count when there is no idempotency key. */
+static bool read_attempt(struct exchange *ex)
 {
-    for (size_t i = 0; i < up->n_headers; i++)
-        if (strcasecmp(up->headers[i].name, name) == 0)
-            return true;
-    return false;
-}
+    const char *v = MHD_lookup_connection_value(ex->mc, MHD_HEADER_KIND,
+                                                "Sluice-Attempt");
+    char *end;
+    unsigned long n;
 
-static enum MHD_Result collect_conn_tokens(void *cls, enum MHD_ValueKind kind,
-                                           const char *key, const char *value)
-{
-    struct wire_ctx *w = cls;
-
-    if (value && strcasecmp(key, "Connection") == 0)
-        hdr_conn_tokens_add(&w->tok, value);
-    return MHD_YES;
-}
-
-static enum MHD_Result copy_header(void *cls, enum MHD_ValueKind kind,
-                                   const char *key, const char *value)
-{
-    struct wire_ctx *w = cls;
-
-    /* Expect: the body is already here, a 100-continue would be noise. */
-    if (hdr_skip_request(key, &w->tok) || strcasecmp(key, "Expect") == 0 ||
-        configured_header(w->up, key))
-        return MHD_YES;
-    if (evbuffer_add_printf(w->out, "%s: %s\r\n", key, value ? value : "") < 0)
-        w->rc = -1;
-    return MHD_YES;
-}
-
-static bool method_has_body(const char *m)
-{
-    return !strcmp(m, "POST") || !strcmp(m, "PUT") || !strcmp(m, "PATCH");
-}
-
-static int build_wire(struct exchange *ex)
-{
-    struct wire_ctx w = {.up = ex->up};
-    size_t blen = ex->body ? evbuffer_get_length(ex->body) : 0;
-    char *target = route_upstream_target(ex->route, ex->up, ex->target);
-    int rc = -1;
-
-    w.out = evbuffer_new();
-    if (!target || !w.out)
-        goto out;
-    evbuffer_add_printf(w.out, "%s %s HTTP/1.1\r\nHost: %s\r\n", ex->method,
-                        target, ex->up->authority);
-    MHD_get_connection_values(ex->mc, MHD_HEADER_KIND, collect_conn_tokens, &w);
-    MHD_get_connection_values(ex->mc, MHD_HEADER_KIND, copy_header, &w);
-    for (size_t i = 0; i < ex->up->n_headers; i++)
-        evbuffer_add_printf(w.out, "%s: %s\r\n", ex->up->headers[i].name,
-                            ex->up->headers[i].value);
-    if (blen || method_has_body(ex->method))
-        evbuffer_add_printf(w.out, "Content-Length: %zu\r\n", blen);
-    evbuffer_add(w.out, "\r\n", 2);
-    if (blen)
-        evbuffer_add_buffer(w.out, ex->body);
-    if (w.rc == 0) {
-        ex->ureq.wire = w.out;
-        w.out = NULL;
-        rc = 0;
+    ex->attempt = 1;
+    if (!v)
+        return true;
+    n = strtoul(v, &end, 10);
+    if (*v < '1' || *v > '9' || *end || n > 1000000) {
+        ex_refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST,
+                  "Sluice-Attempt must be a positive integer, got \"%.32s\"", v);
+        return false;
     }
-out:
-    if (w.out)
-        evbuffer_free(w.out);
-    free(target);
-    return rc;
+    ex->attempt = (uint32_t)n;
+    return true;
 }
 
-/* Until the pacing issue brings requeue instructions, transport failures are
- * answered as a gateway would: 502 for connect/lost, 504 for a timeout. */
-static void map_failure(struct exchange *ex)
-{
-    const struct up_response *r = &ex->ureq.resp;
-
-    switch (r->result) {
-    case UP_CONNECT_ERROR:
-        refuse(ex, 502, OUT_PERMANENT_ERROR, R_CONNECT_ERROR,
-               "upstream %s: %s", ex->up->name, r->detail);
-        break;
-    case UP_CONNECTION_LOST:
-        refuse(ex, 502, OUT_PERMANENT_ERROR, R_CONNECTION_LOST,
-               "upstream %s: %s", ex->up->name, r->detail);
-        break;
-    default:
-        refuse(ex, 504, OUT_PERMANENT_ERROR, R_TIMEOUT, "upstream %s: %s",
-               ex->up->name, r->detail);
-        break;
-    }
-}
-
-static void classify_response(struct exchange *ex)
-{
-    int s = ex->ureq.resp.status;
-
-    ex->status = s;
-    ex->from_upstream = true;
-    ex->reason = R_NONE;
-    ex->outcome = s < 400 ? OUT_OK : OUT_PERMANENT_ERROR;
-}
-
-static void resume(struct exchange *ex)
-{
-    TAILQ_REMOVE(&ex->w->waiting, ex, link);
-    ex->state = EX_READY;
-    MHD_resume_connection(ex->mc);
-    worker_kick(ex->w);
-}
-
-static void on_upstream_done(struct up_request *req, void *arg)
-{
-    struct exchange *ex = arg;
-
-    if (req->resp.result == UP_OK)
-        classify_response(ex);
-    else
-        map_failure(ex);
-    if (req->resp.result != UP_OK)
-        log_warn("route %s: upstream %s: %s", ex->route->name, ex->up->name,
-                 req->resp.detail);
-    resume(ex);
-}
-
+/* The body is in: from here the connection stays suspended until an answer
+ * is ready, whichever stage produces it. */
 static enum MHD_Result forward(struct exchange *ex)
 {
-    if (build_wire(ex) != 0) {
-        refuse(ex, 500, OUT_REJECTED, R_MALFORMED_REQUEST,
-               "out of memory building the upstream request");
-        return answer(ex);
-    }
-    ex->ureq.no_body = strcmp(ex->method, "HEAD") == 0;
-    ex->ureq.done = on_upstream_done;
-    ex->ureq.arg = ex;
-    ex->state = EX_UPSTREAM;
+    ex->suspended = true;
     TAILQ_INSERT_TAIL(&ex->w->waiting, ex, link);
     MHD_suspend_connection(ex->mc);
-    if (up_pool_send(ex->w->pools[ex->route->upstream], &ex->ureq) != 0) {
-        refuse(ex, 502, OUT_PERMANENT_ERROR, R_CONNECT_ERROR,
-               "cannot queue the upstream request");
-        resume(ex);
-    }
+    ex_pace(ex);
     return MHD_YES;
 }
 
@@ -440,7 +372,7 @@ static enum MHD_Result forward(struct exchange *ex)
 static enum MHD_Result on_first_call(struct exchange *ex)
 {
     if (!ex->target) {
-        refuse(ex, 500, OUT_REJECTED, R_MALFORMED_REQUEST, "out of memory");
+        ex_refuse(ex, 500, OUT_REJECTED, R_MALFORMED_REQUEST, "out of memory");
         return answer(ex);
     }
     if (check_headers(ex) && check_route(ex)) {
@@ -457,12 +389,12 @@ static void on_body_data(struct exchange *ex, const char *data, size_t len)
     if (ex->state != EX_BODY)
         return;
     if (!ex->body && !(ex->body = evbuffer_new())) {
-        refuse(ex, 500, OUT_REJECTED, R_MALFORMED_REQUEST, "out of memory");
+        ex_refuse(ex, 500, OUT_REJECTED, R_MALFORMED_REQUEST, "out of memory");
         ex->state = EX_REFUSED;
         return;
     }
     if (evbuffer_get_length(ex->body) + len > ex->cfg->limits.max_body) {
-        refuse(ex, 413, OUT_REJECTED, R_BODY_TOO_LARGE,
+        ex_refuse(ex, 413, OUT_REJECTED, R_BODY_TOO_LARGE,
                "request body exceeds limits.max_body (%llu)",
                (unsigned long long)ex->cfg->limits.max_body);
         ex->state = EX_REFUSED;
@@ -491,7 +423,9 @@ enum MHD_Result exchange_access(void *cls, struct MHD_Connection *c,
             *upload_data_size = 0;
             return MHD_YES;
         }
-        return ex->state == EX_REFUSED ? answer(ex) : forward(ex);
+        if (ex->state == EX_REFUSED || !read_attempt(ex))
+            return answer(ex);
+        return forward(ex);
     case EX_READY:
         return answer(ex);
     default:
@@ -500,15 +434,6 @@ enum MHD_Result exchange_access(void *cls, struct MHD_Connection *c,
 }
 
 /* ---- completion --------------------------------------------------------- */
-
-/* The header that carries the job's key: the policy's, else the usual one,
- * so that log lines of one job correlate even without idempotency. */
-static const char *key_header(const struct exchange *ex)
-{
-    if (ex->pol && ex->pol->idem.enabled && ex->pol->idem.header)
-        return ex->pol->idem.header;
-    return "Idempotency-Key";
-}
 
 static void log_exchange(const struct exchange *ex)
 {
@@ -523,11 +448,12 @@ static void log_exchange(const struct exchange *ex)
     e.status = ex->status;
     e.outcome = outcome_name(ex->outcome);
     e.reason = reason_name(ex->reason);
-    e.attempt = 1;
+    e.attempt = ex->attempt ? ex->attempt : 1;
+    e.permit_wait_ms = (double)ex->permit_wait_ns / 1e6;
+    e.shadow = ex->shadow;
     e.upstream_ms = u->done_ns > u->sent_ns ? (double)(u->done_ns - u->sent_ns) / 1e6 : 0;
     e.total_ms = (double)(now - ex->t0_ns) / 1e6;
-    e.key = MHD_lookup_connection_value(ex->mc, MHD_HEADER_KIND,
-                                        key_header(ex));
+    e.key = ex->key;
     log_access(&e);
 }
 
@@ -548,11 +474,11 @@ void exchange_abort_all(struct worker *w)
 {
     struct exchange *ex;
 
+    /* Each call finishes the exchange, which leaves the list. */
     while ((ex = TAILQ_FIRST(&w->waiting))) {
-        up_request_cancel(&ex->ureq);
-        /* Sent and unanswered: the outcome is unknown to us. */
-        refuse(ex, 503, OUT_REQUEUE, R_CONNECTION_LOST,
-               "sluice is shutting down; the upstream outcome is unknown");
-        resume(ex);
+        if (ex->state == EX_UPSTREAM)
+            ex_upstream_abort(ex);
+        else
+            ex_pace_abort(ex);
     }
 }

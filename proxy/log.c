@@ -144,6 +144,8 @@ void log_access(const struct access_entry *e)
              "\"total_ms\":%.3f",
              e->attempt, e->permit_wait_ms, e->upstream_ms, e->total_ms);
     put(buf, sizeof buf, &pos, num);
+    if (e->shadow)
+        put_str_field(buf, sizeof buf, &pos, "shadow", e->shadow, strlen(e->shadow));
     if (e->key) {
         key_hash(e->key, kh);
         put_str_field(buf, sizeof buf, &pos, "key_hash", kh, strlen(kh));

@@ -32,6 +32,7 @@ struct access_entry {
     unsigned attempt;
     double permit_wait_ms, upstream_ms, total_ms;
     const char *key;        /* idempotency key or NULL; only a hash is logged */
+    const char *shadow;     /* shadow mode: what enforce would have done */
 };
 
 void log_access(const struct access_entry *e);

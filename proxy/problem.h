@@ -29,7 +29,12 @@ enum reason {
     R_CONNECT_ERROR,
     R_CONNECTION_LOST,
     R_TIMEOUT,
-    R_SHUTTING_DOWN,
+    /* decided by sluice */
+    R_RATE_LIMITED,
+    R_UPSTREAM_COOLDOWN,
+    R_LEASE_HELD,
+    R_STORE_UNAVAILABLE,
+    R_DELAY_EXCEEDS_MAX,
     R__COUNT
 };
 

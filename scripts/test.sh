@@ -19,6 +19,16 @@ run_suite() { # dir, extra cmake args...
 echo "== build and test =="
 run_suite "$ROOT/build"
 echo "== build and test under ASan + UBSan =="
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+# Reports from every process (tests, sluice, the stub) land in one folder:
+# a child's report would otherwise vanish with its temp dir.
+REPORTS="$ROOT/build-asan/sanitizer-reports"
+rm -rf "$REPORTS" && mkdir -p "$REPORTS"
+ASAN_OPTIONS="detect_leaks=1:log_path=$REPORTS/asan" \
+UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$REPORTS/ubsan" \
     run_suite "$ROOT/build-asan" -DSLUICE_SANITIZE=ON
+if [ -n "$(ls -A "$REPORTS")" ]; then
+    echo "sanitizer reports:" >&2
+    cat "$REPORTS"/* >&2
+    exit 1
+fi
+echo "no sanitizer reports"

@@ -1,0 +1,46 @@
+/* The token bucket as GCRA (generic cell rate algorithm) on one atomic 64-bit
+ * theoretical arrival time (TAT), in nanoseconds of a monotonic clock.
+ *
+ * A request may start at max(now, TAT - tau); reserving moves TAT to
+ * max(TAT, now) + T. With T = 1/rate and tau = (burst - 1) * T, the starts of
+ * any interval of length t number at most burst + rate * t, by construction:
+ * no thread sleeps, arrival order is the order of successful CAS, and a
+ * reservation that would wait longer than allowed changes nothing. */
+#ifndef SLUICE_POLICIES_GCRA_H
+#define SLUICE_POLICIES_GCRA_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+struct gcra {
+    _Atomic uint64_t tat;   /* ns; 0 = full bucket */
+    uint64_t t_ns;          /* emission interval T = 1e9 / rate */
+    uint64_t tau_ns;        /* tolerance (burst - 1) * T */
+};
+
+/* Sets up a full bucket. rate > 0, burst >= 1. */
+void gcra_init(struct gcra *g, double rate, uint32_t burst);
+
+/* Reserves one start for a request arriving at now that may wait at most
+ * max_wait_ns. On success returns true and the start time in *start (>= now).
+ * Otherwise returns false, reserves nothing, and *start is when a permit
+ * would be available. */
+bool gcra_reserve(struct gcra *g, uint64_t now, uint64_t max_wait_ns,
+                  uint64_t *start);
+
+/* Empties the bucket: the next start is no earlier than now + T (any 429). */
+void gcra_empty(struct gcra *g, uint64_t now);
+
+/* Pauses until `until`, after which the bucket resumes empty: one start at
+ * `until`, then one per T (a 429 with a reset hint). Never moves TAT back. */
+void gcra_pause_until(struct gcra *g, uint64_t until);
+
+/* Starts that could begin at once at `now` (the bucket's tokens, floored),
+ * and the ns until the next token when that is 0. For RateLimit headers. */
+uint32_t gcra_available(const struct gcra *g, uint64_t now, uint64_t *next_ns);
+
+/* Puts the state of an evicted or new partition: empty, never full. */
+void gcra_set_empty(struct gcra *g, uint64_t now);
+
+#endif

@@ -1,0 +1,99 @@
+/* The exchange's insides, shared by its three files:
+ *   exchange.c           MHD entry points, request checks, answers, logging
+ *   exchange_pace.c      waiting for a permit and a concurrency slot
+ *   exchange_upstream.c  the upstream request and what its result means
+ * The stages run in order; each either finishes the exchange (ex_finish) or
+ * arms a timer / callback and returns. */
+#ifndef SLUICE_PROXY_EXCHANGE_INTERNAL_H
+#define SLUICE_PROXY_EXCHANGE_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/queue.h>
+
+#include <microhttpd.h>
+
+#include "policies/config.h"
+#include "proxy/instruction.h"
+#include "proxy/pacing.h"
+#include "proxy/problem.h"
+#include "proxy/upstream.h"
+
+struct worker;
+struct evbuffer;
+struct event;
+
+enum ex_state {
+    EX_HEADERS = 0, /* first call: headers are in, body not yet */
+    EX_BODY,        /* collecting the body */
+    EX_REFUSED,     /* answer decided, body discarded */
+    EX_PERMIT,      /* suspended: waiting for the bucket's permit */
+    EX_SLOT,        /* suspended: waiting for a concurrency slot */
+    EX_UPSTREAM,    /* suspended: waiting on the upstream */
+    EX_READY,       /* resumed with an answer to queue */
+    EX_ANSWERED,
+};
+
+/* What the answer is made of. */
+enum ex_kind { ANSWER_PROBLEM = 0, ANSWER_UPSTREAM, ANSWER_INSTRUCTION };
+
+struct exchange {
+    struct worker *w;
+    struct MHD_Connection *mc;
+    const struct sc_config *cfg;
+    enum ex_state state;
+    bool suspended;
+    char *target;           /* raw origin-form target, query included */
+    const char *method;     /* MHD's, valid until completion */
+    const struct sc_route *route;
+    const struct sc_upstream *up;
+    const struct sc_policy *pol;
+    struct evbuffer *body;
+    uint32_t attempt;       /* this request's attempt number, 1-based */
+    const char *key;        /* idempotency key header value or NULL */
+
+    /* pacing */
+    struct policy_state *ps;
+    struct bucket *bucket;
+    struct event *timer;
+    struct slot_waiter slot;
+    bool has_slot;
+    uint64_t wait_start_ns, wait_deadline_ns, permit_wait_ns;
+    const char *shadow;     /* what enforce would have done, or NULL */
+
+    /* the answer */
+    enum ex_kind kind;
+    int status;
+    enum outcome outcome;
+    enum reason reason;
+    char detail[192];
+    struct instruction instr;
+    bool rate_headers;      /* add RateLimit-Policy / RateLimit */
+    struct up_request ureq;
+    uint64_t t0_ns;
+    TAILQ_ENTRY(exchange) link;
+};
+
+/* exchange.c */
+void ex_refuse(struct exchange *ex, int status, enum outcome o, enum reason r,
+               const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* An instruction answer: requeue (delay_ms) or dead_letter. */
+void ex_instruct(struct exchange *ex, enum outcome o, enum reason r,
+                 uint64_t delay_ms, uint32_t attempt, int upstream_status);
+/* Resumes the suspended exchange so MHD calls back and the answer goes out. */
+void ex_finish(struct exchange *ex);
+
+/* exchange_pace.c */
+void ex_pace(struct exchange *ex);          /* bucket, then slot, then upstream */
+void ex_pace_release(struct exchange *ex);  /* frees the slot, stops the timer */
+void ex_pace_abort(struct exchange *ex);    /* drain deadline while waiting */
+/* RateLimit-Policy / RateLimit header values for the exchange's policy. */
+void ex_rate_headers(const struct exchange *ex, char *policy, size_t plen,
+                     char *state, size_t slen);
+
+/* exchange_upstream.c */
+void ex_send_upstream(struct exchange *ex);
+/* The upstream result after a drain abort of a sent request. */
+void ex_upstream_abort(struct exchange *ex);
+
+#endif

@@ -1,0 +1,233 @@
+/* The upstream stage of an exchange: the request as sent (SPEC section 3),
+ * and what the result means for the worker (SPEC section 4): pass the answer
+ * through, or turn a retryable one into a requeue / dead-letter instruction,
+ * with cooldowns for 429s. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <event2/buffer.h>
+
+#include "policies/backoff.h"
+#include "policies/route.h"
+#include "proxy/app.h"
+#include "proxy/exchange_internal.h"
+#include "proxy/headers.h"
+#include "proxy/log.h"
+#include "proxy/server.h"
+#include "util/clock.h"
+#include "util/rand.h"
+
+/* ---- the request as sent ------------------------------------------------ */
+
+struct wire_ctx {
+    struct evbuffer *out;
+    const struct sc_upstream *up;
+    struct hdr_conn_tokens tok;
+    int rc;
+};
+
+static bool configured_header(const struct sc_upstream *up, const char *name)
+{
+    for (size_t i = 0; i < up->n_headers; i++)
+        if (strcasecmp(up->headers[i].name, name) == 0)
+            return true;
+    return false;
+}
+
+static enum MHD_Result collect_conn_tokens(void *cls, enum MHD_ValueKind kind,
+                                           const char *key, const char *value)
+{
+    struct wire_ctx *w = cls;
+
+    if (value && strcasecmp(key, "Connection") == 0)
+        hdr_conn_tokens_add(&w->tok, value);
+    return MHD_YES;
+}
+
+static enum MHD_Result copy_header(void *cls, enum MHD_ValueKind kind,
+                                   const char *key, const char *value)
+{
+    struct wire_ctx *w = cls;
+
+    /* Expect: the body is already here, a 100-continue would be noise.
+     * Configured headers replace the worker's. */
+    if (hdr_skip_request(key, &w->tok) || strcasecmp(key, "Expect") == 0 ||
+        configured_header(w->up, key))
+        return MHD_YES;
+    if (evbuffer_add_printf(w->out, "%s: %s\r\n", key, value ? value : "") < 0)
+        w->rc = -1;
+    return MHD_YES;
+}
+
+static bool method_has_body(const char *m)
+{
+    return !strcmp(m, "POST") || !strcmp(m, "PUT") || !strcmp(m, "PATCH");
+}
+
+static int build_wire(struct exchange *ex)
+{
+    struct wire_ctx w = {.up = ex->up};
+    size_t blen = ex->body ? evbuffer_get_length(ex->body) : 0;
+    char *target = route_upstream_target(ex->route, ex->up, ex->target);
+    int rc = -1;
+
+    w.out = evbuffer_new();
+    if (!target || !w.out)
+        goto out;
+    evbuffer_add_printf(w.out, "%s %s HTTP/1.1\r\nHost: %s\r\n", ex->method,
+                        target, ex->up->authority);
+    MHD_get_connection_values(ex->mc, MHD_HEADER_KIND, collect_conn_tokens, &w);
+    MHD_get_connection_values(ex->mc, MHD_HEADER_KIND, copy_header, &w);
+    for (size_t i = 0; i < ex->up->n_headers; i++)
+        evbuffer_add_printf(w.out, "%s: %s\r\n", ex->up->headers[i].name,
+                            ex->up->headers[i].value);
+    if (blen || method_has_body(ex->method))
+        evbuffer_add_printf(w.out, "Content-Length: %zu\r\n", blen);
+    evbuffer_add(w.out, "\r\n", 2);
+    if (blen)
+        evbuffer_add_buffer(w.out, ex->body);
+    if (w.rc == 0) {
+        ex->ureq.wire = w.out;
+        w.out = NULL;
+        rc = 0;
+    }
+out:
+    if (w.out)
+        evbuffer_free(w.out);
+    free(target);
+    return rc;
+}
+
+/* ---- what the result means ---------------------------------------------- */
+
+/* A retryable failure becomes an instruction: requeue with a delay, or
+ * dead_letter when the budget is spent or the upstream's hint is too far. */
+static void retryable(struct exchange *ex, enum reason r, int status,
+                      bool has_hint, uint64_t hint_ms)
+{
+    const struct sc_retry *rt = &ex->pol->retry;
+    uint64_t delay = 0;
+    enum retry_verdict v =
+        retry_decide(rt, ex->attempt, has_hint, hint_ms, rand_u64(), &delay);
+
+    if (v == RETRY_REQUEUE)
+        ex_instruct(ex, OUT_REQUEUE, r, delay, ex->attempt, status);
+    else
+        ex_instruct(ex, OUT_DEAD_LETTER,
+                    v == RETRY_DELAY_EXCEEDS_MAX ? R_DELAY_EXCEEDS_MAX : r, 0,
+                    ex->attempt, status);
+}
+
+/* Any 429 empties the bucket; one with a reset hint pauses it until then. */
+static void cool_down(struct exchange *ex, bool has_hint, uint64_t hint_ms)
+{
+    uint64_t now = clock_mono_ns();
+
+    if (!ex->bucket)
+        return;
+    gcra_empty(&ex->bucket->g, now);
+    if (has_hint && hint_ms > 0) {
+        uint64_t until = now + hint_ms * 1000000ull;
+        uint64_t cur = atomic_load(&ex->bucket->cooldown_until);
+
+        gcra_pause_until(&ex->bucket->g, until);
+        while (cur < until &&
+               !atomic_compare_exchange_weak(&ex->bucket->cooldown_until, &cur, until))
+            ;
+        log_info("policy %s: upstream %s asked for %llu ms of cooldown",
+                 ex->pol->name, ex->up->name, (unsigned long long)hint_ms);
+    }
+}
+
+static void classify_response(struct exchange *ex)
+{
+    const struct up_response *r = &ex->ureq.resp;
+    int s = r->status;
+    uint64_t hint = 0;
+    bool has_hint = hint_pick(up_response_header(r, "Retry-After"),
+                              up_response_header(r, "RateLimit"),
+                              up_response_header(r, "X-RateLimit-Reset"),
+                              clock_wall_ms(), &hint);
+
+    if (s == 429)
+        cool_down(ex, has_hint, hint);
+    if (sc_retry_on_status(&ex->pol->retry, s)) {
+        retryable(ex, s == 429 ? R_UPSTREAM_429 : R_UPSTREAM_5XX, s, has_hint,
+                  hint);
+        return;
+    }
+    ex->kind = ANSWER_UPSTREAM;
+    ex->status = s;
+    ex->reason = R_NONE;
+    ex->outcome = s < 400 ? OUT_OK : OUT_PERMANENT_ERROR;
+}
+
+static void classify_failure(struct exchange *ex)
+{
+    const struct up_response *r = &ex->ureq.resp;
+    static const struct {
+        enum reason reason;
+        unsigned bit;
+        int status;
+    } map[] = {
+        [UP_CONNECT_ERROR] = {R_CONNECT_ERROR, SC_T_CONNECT_ERROR, 502},
+        [UP_CONNECTION_LOST] = {R_CONNECTION_LOST, SC_T_CONNECTION_LOST, 502},
+        [UP_TIMEOUT] = {R_TIMEOUT, SC_T_TIMEOUT, 504},
+    };
+    enum reason reason = map[r->result].reason;
+
+    log_warn("route %s: upstream %s: %s", ex->route->name, ex->up->name,
+             r->detail);
+    if (ex->pol->retry.on_transport & map[r->result].bit) {
+        retryable(ex, reason, r->status, false, 0);
+        return;
+    }
+    ex_refuse(ex, map[r->result].status, OUT_PERMANENT_ERROR, reason,
+              "upstream %s: %s", ex->up->name, r->detail);
+}
+
+static void on_upstream_done(struct up_request *req, void *arg)
+{
+    struct exchange *ex = arg;
+
+    ex_pace_release(ex);
+    if (req->resp.result == UP_OK)
+        classify_response(ex);
+    else
+        classify_failure(ex);
+    ex_finish(ex);
+}
+
+void ex_send_upstream(struct exchange *ex)
+{
+    if (build_wire(ex) != 0) {
+        ex_refuse(ex, 500, OUT_REJECTED, R_MALFORMED_REQUEST,
+                  "out of memory building the upstream request");
+        ex_finish(ex);
+        return;
+    }
+    ex->ureq.no_body = strcmp(ex->method, "HEAD") == 0;
+    ex->ureq.done = on_upstream_done;
+    ex->ureq.arg = ex;
+    ex->state = EX_UPSTREAM;
+    if (up_pool_send(ex->w->pools[ex->route->upstream], &ex->ureq) != 0) {
+        ex_pace_release(ex);
+        ex_refuse(ex, 502, OUT_PERMANENT_ERROR, R_CONNECT_ERROR,
+                  "cannot queue the upstream request");
+        ex_finish(ex);
+    }
+}
+
+void ex_upstream_abort(struct exchange *ex)
+{
+    up_request_cancel(&ex->ureq);
+    ex_pace_release(ex);
+    /* Sent and unanswered: the outcome is unknown, so the job must come
+     * back, whatever retry.on says. */
+    ex_instruct(ex, OUT_REQUEUE, R_CONNECTION_LOST,
+                backoff_delay_ms(&ex->pol->retry, ex->attempt, rand_u64()),
+                ex->attempt, 0);
+    ex_finish(ex);
+}

@@ -1,0 +1,78 @@
+/* Runtime state of the policies (SPEC section 5): one bucket per policy (or
+ * per partition), shared by every thread; cooldowns; the concurrency limit
+ * with a FIFO of waiters that may sit on any thread's loop. The config stays
+ * immutable; this is the mutable part that lives beside it. */
+#ifndef SLUICE_PROXY_PACING_H
+#define SLUICE_PROXY_PACING_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/queue.h>
+
+#include "policies/config.h"
+#include "policies/gcra.h"
+
+struct event;
+
+/* A bucket and the cooldown an upstream imposed on it. */
+struct bucket {
+    struct gcra g;
+    _Atomic uint64_t cooldown_until; /* monotonic ns; 0 = none */
+};
+
+/* A request waiting for a concurrency slot. Owned by its exchange; the
+ * event lives on the exchange's loop and is activated (from any thread) when
+ * the slot is granted. */
+struct slot_waiter {
+    struct event *granted_ev;
+    bool queued, granted;
+    TAILQ_ENTRY(slot_waiter) link;
+};
+
+struct partition;
+
+struct policy_state {
+    const struct sc_policy *p;
+    bool has_bucket;
+    struct bucket bucket;         /* unpartitioned */
+    pthread_mutex_t mu;           /* slots and partitions */
+    _Atomic uint32_t inflight;
+    TAILQ_HEAD(slot_waiters, slot_waiter) waiters;
+    struct partition **table;     /* partitions: hash table + LRU */
+    size_t table_size, n_parts;
+    TAILQ_HEAD(partition_lru_head, partition) lru;
+};
+
+struct pacing {
+    struct policy_state *pol;     /* one per config policy */
+    size_t n;
+    struct policy_state dflt;     /* the default policy */
+};
+
+int pacing_init(struct pacing *pc, const struct sc_config *cfg);
+void pacing_free(struct pacing *pc);
+
+/* The state for a route's policy index (-1 = default). */
+struct policy_state *pacing_policy(struct pacing *pc, long idx);
+
+/* The bucket a request uses: its partition's when the policy is partitioned
+ * (created empty if new, evicting the least recently used beyond `max`),
+ * else the policy's. NULL when the policy has no bucket. The pointer stays
+ * valid until pacing_free (evicted partitions are recycled, never freed). */
+struct bucket *pacing_bucket(struct policy_state *ps, const char *partition,
+                             uint64_t now);
+
+/* Concurrency: true when a slot was taken at once (or there is no limit).
+ * Otherwise w is queued (FIFO) and its event fires when a slot is handed
+ * over. */
+bool pacing_slot_acquire(struct policy_state *ps, struct slot_waiter *w);
+/* Takes w out of the queue; false when it was granted meanwhile (then the
+ * slot is the caller's and must be released). */
+bool pacing_slot_cancel(struct policy_state *ps, struct slot_waiter *w);
+/* Frees a slot, handing it to the oldest waiter if any. */
+void pacing_slot_release(struct policy_state *ps);
+uint32_t pacing_inflight(struct policy_state *ps);
+
+#endif
