@@ -59,6 +59,7 @@ struct exchange {
     struct slot_waiter slot;
     bool has_slot;
     uint64_t wait_start_ns, wait_deadline_ns, permit_wait_ns;
+    uint64_t permit_at;     /* reserved start (monotonic ns) */
     const char *shadow;     /* what enforce would have done, or NULL */
 
     /* the answer */

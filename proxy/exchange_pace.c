@@ -102,9 +102,54 @@ static void step_slot(struct exchange *ex)
 
 /* ---- permits ------------------------------------------------------------ */
 
+/* A cooldown that began while this request waited for its permit: the
+ * reservation it holds predates the upstream's 429, so it must not go now.
+ * It waits again, after the cooldown, if max_wait allows; else it is told. */
+static bool cooled_down(struct exchange *ex)
+{
+    uint64_t now = clock_mono_ns(), start;
+    uint64_t until = atomic_load(&ex->bucket->cooldown_until);
+    uint64_t left = ex->wait_deadline_ns > now ? ex->wait_deadline_ns - now : 0;
+    struct timeval tv;
+
+    /* A reservation made after the pause already lies beyond it. */
+    if (until <= now || ex->permit_at >= until)
+        return false;
+    if (!gcra_reserve(&ex->bucket->g, now, left, &start)) {
+        ex_instruct(ex, OUT_REQUEUE, R_UPSTREAM_COOLDOWN,
+                    (start - now + NS_PER_MS - 1) / NS_PER_MS,
+                    attempts_so_far(ex), 0);
+        ex->rate_headers = true;
+        ex_finish(ex);
+        return true;
+    }
+    ex->permit_at = start;
+    tv = ns_to_tv(start > now ? start - now : 0);
+    evtimer_add(ex->timer, &tv);
+    return true;
+}
+
+/* Timers may fire a little early (libevent's cached clock): a request never
+ * starts before the time its permit was reserved for, or exactness would
+ * depend on timer precision. */
+static bool too_early(struct exchange *ex)
+{
+    uint64_t now = clock_mono_ns();
+    struct timeval tv;
+
+    if (now >= ex->permit_at)
+        return false;
+    tv = ns_to_tv(ex->permit_at - now);
+    evtimer_add(ex->timer, &tv);
+    return true;
+}
+
 static void on_permit(evutil_socket_t fd, short what, void *arg)
 {
-    step_slot(arg);
+    struct exchange *ex = arg;
+
+    if (!too_early(ex) && !cooled_down(ex))
+        step_slot(ex);
 }
 
 static const char *partition_of(const struct exchange *ex)
@@ -166,6 +211,7 @@ void ex_pace(struct exchange *ex)
         ex_finish(ex);
         return;
     }
+    ex->permit_at = start;
     if (start <= now) {
         step_slot(ex);
         return;

@@ -122,11 +122,13 @@ static struct partition *evict_lru(struct policy_state *ps, const char *name)
     return v;
 }
 
-static struct partition *partition_new(struct policy_state *ps, const char *name)
+static struct partition *partition_new(struct policy_state *ps, const char *name,
+                                       bool *evicted)
 {
     struct partition *p;
 
-    if (ps->n_parts >= ps->p->partition_max)
+    *evicted = ps->n_parts >= ps->p->partition_max;
+    if (*evicted)
         return evict_lru(ps, name);
     p = calloc(1, sizeof *p);
     if (!p || !(p->name = strdup(name))) {
@@ -142,6 +144,7 @@ static struct bucket *partition_get(struct policy_state *ps, const char *name,
 {
     size_t slot = hash_str(name) & (ps->table_size - 1);
     struct partition *p;
+    bool evicted;
 
     for (p = ps->table[slot]; p; p = p->next)
         if (strcmp(p->name, name) == 0) {
@@ -149,12 +152,16 @@ static struct bucket *partition_get(struct policy_state *ps, const char *name,
             TAILQ_INSERT_HEAD(&ps->lru, p, lru);
             return &p->b;
         }
-    p = partition_new(ps, name);
+    p = partition_new(ps, name, &evicted);
     if (!p)
         return &ps->bucket; /* out of memory: share the policy's bucket */
-    /* New or evicted-and-back: empty, never full, so churn grants no burst. */
+    /* A partition made while there is room starts full, like the policy's
+     * bucket. Once the table is full (it never shrinks), every new one costs
+     * an eviction and starts empty: an evicted partition that comes back is
+     * never full, so churning names cannot grant bursts. */
     gcra_init(&p->b.g, ps->p->rate, ps->p->burst);
-    gcra_set_empty(&p->b.g, now);
+    if (evicted)
+        gcra_set_empty(&p->b.g, now);
     atomic_store(&p->b.cooldown_until, 0);
     p->next = ps->table[slot];
     ps->table[slot] = p;

@@ -58,8 +58,8 @@ void pacing_free(struct pacing *pc);
 struct policy_state *pacing_policy(struct pacing *pc, long idx);
 
 /* The bucket a request uses: its partition's when the policy is partitioned
- * (created empty if new, evicting the least recently used beyond `max`),
- * else the policy's. NULL when the policy has no bucket. The pointer stays
+ * (created full while there is room; beyond `max` the least recently used is
+ * evicted and the new one starts empty), else the policy's. NULL when the policy has no bucket. The pointer stays
  * valid until pacing_free (evicted partitions are recycled, never freed). */
 struct bucket *pacing_bucket(struct policy_state *ps, const char *partition,
                              uint64_t now);

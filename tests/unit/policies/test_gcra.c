@@ -1,0 +1,637 @@
+/* policies/gcra.c: the token bucket as GCRA (SPEC section 5) against a fake
+ * clock: bursts, pacing in arrival order, max_wait, emptying and cooldowns,
+ * the state of new partitions, the exactness bound checked by brute force,
+ * and the CAS loop under several threads.
+ *
+ * The bound. With T = llround(1e9 / rate) ns and tau = (burst - 1) * T, a
+ * reservation starts at s_j >= TAT_{j-1} - tau, and TAT_i >= s_i + T, TAT
+ * growing by at least T per reservation. So any m starts within a window of
+ * length d satisfy, exactly and in integers,
+ *     (m - burst) * T <= d.
+ * In terms of the configured rate, m <= burst + rate * d / 1e9 + eps with
+ *     eps = d * max(0, T_exact - T) / (T * T_exact),  T_exact = 1e9 / rate,
+ * i.e. nothing when T was rounded up and, when it was rounded down, at most
+ * d / (2 * T * T_exact): far below one request for any window shorter than
+ * years at ordinary rates (it grows only near 1e9/s, where T is a few ns). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "policies/gcra.h"
+
+#define SEC 1000000000ull
+#define NOW0 (1000ull * SEC) /* a monotonic clock that started a while ago */
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t below(uint64_t *s, uint64_t n)
+{
+    return n ? splitmix(s) % n : 0;
+}
+
+static uint64_t tat(struct gcra *g)
+{
+    return atomic_load(&g->tat);
+}
+
+/* A copy that can be probed without touching the original. */
+static void gcra_copy(struct gcra *dst, struct gcra *src)
+{
+    dst->t_ns = src->t_ns;
+    dst->tau_ns = src->tau_ns;
+    atomic_store(&dst->tat, atomic_load(&src->tat));
+}
+
+static uint64_t must_start(struct gcra *g, uint64_t now, uint64_t max_wait)
+{
+    uint64_t start = 0;
+
+    cr_assert(gcra_reserve(g, now, max_wait, &start),
+              "reservation at %llu (max_wait %llu) refused, next at %llu",
+              (unsigned long long)now, (unsigned long long)max_wait,
+              (unsigned long long)start);
+    cr_assert_geq(start, now);
+    cr_assert_leq(start - now, max_wait);
+    return start;
+}
+
+/* A refusal: returns when a permit would be available, and checks that the
+ * bucket did not change. */
+static uint64_t must_refuse(struct gcra *g, uint64_t now, uint64_t max_wait)
+{
+    uint64_t before = tat(g), start = 0;
+
+    cr_assert_not(gcra_reserve(g, now, max_wait, &start),
+                  "reservation at %llu (max_wait %llu) granted at %llu",
+                  (unsigned long long)now, (unsigned long long)max_wait,
+                  (unsigned long long)start);
+    cr_assert_eq(tat(g), before, "a refusal must change nothing");
+    cr_assert_gt(start - now, max_wait);
+    return start;
+}
+
+/* ---- set-up --------------------------------------------------------------- */
+
+Test(gcra, init_sets_interval_and_tolerance)
+{
+    struct gcra g;
+
+    gcra_init(&g, 10, 5);
+    cr_expect_eq(g.t_ns, 100000000ull);
+    cr_expect_eq(g.tau_ns, 400000000ull);
+    cr_expect_eq(tat(&g), 0);
+    gcra_init(&g, 0.5, 1);
+    cr_expect_eq(g.t_ns, 2 * SEC);
+    cr_expect_eq(g.tau_ns, 0);
+    gcra_init(&g, 3, 2);                /* 333333333.3 rounds down */
+    cr_expect_eq(g.t_ns, 333333333ull);
+    cr_expect_eq(g.tau_ns, 333333333ull);
+    gcra_init(&g, 7, 1);                /* 142857142.9 rounds up */
+    cr_expect_eq(g.t_ns, 142857143ull);
+    gcra_init(&g, 1.0 / 60, 1);         /* 1/m */
+    cr_expect_eq(g.t_ns, 60 * SEC);
+    gcra_init(&g, 1e9, 3);              /* the fastest rate: 1 ns */
+    cr_expect_eq(g.t_ns, 1);
+    cr_expect_eq(g.tau_ns, 2);
+    gcra_init(&g, 5e9, 1);              /* beyond: never 0 */
+    cr_expect_eq(g.t_ns, 1);
+}
+
+/* ---- bursts and pacing ---------------------------------------------------- */
+
+Test(gcra, full_bucket_allows_burst_then_one_per_t)
+{
+    struct gcra g;
+    const uint64_t T = 100000000ull;
+    uint64_t k;
+
+    gcra_init(&g, 10, 5);
+    for (k = 0; k < 5; k++)
+        cr_expect_eq(must_start(&g, NOW0, 0), NOW0, "start %llu of the burst",
+                     (unsigned long long)k);
+    cr_expect_eq(must_refuse(&g, NOW0, 0), NOW0 + T);
+    cr_expect_eq(must_refuse(&g, NOW0 + T - 1, 0), NOW0 + T);
+    /* From then on exactly one start per T, and never a second at once. */
+    for (k = 1; k <= 50; k++) {
+        uint64_t now = NOW0 + k * T;
+
+        cr_assert_eq(must_start(&g, now, 0), now);
+        cr_assert_eq(must_refuse(&g, now, 0), now + T);
+        cr_assert_eq(must_refuse(&g, now + T / 2, 0), now + T);
+    }
+}
+
+Test(gcra, burst_of_one_paces_from_the_first_request)
+{
+    struct gcra g;
+
+    gcra_init(&g, 4, 1);
+    cr_expect_eq(must_start(&g, NOW0, 0), NOW0);
+    cr_expect_eq(must_refuse(&g, NOW0, 0), NOW0 + SEC / 4);
+    cr_expect_eq(must_start(&g, NOW0 + SEC / 4, 0), NOW0 + SEC / 4);
+}
+
+Test(gcra, waiting_reservations_are_t_apart_in_arrival_order)
+{
+    struct gcra g;
+    const uint64_t T = 100000000ull;
+    uint64_t k, now = NOW0;
+
+    gcra_init(&g, 10, 3);
+    for (k = 0; k < 3; k++)
+        cr_expect_eq(must_start(&g, NOW0, 0), NOW0);
+    /* Arrivals a little apart, all well within one T of each other's
+     * arrivals: each gets the next slot, in the order it arrived. */
+    for (k = 1; k <= 20; k++) {
+        now += 1000 * k;
+        cr_assert_eq(must_start(&g, now, 10 * SEC), NOW0 + k * T,
+                     "waiter %llu", (unsigned long long)k);
+    }
+    cr_expect_eq(tat(&g), NOW0 + 23 * T);
+}
+
+Test(gcra, beyond_max_wait_fails_changes_nothing_and_reports_when)
+{
+    struct gcra g;
+    const uint64_t T = 100000000ull;
+
+    gcra_init(&g, 10, 1);
+    cr_expect_eq(must_start(&g, NOW0, 0), NOW0);
+    cr_expect_eq(must_refuse(&g, NOW0, T - 1), NOW0 + T);
+    cr_expect_eq(must_refuse(&g, NOW0, 0), NOW0 + T);
+    /* max_wait is inclusive: exactly T of waiting is allowed. */
+    cr_expect_eq(must_start(&g, NOW0, T), NOW0 + T);
+    cr_expect_eq(must_refuse(&g, NOW0, T), NOW0 + 2 * T);
+    cr_expect_eq(must_refuse(&g, NOW0 + T / 2, T), NOW0 + 2 * T);
+    cr_expect_eq(must_start(&g, NOW0 + T, T), NOW0 + 2 * T);
+    /* Many refusals in a row leave the queue exactly where it was. */
+    for (int i = 0; i < 100; i++)
+        cr_assert_eq(must_refuse(&g, NOW0 + T, T / 2), NOW0 + 3 * T);
+    cr_expect_eq(must_start(&g, NOW0 + T, 5 * T), NOW0 + 3 * T);
+}
+
+Test(gcra, huge_gap_refills_to_burst_and_no_more)
+{
+    struct gcra g;
+    const uint64_t T = 100000000ull, days = 3ull * 86400 * SEC;
+    uint64_t next = 1, now;
+
+    gcra_init(&g, 10, 4);
+    for (int i = 0; i < 30; i++)
+        must_start(&g, NOW0, 10 * SEC); /* the bucket owes 2.6 s */
+    now = NOW0 + days;
+    cr_expect_eq(gcra_available(&g, now, &next), 4);
+    cr_expect_eq(next, 0);
+    for (int i = 0; i < 4; i++)
+        cr_expect_eq(must_start(&g, now, 0), now);
+    cr_expect_eq(must_refuse(&g, now, 0), now + T);
+    /* And again after an even larger jump (months). */
+    now += 100 * days;
+    cr_expect_eq(gcra_available(&g, now, NULL), 4);
+    for (int i = 0; i < 4; i++)
+        cr_expect_eq(must_start(&g, now, 0), now);
+    cr_expect_eq(must_refuse(&g, now, 0), now + T);
+}
+
+/* ---- emptying, cooldowns, partitions --------------------------------------- */
+
+Test(gcra, empty_makes_the_next_start_wait_t)
+{
+    struct gcra g;
+    const uint64_t T = 100000000ull;
+
+    gcra_init(&g, 10, 5);
+    gcra_empty(&g, NOW0);
+    cr_expect_eq(gcra_available(&g, NOW0, NULL), 0);
+    cr_expect_eq(must_refuse(&g, NOW0, T - 1), NOW0 + T);
+    cr_expect_eq(must_start(&g, NOW0, T), NOW0 + T);
+    cr_expect_eq(must_start(&g, NOW0, 10 * T), NOW0 + 2 * T);
+    /* Emptying a bucket already owing more moves nothing back. */
+    gcra_empty(&g, NOW0);
+    cr_expect_eq(must_start(&g, NOW0, 10 * T), NOW0 + 3 * T);
+    /* Emptying later, on a bucket that refilled: the next start is now + T,
+     * not a burst. */
+    gcra_empty(&g, NOW0 + 60 * SEC);
+    cr_expect_eq(must_refuse(&g, NOW0 + 60 * SEC, 0), NOW0 + 60 * SEC + T);
+    cr_expect_eq(must_start(&g, NOW0 + 60 * SEC + T, 0), NOW0 + 60 * SEC + T);
+    cr_expect_eq(must_refuse(&g, NOW0 + 60 * SEC + T, 0), NOW0 + 60 * SEC + 2 * T);
+}
+
+Test(gcra, pause_until_resumes_empty_never_with_a_burst)
+{
+    struct gcra g;
+    const uint64_t T = 100000000ull, u = NOW0 + 5 * SEC;
+
+    gcra_init(&g, 10, 5);
+    gcra_pause_until(&g, u);
+    cr_expect_eq(must_refuse(&g, NOW0, SEC), u);
+    cr_expect_eq(must_start(&g, NOW0, 10 * SEC), u);
+    cr_expect_eq(must_start(&g, NOW0 + SEC, 10 * SEC), u + T);
+    cr_expect_eq(must_start(&g, NOW0 + 2 * SEC, 10 * SEC), u + 2 * T);
+
+    /* Arriving exactly at `until`: one start then, the next one T later. */
+    gcra_init(&g, 10, 5);
+    gcra_pause_until(&g, u);
+    cr_expect_eq(must_start(&g, u, 0), u);
+    cr_expect_eq(must_refuse(&g, u, 0), u + T);
+    cr_expect_eq(must_start(&g, u + T, 0), u + T);
+    cr_expect_eq(must_refuse(&g, u + T, 0), u + 2 * T);
+}
+
+Test(gcra, pause_until_never_moves_tat_backward)
+{
+    struct gcra g;
+    const uint64_t T = 100000000ull;
+    uint64_t before;
+
+    gcra_init(&g, 10, 5);
+    gcra_pause_until(&g, NOW0 + 10 * SEC);
+    before = tat(&g);
+    gcra_pause_until(&g, NOW0 + 5 * SEC);
+    cr_expect_eq(tat(&g), before);
+    gcra_pause_until(&g, 0);
+    cr_expect_eq(tat(&g), before);
+    cr_expect_eq(must_start(&g, NOW0, 20 * SEC), NOW0 + 10 * SEC);
+
+    /* Reservations already queued past `until` keep their places. */
+    gcra_init(&g, 10, 1);
+    for (int i = 0; i < 30; i++)
+        must_start(&g, NOW0, 10 * SEC);
+    before = tat(&g);
+    gcra_pause_until(&g, NOW0 + SEC);
+    cr_expect_eq(tat(&g), before);
+    cr_expect_eq(must_start(&g, NOW0, 10 * SEC), NOW0 + 30 * T);
+    /* A later pause does move it forward. */
+    gcra_pause_until(&g, NOW0 + 8 * SEC);
+    cr_expect_eq(must_start(&g, NOW0, 10 * SEC), NOW0 + 8 * SEC);
+}
+
+Test(gcra, set_empty_puts_a_new_partition_state)
+{
+    struct gcra g;
+    const uint64_t T = 250000000ull;
+    uint64_t next = 0;
+
+    gcra_init(&g, 4, 10);
+    gcra_set_empty(&g, NOW0);
+    cr_expect_eq(gcra_available(&g, NOW0, &next), 0);
+    cr_expect_eq(next, T);
+    cr_expect_eq(must_refuse(&g, NOW0, 0), NOW0 + T);
+    cr_expect_eq(must_start(&g, NOW0 + T, 0), NOW0 + T);
+    cr_expect_eq(must_refuse(&g, NOW0 + T, 0), NOW0 + 2 * T);
+    /* It puts the state whatever was there: a recycled bucket owing a
+     * minute starts as a new one. */
+    for (int i = 0; i < 240; i++)
+        must_start(&g, NOW0 + T, 100 * SEC);
+    gcra_set_empty(&g, NOW0 + 2 * SEC);
+    cr_expect_eq(must_refuse(&g, NOW0 + 2 * SEC, 0), NOW0 + 2 * SEC + T);
+    cr_expect_eq(must_start(&g, NOW0 + 2 * SEC, T), NOW0 + 2 * SEC + T);
+    /* An empty bucket refills at rate, to burst. */
+    cr_expect_eq(gcra_available(&g, NOW0 + 2 * SEC + 2 * T - 1, NULL), 0);
+    cr_expect_eq(gcra_available(&g, NOW0 + 2 * SEC + 2 * T, NULL), 1);
+    cr_expect_eq(gcra_available(&g, NOW0 + 2 * SEC + 3 * T, NULL), 2);
+    cr_expect_eq(gcra_available(&g, NOW0 + 3 * SEC, NULL), 3);
+    cr_expect_eq(gcra_available(&g, NOW0 + 60 * SEC, NULL), 10);
+}
+
+/* ---- available ------------------------------------------------------------ */
+
+Test(gcra, available_counts_tokens_and_next_time)
+{
+    struct gcra g;
+    const uint64_t T = 100000000ull;
+    uint64_t next = 12345;
+
+    gcra_init(&g, 10, 4);
+    cr_expect_eq(gcra_available(&g, NOW0, &next), 4);
+    cr_expect_eq(next, 0);
+    must_start(&g, NOW0, 0);
+    cr_expect_eq(gcra_available(&g, NOW0, &next), 3);
+    must_start(&g, NOW0, 0);
+    must_start(&g, NOW0, 0);
+    cr_expect_eq(gcra_available(&g, NOW0, &next), 1);
+    must_start(&g, NOW0, 0);
+    cr_expect_eq(gcra_available(&g, NOW0, &next), 0);
+    cr_expect_eq(next, T);
+    cr_expect_eq(gcra_available(&g, NOW0 + T / 2, &next), 0);
+    cr_expect_eq(next, T / 2);
+    cr_expect_eq(gcra_available(&g, NOW0 + T - 1, &next), 0);
+    cr_expect_eq(next, 1);
+    next = 12345;
+    cr_expect_eq(gcra_available(&g, NOW0 + T, &next), 1);
+    cr_expect_eq(next, 0);
+    cr_expect_eq(gcra_available(&g, NOW0 + 2 * T + T / 2, NULL), 2); /* floored */
+    cr_expect_eq(gcra_available(&g, NOW0 + 4 * T - 1, NULL), 3);
+    cr_expect_eq(gcra_available(&g, NOW0 + 4 * T, NULL), 4);
+    cr_expect_eq(gcra_available(&g, NOW0 + 400 * T, NULL), 4);
+    /* Waiters queued into the future: 0 and the time to their end. */
+    for (int i = 0; i < 4; i++)
+        must_start(&g, NOW0 + 4 * T, 0);
+    must_start(&g, NOW0 + 4 * T, 10 * T);
+    must_start(&g, NOW0 + 4 * T, 10 * T);
+    cr_expect_eq(gcra_available(&g, NOW0 + 4 * T, &next), 0);
+    cr_expect_eq(next, 3 * T);
+    /* Reading it changes nothing. */
+    cr_expect_eq(must_refuse(&g, NOW0 + 4 * T, 3 * T - 1), NOW0 + 7 * T);
+}
+
+/* gcra_available(now) is exactly how many max_wait=0 reservations would
+ * succeed at now, and next_ns is when the first refusal would be served. */
+Test(gcra, available_agrees_with_reserve)
+{
+    static const struct { double rate; uint32_t burst; } cfg[] = {
+        {10, 1}, {10, 7}, {3, 5}, {0.5, 3}, {1000, 100},
+    };
+    uint64_t seed = 42;
+
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        struct gcra g, probe;
+        uint64_t now = NOW0, T;
+
+        gcra_init(&g, cfg[c].rate, cfg[c].burst);
+        T = g.t_ns;
+        for (int i = 0; i < 400; i++) {
+            uint64_t next, start, n = 0;
+            uint32_t avail;
+
+            now += below(&seed, 2 * T);
+            if (below(&seed, 2))
+                gcra_reserve(&g, now, below(&seed, 3 * T), &start);
+            avail = gcra_available(&g, now, &next);
+            gcra_copy(&probe, &g);
+            while (gcra_reserve(&probe, now, 0, &start))
+                n++;
+            cr_assert_eq(avail, n, "config %zu step %d: available %u, reservable %llu",
+                         c, i, avail, (unsigned long long)n);
+            cr_assert_leq(avail, cfg[c].burst);
+            if (avail == 0)
+                cr_assert_eq(now + next, start, "next_ns must be when a permit is");
+            else
+                cr_assert_eq(next, 0);
+        }
+    }
+}
+
+/* ---- exactness by brute force --------------------------------------------- */
+
+struct arrival_stats {
+    size_t ok, refused, delayed, tight;
+};
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Every window [s_i, s_j] of the sorted starts holds j - i + 1 starts. */
+static void check_windows(const uint64_t *s, size_t n, double rate,
+                          uint32_t burst, uint64_t T)
+{
+    double t_exact = 1e9 / rate;
+    double slack_per_ns = t_exact > (double)T
+                              ? (t_exact - (double)T) / ((double)T * t_exact)
+                              : 0;
+
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = i; j < n; j++) {
+            uint64_t count = j - i + 1, d = s[j] - s[i];
+            double bound = burst + rate * (double)d / 1e9 +
+                           (double)d * slack_per_ns + 1e-6;
+
+            if (count > burst)
+                cr_assert_leq((count - burst) * T, d,
+                              "rate %g burst %u: %llu starts within %llu ns",
+                              rate, burst, (unsigned long long)count,
+                              (unsigned long long)d);
+            cr_assert_leq((double)count, bound,
+                          "rate %g burst %u: %llu starts within %llu ns > %.9f",
+                          rate, burst, (unsigned long long)count,
+                          (unsigned long long)d, bound);
+        }
+}
+
+/* Drives `n` random arrivals through one bucket. With `disorder`, clock
+ * readings may run up to 3 T backward (threads reading the clock before
+ * winning the CAS in another order): the bound must hold all the same. */
+static void drive(double rate, uint32_t burst, uint64_t seed, size_t n,
+                  bool disorder, struct arrival_stats *st)
+{
+    struct gcra g, before;
+    uint64_t *starts = calloc(n, sizeof *starts), T, clock = NOW0, last = 0;
+    size_t m = 0;
+
+    cr_assert_not_null(starts);
+    memset(st, 0, sizeof *st);
+    gcra_init(&g, rate, burst);
+    T = g.t_ns;
+    for (size_t k = 0; k < n; k++) {
+        uint64_t r = below(&seed, 100), now, max_wait, start = 0;
+        bool ok;
+
+        /* Gaps: bunched, about T, several T, and now and then a long idle. */
+        clock += r < 30 ? 0 : r < 70 ? below(&seed, T) : r < 95 ? below(&seed, 3 * T * burst)
+                                                             : below(&seed, 50 * T * burst);
+        now = disorder ? clock - below(&seed, 3 * T) : clock;
+        r = below(&seed, 100);
+        max_wait = r < 20 ? 0 : r < 90 ? below(&seed, 2 * T * burst) : below(&seed, 20 * T * burst);
+        gcra_copy(&before, &g);
+        ok = gcra_reserve(&g, now, max_wait, &start);
+        cr_assert_geq(start, now);
+        if (!ok) {
+            cr_assert_gt(start - now, max_wait);
+            cr_assert_eq(tat(&g), tat(&before), "a refusal changed the bucket");
+            st->refused++;
+            continue;
+        }
+        cr_assert_leq(start - now, max_wait);
+        if (!disorder) {
+            cr_assert_geq(start, last, "starts must follow arrival order");
+            last = start;
+            /* Work-conserving: a start that waits is as early as the bound
+             * allows, i.e. some earlier start makes the window tight. */
+            if (start > now) {
+                bool tight = false;
+
+                st->delayed++;
+                for (size_t i = m; i-- > 0 && !tight;)
+                    tight = (m - i + 1 >= burst) &&
+                            (m - i + 1 - burst) * T == start - starts[i];
+                cr_assert(tight, "rate %g burst %u: start %zu waits longer than needed",
+                          rate, burst, m);
+                st->tight++;
+            }
+        }
+        starts[m++] = start;
+    }
+    st->ok = m;
+    if (disorder)
+        qsort(starts, m, sizeof *starts, cmp_u64);
+    check_windows(starts, m, rate, burst, T);
+    free(starts);
+}
+
+static const struct {
+    double rate;
+    uint32_t burst;
+} exact_cfg[] = {
+    {10, 1}, {10, 10}, {3, 4},       /* T rounded down */
+    {7, 3},                          /* T rounded up */
+    {0.5, 2}, {1000, 50}, {123456.7, 17}, {1e9, 5},
+    {3e8, 3},                        /* T = 3 ns for 3.33 ns: eps matters */
+};
+
+Test(gcra, no_window_exceeds_burst_plus_rate_t)
+{
+    for (size_t c = 0; c < sizeof exact_cfg / sizeof exact_cfg[0]; c++) {
+        struct arrival_stats st;
+
+        drive(exact_cfg[c].rate, exact_cfg[c].burst, 1000 + c, 3000, false, &st);
+        /* The sequence must exercise all three paths. */
+        cr_expect_gt(st.refused, 100, "config %zu: %zu refusals", c, st.refused);
+        cr_expect_gt(st.ok, 1000, "config %zu: %zu starts", c, st.ok);
+        cr_expect_gt(st.delayed, 100, "config %zu: %zu delayed", c, st.delayed);
+    }
+}
+
+Test(gcra, bound_holds_with_clock_readings_out_of_order)
+{
+    for (size_t c = 0; c < sizeof exact_cfg / sizeof exact_cfg[0]; c++) {
+        struct arrival_stats st;
+
+        drive(exact_cfg[c].rate, exact_cfg[c].burst, 2000 + c, 3000, true, &st);
+        cr_expect_gt(st.ok, 1000, "config %zu: %zu starts", c, st.ok);
+    }
+}
+
+Test(gcra, fractional_rates)
+{
+    struct gcra g;
+
+    gcra_init(&g, 0.5, 1);
+    cr_expect_eq(must_start(&g, NOW0, 0), NOW0);
+    cr_expect_eq(must_refuse(&g, NOW0 + 2 * SEC - 1, 0), NOW0 + 2 * SEC);
+    cr_expect_eq(must_start(&g, NOW0 + SEC, SEC), NOW0 + 2 * SEC);
+    cr_expect_eq(must_start(&g, NOW0 + SEC, 3 * SEC), NOW0 + 4 * SEC);
+    cr_expect_eq(gcra_available(&g, NOW0 + 100 * SEC, NULL), 1);
+
+    gcra_init(&g, 0.5, 3);
+    for (int i = 0; i < 3; i++)
+        cr_expect_eq(must_start(&g, NOW0, 0), NOW0);
+    cr_expect_eq(must_refuse(&g, NOW0, SEC), NOW0 + 2 * SEC);
+    cr_expect_eq(gcra_available(&g, NOW0 + 3 * SEC, NULL), 1);
+    cr_expect_eq(gcra_available(&g, NOW0 + 4 * SEC, NULL), 2);
+    cr_expect_eq(gcra_available(&g, NOW0 + 6 * SEC, NULL), 3);
+
+    gcra_init(&g, 0.1, 1);              /* 6/m */
+    cr_expect_eq(must_start(&g, NOW0, 0), NOW0);
+    cr_expect_eq(must_refuse(&g, NOW0, 9 * SEC), NOW0 + 10 * SEC);
+}
+
+/* ---- threads -------------------------------------------------------------- */
+
+#define N_THREADS 8
+#define PER_THREAD 3000
+
+struct racer {
+    struct gcra *g;
+    pthread_barrier_t *go;
+    uint64_t now, seed;
+    bool bounded;                 /* random max_wait instead of unbounded */
+    uint64_t starts[PER_THREAD];
+    size_t n;
+};
+
+static void *race(void *arg)
+{
+    struct racer *r = arg;
+
+    pthread_barrier_wait(r->go);
+    for (size_t i = 0; i < PER_THREAD; i++) {
+        uint64_t start, max_wait = UINT64_MAX;
+
+        if (r->bounded)
+            max_wait = below(&r->seed, 2 * (uint64_t)N_THREADS * PER_THREAD * r->g->t_ns);
+        if (gcra_reserve(r->g, r->now, max_wait, &start))
+            r->starts[r->n++] = start;
+    }
+    return NULL;
+}
+
+/* All threads reserve at one shared `now`: the starts must be exactly
+ * burst at now, then now + T, now + 2T, ... with no gap and no duplicate,
+ * whether or not some reservations are refused along the way. */
+static void race_on_one_bucket(bool bounded)
+{
+    static struct racer r[N_THREADS];
+    pthread_t th[N_THREADS];
+    pthread_barrier_t go;
+    struct gcra g;
+    const uint32_t burst = 7;
+    uint64_t *all, total = 0;
+
+    gcra_init(&g, 1000, burst);
+    pthread_barrier_init(&go, NULL, N_THREADS);
+    for (int i = 0; i < N_THREADS; i++) {
+        memset(&r[i], 0, sizeof r[i]);
+        r[i].g = &g;
+        r[i].go = &go;
+        r[i].now = NOW0;
+        r[i].seed = 77 + (uint64_t)i;
+        r[i].bounded = bounded;
+        cr_assert_eq(pthread_create(&th[i], NULL, race, &r[i]), 0);
+    }
+    for (int i = 0; i < N_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        total += r[i].n;
+    }
+    pthread_barrier_destroy(&go);
+    all = malloc(total * sizeof *all);
+    cr_assert_not_null(all);
+    total = 0;
+    for (int i = 0; i < N_THREADS; i++) {
+        /* each thread sees its own starts in increasing order */
+        for (size_t k = 1; k < r[i].n; k++)
+            cr_assert(r[i].starts[k] > r[i].starts[k - 1] || r[i].starts[k] == NOW0,
+                      "thread %d: start %zu not after the previous one", i, k);
+        memcpy(all + total, r[i].starts, r[i].n * sizeof *all);
+        total += r[i].n;
+    }
+    if (bounded)
+        cr_expect(total > 100 && total < (uint64_t)N_THREADS * PER_THREAD,
+                  "bounded waits must both grant and refuse (%llu)",
+                  (unsigned long long)total);
+    else
+        cr_assert_eq(total, (uint64_t)N_THREADS * PER_THREAD);
+    qsort(all, total, sizeof *all, cmp_u64);
+    for (uint64_t k = 0; k < total; k++) {
+        uint64_t want = NOW0 + (k < burst ? 0 : (k - burst + 1) * g.t_ns);
+
+        cr_assert_eq(all[k], want, "start %llu: %llu, want %llu",
+                     (unsigned long long)k, (unsigned long long)all[k],
+                     (unsigned long long)want);
+    }
+    cr_expect_eq(tat(&g), NOW0 + total * g.t_ns);
+    free(all);
+}
+
+Test(gcra_threads, cas_loop_neither_loses_nor_duplicates)
+{
+    race_on_one_bucket(false);
+}
+
+Test(gcra_threads, refusals_under_contention_leave_no_holes)
+{
+    race_on_one_bucket(true);
+}
