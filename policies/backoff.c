@@ -26,6 +26,22 @@ static int parse_seconds(const char *s, uint64_t *out)
     return 0;
 }
 
+/* A whole header value of delay-seconds: the digits may be followed by
+ * whitespace only. parse_seconds alone also stops at ',' ';' or a space,
+ * which suits a parameter list but would read "5 x" or "5, 60" as 5. */
+static int parse_seconds_value(const char *s, uint64_t *out)
+{
+    const char *end = s;
+
+    while (isdigit((unsigned char)*end))
+        end++;
+    while (isspace((unsigned char)*end))
+        end++;
+    if (*end)
+        return -EINVAL;
+    return parse_seconds(s, out);
+}
+
 static int parse_http_date(const char *v, time_t *out)
 {
     static const char *const formats[] = {
@@ -62,7 +78,7 @@ int hint_retry_after(const char *v, uint64_t now_wall_ms, uint64_t *delay_ms)
     while (*v == ' ' || *v == '\t')
         v++;
     if (isdigit((unsigned char)*v)) {
-        if (parse_seconds(v, &s) != 0)
+        if (parse_seconds_value(v, &s) != 0)
             return -EINVAL;
         *delay_ms = s * 1000;
         return 0;
@@ -102,7 +118,7 @@ int hint_x_ratelimit_reset(const char *v, uint64_t now_wall_ms,
 
     while (*v == ' ')
         v++;
-    if (parse_seconds(v, &s) != 0)
+    if (parse_seconds_value(v, &s) != 0)
         return -EINVAL;
     *delay_ms = s > 1000000000ull ? until_ms(s, now_wall_ms) : s * 1000;
     return 0;

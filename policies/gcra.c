@@ -6,7 +6,10 @@ void gcra_init(struct gcra *g, double rate, uint32_t burst)
 {
     double t = 1e9 / rate;
 
-    g->t_ns = t < 1 ? 1 : (uint64_t)llround(t);
+    /* T rounds up, never down: a rounded-down T would run the bucket a hair
+     * faster than configured, and the bound must hold exactly. (The small
+     * tolerance keeps 1e9/3 from becoming 333333334 by float error alone.) */
+    g->t_ns = t < 1 ? 1 : (uint64_t)ceil(t - 1e-6);
     g->tau_ns = (uint64_t)(burst ? burst - 1 : 0) * g->t_ns;
     atomic_store(&g->tat, 0);
 }

@@ -4,10 +4,17 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <errno.h>
+#include <stdio.h>
+
+#include <jansson.h>
 #include <microhttpd.h>
+#include <openssl/evp.h>
 
 #include "proxy/app.h"
 #include "proxy/server.h"
+#include "store/store.h"
+#include "util/clock.h"
 
 static enum MHD_Result reply(struct MHD_Connection *c, unsigned status,
                              const char *type, char *body, bool owned)
@@ -37,6 +44,88 @@ static enum MHD_Result get_config(struct app *app, struct MHD_Connection *c)
     return reply(c, 200, "application/json", json, true);
 }
 
+/* ---- /idempotency/{policy}/{key} ---------------------------------------- */
+
+static char *hex(const uint8_t *p, size_t n, char *out)
+{
+    for (size_t i = 0; i < n; i++)
+        sprintf(out + 2 * i, "%02x", p[i]);
+    return out;
+}
+
+static json_t *record_json(const struct store_record *r, bool body)
+{
+    char fp[2 * STORE_FP_LEN + 1];
+    json_t *j = json_object();
+
+    json_object_set_new(j, "state", json_string(r->state == STORE_COMPLETED
+                                                    ? "completed" : "in_progress"));
+    json_object_set_new(j, "attempt", json_integer(r->attempt));
+    if (r->state == STORE_COMPLETED) {
+        json_object_set_new(j, "status", json_integer(r->status));
+        json_object_set_new(j, "completed_at", json_integer((json_int_t)(r->completed_ms / 1000)));
+        if (r->body_omitted)
+            json_object_set_new(j, "body_omitted", json_true());
+    } else {
+        json_object_set_new(j, "lease_expires_at",
+                            json_integer((json_int_t)(r->lease_expires_ms / 1000)));
+    }
+    json_object_set_new(j, "created_at", json_integer((json_int_t)(r->created_ms / 1000)));
+    json_object_set_new(j, "expires_at", json_integer((json_int_t)(r->expires_ms / 1000)));
+    json_object_set_new(j, "fingerprint", json_string(hex(r->fingerprint, STORE_FP_LEN, fp)));
+    if (body && r->state == STORE_COMPLETED) {
+        char *b64 = malloc(4 * ((r->body_len + 2) / 3) + 1);
+        if (b64) {
+            EVP_EncodeBlock((unsigned char *)b64, r->body, (int)r->body_len);
+            json_object_set_new(j, "body_base64", json_string(b64));
+            free(b64);
+        }
+    }
+    return j;
+}
+
+static bool known_policy(const struct app *app, const char *name)
+{
+    return config_policy_index(app->cfg, name) >= 0;
+}
+
+static enum MHD_Result idempotency(struct app *app, struct MHD_Connection *c,
+                                   const char *rest, bool del)
+{
+    const char *slash = strchr(rest, '/');
+    char policy[128], *json;
+    struct store_record rec = {0};
+    struct sc_error err = {0};
+    uint64_t now = clock_wall_ms();
+    const char *body = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "body");
+    int rc;
+
+    if (!slash || slash == rest || !slash[1] || (size_t)(slash - rest) >= sizeof policy)
+        return reply(c, 404, "text/plain", "use /idempotency/{policy}/{key}\n", false);
+    memcpy(policy, rest, (size_t)(slash - rest));
+    policy[slash - rest] = '\0';
+    if (!known_policy(app, policy))
+        return reply(c, 404, "text/plain", "no such policy\n", false);
+    if (del) {
+        rc = store_forget(app->store, policy, slash + 1, &err);
+        if (rc == 0)
+            return reply(c, 200, "application/json", "{\"forgotten\":true}\n", false);
+    } else {
+        rc = store_get(app->store, policy, slash + 1, now, &rec, &err);
+        if (rc == 0) {
+            json_t *j = record_json(&rec, body && strcmp(body, "1") == 0);
+            json = json_dumps(j, JSON_COMPACT);
+            json_decref(j);
+            store_record_clear(&rec);
+            return json ? reply(c, 200, "application/json", json, true)
+                        : reply(c, 500, "text/plain", "out of memory\n", false);
+        }
+    }
+    if (rc == -ENOENT)
+        return reply(c, 404, "application/json", "{\"error\":\"no record\"}\n", false);
+    return reply(c, 503, "text/plain", "idempotency store unavailable\n", false);
+}
+
 static enum MHD_Result route_admin(struct app *app, struct MHD_Connection *c,
                                    const char *url, const char *method)
 {
@@ -53,6 +142,8 @@ static enum MHD_Result route_admin(struct app *app, struct MHD_Connection *c,
     }
     if (strcmp(url, "/config") == 0 && get)
         return get_config(app, c);
+    if (strncmp(url, "/idempotency/", 13) == 0 && (get || !strcmp(method, "DELETE")))
+        return idempotency(app, c, url + 13, !get);
     if (!strcmp(url, "/healthz") || !strcmp(url, "/readyz") ||
         !strcmp(url, "/config"))
         return reply(c, 405, "text/plain", "method not allowed\n", false);

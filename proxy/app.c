@@ -13,6 +13,7 @@
 #include "proxy/exchange.h"
 #include "proxy/log.h"
 #include "proxy/upstream.h"
+#include "store/store.h"
 #include "util/clock.h"
 
 /* How often the main loop looks at the in-flight count while draining, and
@@ -147,17 +148,47 @@ static int signals_init(struct app *app, struct sc_error *err)
 
 /* ---- lifecycle ---------------------------------------------------------- */
 
-/* Never fail open silently: say which configured limits this build loads
- * but does not enforce yet. */
-static void warn_unenforced(const struct sc_config *cfg)
-{
-    for (size_t i = 0; i < cfg->n_policies; i++) {
-        const struct sc_policy *p = &cfg->policies[i];
+/* ---- the idempotency store ---------------------------------------------- */
 
-        if (p->idem.enabled)
-            log_warn("policy %s: idempotency is not enforced by this build",
-                     p->name);
+#define SWEEP_EVERY_MS 1000
+#define SWEEP_MAX 2000
+
+/* Bounded work per tick on the main thread: never a stall of the loops. */
+static void on_sweep(evutil_socket_t fd, short what, void *arg)
+{
+    struct app *app = arg;
+    struct sc_error err = {0};
+    size_t removed = 0;
+
+    if (store_sweep(app->store, clock_wall_ms(), SWEEP_MAX, &removed, &err) != 0)
+        log_warn("store sweep: %s", err.text);
+    else if (removed)
+        log_debug("store sweep: %zu expired records reclaimed", removed);
+}
+
+static int store_init(struct app *app, struct sc_error *err)
+{
+    const struct sc_config *cfg = app->cfg;
+    struct timeval tv = {SWEEP_EVERY_MS / 1000, (SWEEP_EVERY_MS % 1000) * 1000};
+    int rc;
+
+    if (cfg->store.backend != SC_BACKEND_ROCKSDB) {
+        sc_error_set(err, "store.backend redis is not available in this build");
+        return -ENOTSUP;
     }
+    rc = store_open(cfg->store.path, cfg->store.sync, &app->store, err);
+    if (rc != 0)
+        return rc;
+    if (claims_init(&app->claims) != 0) {
+        sc_error_set(err, "out of memory");
+        return -ENOMEM;
+    }
+    app->sweep_ev = event_new(app->main_base, -1, EV_PERSIST, on_sweep, app);
+    if (!app->sweep_ev || event_add(app->sweep_ev, &tv) != 0) {
+        sc_error_set(err, "cannot schedule the store sweep");
+        return -ENOMEM;
+    }
+    return 0;
 }
 
 int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
@@ -184,6 +215,8 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
         sc_error_set(err, "out of memory");
         return -ENOMEM;
     }
+    if ((rc = store_init(app, err)) != 0)
+        return rc;
     app->listen_fd = server_listen(&cfg->listen, 1024, err);
     if (app->listen_fd < 0)
         return app->listen_fd;
@@ -192,7 +225,6 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
     app->admin = admin_start(app, err);
     if (!app->admin)
         return -EINVAL;
-    warn_unenforced(cfg);
     atomic_store(&app->ready, true);
     log_info("sluice %s listening on %s:%u (admin %s:%u), %u threads",
              SLUICE_VERSION, cfg->listen.host, cfg->listen.port,
@@ -220,6 +252,11 @@ void app_free(struct app *app)
     free(app->workers);
     admin_stop(app->admin);
     pacing_free(&app->pacing);
+    free_event(app->sweep_ev);
+    /* After the loops: every answered result is in the store; flush it. */
+    store_close(app->store);
+    if (app->claims.table)
+        claims_free(&app->claims);
     if (app->listen_fd >= 0)
         close(atomic_exchange(&app->listen_fd, -1));
     for (size_t i = 0; app->tls && app->cfg && i < app->cfg->n_upstreams; i++)

@@ -9,6 +9,7 @@
 #include <openssl/ssl.h>
 
 #include "policies/config.h"
+#include "proxy/claims.h"
 #include "proxy/pacing.h"
 #include "proxy/server.h"
 #include "util/error.h"
@@ -20,6 +21,10 @@ struct event;
 struct app {
     struct sc_config *cfg;      /* owned; immutable while workers run */
     struct pacing pacing;       /* buckets, cooldowns, slots: shared by all loops */
+    struct store *store;        /* idempotency records */
+    struct claims claims;       /* keys claimed by requests not yet forwarded */
+    struct event *sweep_ev;     /* reclaims expired records, off the loops */
+    atomic_long store_errors;
     SSL_CTX **tls;              /* per upstream; NULL for http */
     atomic_int listen_fd;       /* closed by the last loop to quiesce */
     atomic_uint quiesced;

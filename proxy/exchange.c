@@ -72,6 +72,7 @@ static void exchange_free(struct exchange *ex)
             pacing_slot_cancel(ex->ps, &ex->slot);
     }
     ex_pace_release(ex);
+    ex_idem_done(ex);
     if (ex->timer)
         event_free(ex->timer);
     if (ex->slot.granted_ev)
@@ -218,9 +219,33 @@ static enum MHD_Result answer_instruction(struct exchange *ex)
     return queue(ex, resp);
 }
 
+/* A stored result, byte for byte, with no permit and no upstream call. A
+ * replayed failure (4xx) stays permanent_error: "replayed" always means
+ * "this already succeeded: ack it". */
+static enum MHD_Result answer_replay(struct exchange *ex)
+{
+    const struct store_record *rec = &ex->replay;
+    struct MHD_Response *resp = MHD_create_response_from_buffer(
+        rec->body_len, rec->body, MHD_RESPMEM_MUST_COPY);
+
+    if (!resp)
+        return MHD_NO;
+    for (size_t i = 0; i < rec->n_headers; i++)
+        MHD_add_response_header(resp, rec->headers[i].name, rec->headers[i].value);
+    MHD_add_response_header(resp, "Idempotent-Replayed", "true");
+    if (rec->body_omitted)
+        MHD_add_response_header(resp, "Sluice-Body-Omitted", "true");
+    ex->status = rec->status;
+    ex->outcome = rec->status < 400 ? OUT_REPLAYED : OUT_PERMANENT_ERROR;
+    ex->reason = R_NONE;
+    return queue(ex, resp);
+}
+
 static enum MHD_Result answer(struct exchange *ex)
 {
     switch (ex->kind) {
+    case ANSWER_REPLAY:
+        return answer_replay(ex);
     case ANSWER_UPSTREAM:
         return answer_upstream(ex);
     case ANSWER_INSTRUCTION:
@@ -363,7 +388,7 @@ static enum MHD_Result forward(struct exchange *ex)
     ex->suspended = true;
     TAILQ_INSERT_TAIL(&ex->w->waiting, ex, link);
     MHD_suspend_connection(ex->mc);
-    ex_pace(ex);
+    ex_idem(ex);
     return MHD_YES;
 }
 

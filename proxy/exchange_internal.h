@@ -18,6 +18,7 @@
 #include "proxy/pacing.h"
 #include "proxy/problem.h"
 #include "proxy/upstream.h"
+#include "store/store.h"
 
 struct worker;
 struct evbuffer;
@@ -35,7 +36,7 @@ enum ex_state {
 };
 
 /* What the answer is made of. */
-enum ex_kind { ANSWER_PROBLEM = 0, ANSWER_UPSTREAM, ANSWER_INSTRUCTION };
+enum ex_kind { ANSWER_PROBLEM = 0, ANSWER_UPSTREAM, ANSWER_INSTRUCTION, ANSWER_REPLAY };
 
 struct exchange {
     struct worker *w;
@@ -50,7 +51,15 @@ struct exchange {
     const struct sc_policy *pol;
     struct evbuffer *body;
     uint32_t attempt;       /* this request's attempt number, 1-based */
-    const char *key;        /* idempotency key header value or NULL */
+    const char *key;        /* idempotency key (parsed) or header value or NULL */
+
+    /* idempotency */
+    bool idem;              /* the policy's idempotency applies, key valid */
+    bool claimed;           /* holds the in-memory claim */
+    bool leased;            /* holds the durable lease */
+    char key_buf[256];
+    uint8_t fp[STORE_FP_LEN];
+    struct store_record replay; /* ANSWER_REPLAY */
 
     /* pacing */
     struct policy_state *ps;
@@ -91,6 +100,12 @@ void ex_pace_abort(struct exchange *ex);    /* drain deadline while waiting */
 /* RateLimit-Policy / RateLimit header values for the exchange's policy. */
 void ex_rate_headers(const struct exchange *ex, char *policy, size_t plen,
                      char *state, size_t slen);
+
+/* exchange_idem.c */
+void ex_idem(struct exchange *ex);          /* then ex_pace */
+bool ex_idem_lease(struct exchange *ex);    /* false: answered instead */
+void ex_idem_result(struct exchange *ex);   /* complete, release or keep */
+void ex_idem_done(struct exchange *ex);     /* drops the claim */
 
 /* exchange_upstream.c */
 void ex_send_upstream(struct exchange *ex);

@@ -197,11 +197,18 @@ static void on_upstream_done(struct up_request *req, void *arg)
         classify_response(ex);
     else
         classify_failure(ex);
+    /* Committed before the worker sees the answer. */
+    ex_idem_result(ex);
     ex_finish(ex);
 }
 
 void ex_send_upstream(struct exchange *ex)
 {
+    if (!ex_idem_lease(ex)) {
+        ex_pace_release(ex);
+        ex_finish(ex);
+        return;
+    }
     if (build_wire(ex) != 0) {
         ex_refuse(ex, 500, OUT_REJECTED, R_MALFORMED_REQUEST,
                   "out of memory building the upstream request");
@@ -229,5 +236,7 @@ void ex_upstream_abort(struct exchange *ex)
     ex_instruct(ex, OUT_REQUEUE, R_CONNECTION_LOST,
                 backoff_delay_ms(&ex->pol->retry, ex->attempt, rand_u64()),
                 ex->attempt, 0);
+    ex->ureq.resp.result = UP_CONNECTION_LOST; /* the lease must stay */
+    ex_idem_result(ex);
     ex_finish(ex);
 }

@@ -46,7 +46,9 @@ void json_escape_append(char *buf, size_t len, size_t *pos, const char *s,
             esc[0] = '\\';
             esc[1] = (char)c;
             esc[2] = '\0';
-        } else if (c < 0x20 || c == 0x7f) {
+        } else if (c < 0x20 || c >= 0x7f) {
+            /* Bytes beyond ASCII are escaped one by one, so the line stays
+             * valid JSON whatever encoding the input was in. */
             snprintf(esc, sizeof esc, "\\u%04x", c);
         } else {
             esc[0] = (char)c;

@@ -29,7 +29,8 @@ command -v curl >/dev/null || die "curl not found"
 
 say "building sluice and sluice-stub in $BUILD_DIR"
 cmake -S "$REPO" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_TESTS=OFF >/dev/null
-cmake --build "$BUILD_DIR" -j"$(nproc)" --target sluice sluice-stub >/dev/null
+cmake --build "$BUILD_DIR" -j"$(nproc)" --target sluice sluice-stub >"$BUILD_DIR/bench-build.log" 2>&1 ||
+    die "build failed, see $BUILD_DIR/bench-build.log"
 SLUICE=$BUILD_DIR/sluice
 STUB=$BUILD_DIR/sluice-stub
 
@@ -177,23 +178,46 @@ run_wrk() {   # run_wrk PORT SECONDS OUTFILE
         "http://127.0.0.1:$1/bench" >"$3" 2>&1 || die "wrk failed: $(cat "$3")"
 }
 
+sys_ticks() {   # "busy total" jiffies of the machine; busy leaves out irq and softirq time,
+                # which (with IRQ time accounting) no process's utime + stime includes either
+    awk '$1 == "cpu" { print $2 + $3 + $4 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat
+}
+
+children_ticks() {   # user + sys time of this shell's reaped children, from the `times` file $1
+    awk -v hz="$HZ" 'NR == 2 {
+        t = 0
+        for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); t += a[1] * 60 + a[2] }
+        printf "%d\n", t * hz + 0.5 }' "$1"
+}
+
 measure() {   # measure SIZE TARGET REP PORT PROXY_PID
-    local out=$TMP/wrk-$1-$2-$3.txt p0 p1 s0 s1 stats
-    p0=0 p1=0
+    local out=$TMP/wrk-$1-$2-$3.txt p0=0 p1=0 s0 s1 m0 m1 w0 w1
     [ "$5" = - ] || p0=$(cpu_ticks "$5")
     s0=$(cpu_ticks "$STUB_PID")
+    m0=$(sys_ticks)
+    times >"$TMP/times0"   # a builtin: no fork, so only wrk is reaped in between
     run_wrk "$4" "$DURATION" "$out"
+    times >"$TMP/times1"
+    m1=$(sys_ticks)
     [ "$5" = - ] || p1=$(cpu_ticks "$5")
     s1=$(cpu_ticks "$STUB_PID")
-    stats=$($HELPER wrk "$out")
-    echo "$1 $2 $3 $stats $((p1 - p0)) $((s1 - s0)) $HZ" >>"$RUNS"
+    w0=$(children_ticks "$TMP/times0")
+    w1=$(children_ticks "$TMP/times1")
     # shellcheck disable=SC2086
-    set -- $1 $2 $3 $stats
-    say "  $(printf '%-6s rep %s: %7s req/s  p50 %6s µs  p99 %6s µs  errors %s' "$2" "$3" "$4" "$5" "$6" "$8")"
+    set -- "$1" "$2" "$3" "$out" $((p1 - p0)) $((s1 - s0)) $((w1 - w0)) \
+        $(( ${m1% *} - ${m0% *} )) $(( ${m1#* } - ${m0#* } ))
+    $HELPER record "$RUNS" "$HZ" "$(nproc)" "$@" >&2
 }
 
 # ---- main ---------------------------------------------------------------------
 say "sluice pass-through benchmark: wrk -t1 -c$CONNECTIONS -d${DURATION}s, $REPS rep(s), bodies: $SIZES"
+if rev=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null); then
+    [ -z "$(git -C "$REPO" --no-optional-locks status --porcelain --untracked-files=no 2>/dev/null)" ] ||
+        rev="$rev + uncommitted changes"
+else
+    rev="not a git checkout"
+fi
+say "source: $REPO ($rev)"
 say "machine: $(nproc) cores, $(uname -r), load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 for size in $SIZES; do

@@ -122,8 +122,10 @@ int h_sluice_start_raw(struct h_sluice *s, const char *yaml, int port,
 
     if (!s->dir)
         s->dir = tu_mkdtemp("it");
-    free(s->cfg_path);
-    s->cfg_path = tu_write_file(s->dir, "sidecar.yaml", yaml);
+    if (yaml) { /* NULL: restart on the config written before */
+        free(s->cfg_path);
+        s->cfg_path = tu_write_file(s->dir, "sidecar.yaml", yaml);
+    }
     if (!s->log_path && asprintf(&s->log_path, "%s/sluice.log", s->dir) < 0)
         return -1;
     s->port = port;

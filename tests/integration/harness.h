@@ -38,7 +38,8 @@ void h_stub_stop(struct h_stub *s);
 /* Writes a config (listen/admin/threads/store are added in front of `body`)
  * and starts sluice; waits until /readyz answers 200. */
 int h_sluice_start(struct h_sluice *s, const char *body);
-/* Same with a config text used as is (ports must be filled by the caller). */
+/* Same with a config text used as is (ports must be filled by the caller);
+ * yaml NULL restarts on the config file written before. */
 int h_sluice_start_raw(struct h_sluice *s, const char *yaml, int port,
                        int admin_port);
 /* SIGTERM, then waits (up to timeout_s); returns the exit status or -1. */

@@ -1,0 +1,101 @@
+#include "policies/idemkey.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <openssl/evp.h>
+
+#include "policies/config.h"
+
+static int sf_unquote(const char *raw, char *out, char *why, size_t wlen)
+{
+    size_t n = 0;
+    const char *p = raw + 1;
+
+    for (; *p && *p != '"'; p++) {
+        unsigned char c = (unsigned char)*p;
+
+        if (c == '\\') {
+            p++;
+            if (*p != '"' && *p != '\\') {
+                snprintf(why, wlen, "invalid escape in quoted key");
+                return -EINVAL;
+            }
+            c = (unsigned char)*p;
+        } else if (c < 0x20 || c > 0x7e) {
+            snprintf(why, wlen, "quoted key holds a non-printable character");
+            return -EINVAL;
+        }
+        if (n == IDEM_KEY_MAX) {
+            snprintf(why, wlen, "key longer than %d characters", IDEM_KEY_MAX);
+            return -EINVAL;
+        }
+        out[n++] = (char)c;
+    }
+    if (*p != '"' || p[1] != '\0') {
+        snprintf(why, wlen, "unterminated quoted key or text after it");
+        return -EINVAL;
+    }
+    if (n == 0) {
+        snprintf(why, wlen, "empty key");
+        return -EINVAL;
+    }
+    out[n] = '\0';
+    return 0;
+}
+
+int idem_key_parse(const char *raw, char out[IDEM_KEY_MAX + 1], char *why,
+                   size_t wlen)
+{
+    size_t n;
+
+    if (raw[0] == '"')
+        return sf_unquote(raw, out, why, wlen);
+    n = strlen(raw);
+    if (n == 0 || n > IDEM_KEY_MAX) {
+        snprintf(why, wlen, "key must be 1 to %d characters, got %zu",
+                 IDEM_KEY_MAX, n);
+        return -EINVAL;
+    }
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)raw[i] < 0x21 || (unsigned char)raw[i] > 0x7e) {
+            snprintf(why, wlen, "key holds a character that is not visible "
+                                "ASCII at position %zu", i + 1);
+            return -EINVAL;
+        }
+    memcpy(out, raw, n + 1);
+    return 0;
+}
+
+static void part(EVP_MD_CTX *ctx, const void *p, size_t len)
+{
+    unsigned char be[8];
+
+    for (int i = 0; i < 8; i++)
+        be[i] = (unsigned char)((uint64_t)len >> (56 - 8 * i));
+    EVP_DigestUpdate(ctx, be, sizeof be);
+    if (len)
+        EVP_DigestUpdate(ctx, p, len);
+}
+
+void idem_fingerprint(unsigned parts, const char *method, const char *target,
+                      const void *body, size_t body_len, uint8_t out[32])
+{
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    unsigned int len = 32;
+
+    if (!ctx) {
+        memset(out, 0, 32);
+        return;
+    }
+    EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
+    if (parts & SC_FP_METHOD)
+        part(ctx, method, strlen(method));
+    if (parts & SC_FP_PATH)
+        part(ctx, target, strlen(target));
+    if (parts & SC_FP_BODY)
+        part(ctx, body, body_len);
+    EVP_DigestFinal_ex(ctx, out, &len);
+    EVP_MD_CTX_free(ctx);
+}

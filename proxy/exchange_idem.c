@@ -1,0 +1,278 @@
+/* The idempotency stages of an exchange (SPEC section 6):
+ *   arrival:    key checked, fingerprint taken, the store looked up (replay,
+ *               422, lease_held), then an in-memory claim while pacing;
+ *   forwarding: the durable lease, taken atomically in the store;
+ *   result:     completed (before the worker sees it), released (a known,
+ *               retryable result), or kept (unknown outcome) until expiry. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <event2/buffer.h>
+
+#include "policies/idemkey.h"
+#include "proxy/app.h"
+#include "proxy/exchange_internal.h"
+#include "proxy/headers.h"
+#include "proxy/log.h"
+#include "proxy/server.h"
+#include "util/clock.h"
+
+#define NS_PER_MS 1000000ull
+
+static const char *scope(const struct exchange *ex)
+{
+    return ex->pol->name;
+}
+
+static void store_failed(struct exchange *ex, const char *what,
+                         const struct sc_error *err)
+{
+    atomic_fetch_add(&ex->w->app->store_errors, 1);
+    log_error("policy %s: idempotency store %s failed: %s", scope(ex), what,
+              err->text);
+    ex_instruct(ex, OUT_REQUEUE, R_STORE_UNAVAILABLE, 1000,
+                ex->attempt ? ex->attempt - 1 : 0, 0);
+}
+
+static void lease_held(struct exchange *ex, uint64_t remaining_ms)
+{
+    ex_instruct(ex, OUT_REQUEUE, R_LEASE_HELD, remaining_ms ? remaining_ms : 1,
+                ex->attempt ? ex->attempt - 1 : 0, 0);
+}
+
+static void mismatch(struct exchange *ex)
+{
+    ex_refuse(ex, 422, OUT_REJECTED, R_MALFORMED_REQUEST,
+              "Idempotency-Key %s was used for a different request "
+              "(method, path or body differ)", ex->key);
+}
+
+/* ---- arrival ------------------------------------------------------------ */
+
+static bool applies(const struct exchange *ex)
+{
+    return ex->pol->idem.enabled &&
+           (ex->pol->idem.methods & sc_method_bit(ex->method));
+}
+
+/* Key and fingerprint; false when the request was refused. */
+static bool read_key(struct exchange *ex)
+{
+    const char *raw = MHD_lookup_connection_value(ex->mc, MHD_HEADER_KIND,
+                                                  ex->pol->idem.header);
+    char why[128];
+    size_t blen = ex->body ? evbuffer_get_length(ex->body) : 0;
+
+    if (!raw) {
+        if (!ex->pol->idem.required)
+            return true;
+        ex_refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST,
+                  "%s %s needs an %s header (policy %s)", ex->method,
+                  ex->route->prefix, ex->pol->idem.header, scope(ex));
+        return false;
+    }
+    if (idem_key_parse(raw, ex->key_buf, why, sizeof why) != 0) {
+        ex_refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST, "invalid %s: %s",
+                  ex->pol->idem.header, why);
+        return false;
+    }
+    ex->key = ex->key_buf;
+    ex->idem = true;
+    idem_fingerprint(ex->pol->idem.fingerprint, ex->method, ex->target,
+                     blen ? evbuffer_pullup(ex->body, -1) : NULL, blen, ex->fp);
+    return true;
+}
+
+/* What the store already knows; false when that answers the request. */
+static bool look_up(struct exchange *ex)
+{
+    struct sc_error err = {0};
+    uint64_t now = clock_wall_ms();
+    struct store_record *rec = &ex->replay;
+    int rc = store_get(ex->w->app->store, scope(ex), ex->key, now, rec, &err);
+
+    if (rc == -ENOENT)
+        return true;
+    if (rc != 0) {
+        store_failed(ex, "read", &err);
+        return false;
+    }
+    if (memcmp(rec->fingerprint, ex->fp, STORE_FP_LEN) != 0) {
+        mismatch(ex);
+        return false;
+    }
+    if (rec->state == STORE_COMPLETED) {
+        ex->kind = ANSWER_REPLAY;
+        return false;
+    }
+    /* The attempt count survives redeliveries: it is the store's. */
+    ex->attempt = rec->attempt + 1;
+    if (rec->lease_expires_ms > now) {
+        lease_held(ex, rec->lease_expires_ms - now);
+        return false;
+    }
+    store_record_clear(rec); /* released or expired lease: may take over */
+    return true;
+}
+
+static bool claim(struct exchange *ex)
+{
+    uint64_t now = clock_mono_ns(), remaining;
+    uint64_t deadline = now + ex->pol->max_wait_ms * NS_PER_MS;
+
+    if (claims_take(&ex->w->app->claims, scope(ex), ex->key, now, deadline,
+                    ex->up->timeout_ms * NS_PER_MS, &remaining)) {
+        ex->claimed = true;
+        return true;
+    }
+    lease_held(ex, (remaining + NS_PER_MS - 1) / NS_PER_MS);
+    return false;
+}
+
+void ex_idem(struct exchange *ex)
+{
+    if (!applies(ex)) {
+        ex_pace(ex);
+        return;
+    }
+    if (!read_key(ex) || (ex->idem && (!look_up(ex) || !claim(ex)))) {
+        ex_finish(ex);
+        return;
+    }
+    ex_pace(ex);
+}
+
+/* ---- forwarding --------------------------------------------------------- */
+
+bool ex_idem_lease(struct exchange *ex)
+{
+    struct store_acquire_out out = {0};
+    struct sc_error err = {0};
+    const struct sc_idempotency *id = &ex->pol->idem;
+    uint64_t now = clock_wall_ms();
+    int rc;
+
+    if (!ex->idem)
+        return true;
+    rc = store_acquire(ex->w->app->store, scope(ex), ex->key, ex->fp, now,
+                       id->lease_ms, id->ttl_ms, &out, &err);
+    if (rc != 0) {
+        store_failed(ex, "lease", &err);
+        return false;
+    }
+    switch (out.claim) {
+    case STORE_ACQUIRED:
+        ex->attempt = out.attempt;
+        ex->leased = true;
+        claims_forwarded(&ex->w->app->claims, scope(ex), ex->key,
+                         clock_mono_ns() + id->lease_ms * NS_PER_MS);
+        return true;
+    case STORE_HELD:
+        lease_held(ex, out.remaining_ms);
+        return false;
+    case STORE_DONE:
+        ex->replay = out.rec;
+        ex->kind = ANSWER_REPLAY;
+        return false;
+    default:
+        mismatch(ex);
+        return false;
+    }
+}
+
+/* ---- result ------------------------------------------------------------- */
+
+static bool replayable(const struct exchange *ex)
+{
+    return ex->kind == ANSWER_UPSTREAM &&
+           sc_idem_replays_status(&ex->pol->idem, ex->status) &&
+           !sc_retry_on_status(&ex->pol->retry, ex->status);
+}
+
+/* The end-to-end headers, as the worker gets them. */
+static size_t stored_headers(const struct up_response *r, struct store_header *h)
+{
+    struct hdr_conn_tokens tok = {0};
+    size_t n = 0;
+
+    for (size_t i = 0; i < r->n_headers; i++)
+        if (strcasecmp(r->headers[i].name, "Connection") == 0)
+            hdr_conn_tokens_add(&tok, r->headers[i].value);
+    for (size_t i = 0; i < r->n_headers; i++) {
+        if (hdr_skip_response(r->headers[i].name, &tok) ||
+            strncasecmp(r->headers[i].name, "Sluice-", 7) == 0)
+            continue;
+        h[n].name = r->headers[i].name;
+        h[n].value = r->headers[i].value;
+        n++;
+    }
+    return n;
+}
+
+static void complete(struct exchange *ex)
+{
+    const struct up_response *r = &ex->ureq.resp;
+    struct store_header *h = calloc(r->n_headers + 1, sizeof *h);
+    size_t blen = evbuffer_get_length(r->body);
+    bool omit = blen > ex->pol->idem.max_stored_body;
+    struct sc_error err = {0};
+    int rc = -ENOMEM;
+
+    if (h)
+        rc = store_complete(ex->w->app->store, scope(ex), ex->key,
+                            clock_wall_ms(), ex->pol->idem.ttl_ms, r->status, h,
+                            stored_headers(r, h),
+                            omit || !blen ? NULL : evbuffer_pullup(r->body, -1),
+                            omit ? 0 : blen, omit, &err);
+    free(h);
+    if (rc != 0) {
+        /* The side effect happened; the worker must still learn the truth.
+         * The lease stays, so a duplicate waits for its expiry. */
+        atomic_fetch_add(&ex->w->app->store_errors, 1);
+        log_error("policy %s: cannot store the completed result of a key: %s",
+                  scope(ex), rc == -ENOMEM ? "out of memory" : err.text);
+    }
+}
+
+static void release(struct exchange *ex)
+{
+    struct sc_error err = {0};
+
+    if (store_release(ex->w->app->store, scope(ex), ex->key, clock_wall_ms(),
+                      ex->pol->idem.ttl_ms, &err) != 0 && err.text[0]) {
+        atomic_fetch_add(&ex->w->app->store_errors, 1);
+        log_error("policy %s: cannot release a lease: %s", scope(ex), err.text);
+    }
+}
+
+void ex_idem_result(struct exchange *ex)
+{
+    enum up_result r = ex->ureq.resp.result;
+
+    if (!ex->leased)
+        return;
+    if (r == UP_TIMEOUT || r == UP_CONNECTION_LOST) {
+        /* Unknown outcome: the lease stands until it expires, and the job
+         * must not come back before then. */
+        uint64_t lease_ms = ex->pol->idem.lease_ms;
+        if (ex->kind == ANSWER_INSTRUCTION && ex->outcome == OUT_REQUEUE &&
+            ex->instr.delay_ms < lease_ms)
+            ex->instr.delay_ms = lease_ms;
+        return;
+    }
+    if (replayable(ex))
+        complete(ex);
+    else
+        release(ex);
+}
+
+void ex_idem_done(struct exchange *ex)
+{
+    if (ex->claimed)
+        claims_drop(&ex->w->app->claims, scope(ex), ex->key);
+    ex->claimed = false;
+    store_record_clear(&ex->replay);
+}

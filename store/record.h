@@ -1,0 +1,67 @@
+/* The byte formats of the idempotency store, apart from any database: the
+ * record key (scope, '\0', key) and the versioned record value. Internal to
+ * store/; store.h is the public interface.
+ *
+ * Value layout, all integers little-endian:
+ *
+ *   v2 (current)                       v1 (previous release)
+ *   u8   version = 2                   u8   version = 1
+ *   u8   state (1 in progress,         u8   state
+ *             2 completed)
+ *   u8   flags (bit 0 body_omitted;    -    (no flags: body_omitted false)
+ *             others must be 0)
+ *   u32  attempt                       u32  attempt
+ *   u64  expires_ms                    u64  expires_ms
+ *   u64  created_ms                    u64  created_ms
+ *   u64  lease_expires_ms              u64  lease_expires_ms
+ *   u64  completed_ms                  u64  completed_ms
+ *   u8[32] fingerprint                 u8[32] fingerprint
+ *   u16  status (0 while in progress)  u16  status
+ *   u32  n_headers                     u32  n_headers
+ *   n × { u32 len, name bytes,         (same)
+ *         u32 len, value bytes }
+ *   u32  body_len, body bytes          u32  body_len, body bytes
+ *
+ * expires_ms sits at a fixed offset right after the small fields so the
+ * compaction filter and the sweeper read it without decoding the rest. The
+ * value ends exactly after the body: trailing bytes mean corruption. */
+#ifndef SLUICE_STORE_RECORD_H
+#define SLUICE_STORE_RECORD_H
+
+#include <stdint.h>
+
+#include "store/store.h"
+
+#define RECORD_VERSION 2
+#define RECORD_SCOPE_MAX 64  /* policy names (config_load.c valid_name) */
+#define RECORD_KEY_MAX 255   /* SPEC 6, policies/idemkey.h */
+
+/* A database key: scope, '\0', key. '\0' occurs in neither, so no two
+ * (scope, key) pairs share an encoding and a scope's keys sort together. */
+struct record_key {
+    size_t len;
+    char buf[RECORD_SCOPE_MAX + 1 + RECORD_KEY_MAX];
+};
+
+/* Builds k from a scope (1..64 of letters, digits, "-_.") and a key (1..255
+ * printable ASCII, space included: an unquoted Structured-Field string may
+ * hold one). 0, or -EINVAL with err. */
+int record_key_make(struct record_key *k, const char *scope, const char *key,
+                    struct sc_error *err);
+
+/* Encodes rec in the current version into a malloc'ed buffer (*out, free()).
+ * 0, -EINVAL (a field out of range, with err) or -ENOMEM. */
+int record_encode(const struct store_record *rec, uint8_t **out,
+                  size_t *out_len, struct sc_error *err);
+
+/* Decodes any known version into rec (owned by the caller: clear it).
+ * 0; -EPROTO for an unknown version, -EBADMSG for a truncated or corrupt
+ * value, -ENOMEM; rec is left zeroed on failure. Reads only buf[0..len).
+ * The message names no key: the caller, who knows it, adds it. */
+int record_decode(const uint8_t *buf, size_t len, struct store_record *rec,
+                  struct sc_error *err);
+
+/* Reads expires_ms alone. 0, or -EPROTO / -EBADMSG as record_decode. */
+int record_peek_expiry(const uint8_t *buf, size_t len, uint64_t *expires_ms);
+
+#endif

@@ -1,0 +1,115 @@
+/* The idempotency store (SPEC section 6): per (policy, key), a record that is
+ * absent, in progress (a lease with its expiry and the attempt count), or
+ * completed (status, end-to-end headers, body, times). One interface; the
+ * RocksDB implementation (store_rocksdb.c) is the default, and a Redis one can
+ * follow behind the same calls.
+ *
+ * All calls are blocking and thread-safe; they are short (one point read or
+ * one write) and run on the event-loop threads. Times are Unix milliseconds
+ * passed in by the caller (tests use a fake clock). Every write is durable
+ * before the call returns: it survives a crash of the process, and with
+ * `sync` a power loss too. */
+#ifndef SLUICE_STORE_STORE_H
+#define SLUICE_STORE_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/error.h"
+
+#define STORE_FP_LEN 32 /* SHA-256 */
+
+enum store_state {
+    STORE_IN_PROGRESS = 1, /* lease_expires_ms in the future: held */
+    STORE_COMPLETED = 2,
+};
+
+struct store_header {
+    char *name, *value;
+};
+
+struct store_record {
+    enum store_state state;
+    uint32_t attempt;           /* upstream attempts made so far */
+    uint8_t fingerprint[STORE_FP_LEN];
+    uint64_t created_ms;        /* first acquire */
+    uint64_t lease_expires_ms;  /* in progress; <= now once released */
+    uint64_t completed_ms;      /* completed */
+    uint64_t expires_ms;        /* when the record stops counting */
+    int status;                 /* completed */
+    struct store_header *headers;
+    size_t n_headers;
+    uint8_t *body;
+    size_t body_len;
+    bool body_omitted;          /* over max_stored_body: status + headers only */
+};
+
+/* Frees what the record owns and zeroes it. */
+void store_record_clear(struct store_record *rec);
+
+struct store;
+
+/* Opens (creating if missing) the store at path. 0 or negative + err. */
+int store_open(const char *path, bool sync, struct store **out,
+               struct sc_error *err);
+/* Flushes and closes; NULL is fine. */
+void store_close(struct store *st);
+
+/* The record, if it still counts at now_ms. 0 and *out filled; -ENOENT when
+ * absent or expired; another negative code (with err) when the store failed. */
+int store_get(struct store *st, const char *scope, const char *key,
+              uint64_t now_ms, struct store_record *out, struct sc_error *err);
+
+enum store_claim {
+    STORE_ACQUIRED = 0,   /* a new lease is ours; *attempt = this attempt */
+    STORE_HELD,           /* another live lease; *remaining_ms until expiry */
+    STORE_DONE,           /* completed and live: *rec filled for replay */
+    STORE_MISMATCH,       /* same key, different fingerprint */
+};
+
+struct store_acquire_out {
+    enum store_claim claim;
+    uint32_t attempt;        /* ACQUIRED: the attempt this one is (1-based) */
+    uint64_t remaining_ms;   /* HELD */
+    struct store_record rec; /* DONE (owned by the caller: clear it) */
+};
+
+/* Atomically takes the key's lease for lease_ms: when the record is absent,
+ * expired, released or its lease has expired (a takeover), writes an
+ * in-progress record with attempt + 1, keeping created_ms, and answers
+ * ACQUIRED. The record then expires at lease expiry + ttl_ms (an attempt
+ * count outlives its lease by ttl). Checks the fingerprint first. */
+int store_acquire(struct store *st, const char *scope, const char *key,
+                  const uint8_t fp[STORE_FP_LEN], uint64_t now_ms,
+                  uint64_t lease_ms, uint64_t ttl_ms,
+                  struct store_acquire_out *out, struct sc_error *err);
+
+/* Makes the record completed: status, headers, body (or body_omitted),
+ * completed_ms = now_ms, expires_ms = now_ms + ttl_ms; attempt and
+ * fingerprint kept. */
+int store_complete(struct store *st, const char *scope, const char *key,
+                   uint64_t now_ms, uint64_t ttl_ms, int status,
+                   const struct store_header *headers, size_t n_headers,
+                   const uint8_t *body, size_t body_len, bool body_omitted,
+                   struct sc_error *err);
+
+/* Ends the lease early (a known, retryable result): lease_expires_ms = now,
+ * the attempt count is kept until now + ttl_ms. -ENOENT when absent. */
+int store_release(struct store *st, const char *scope, const char *key,
+                  uint64_t now_ms, uint64_t ttl_ms, struct sc_error *err);
+
+/* Deletes the record (an operator unblocks a key). -ENOENT when absent. */
+int store_forget(struct store *st, const char *scope, const char *key,
+                 struct sc_error *err);
+
+/* Deletes at most max records whose expires_ms < now_ms, resuming where the
+ * previous call stopped (bounded work per call, never a stall). *removed
+ * gets the count. */
+int store_sweep(struct store *st, uint64_t now_ms, size_t max, size_t *removed,
+                struct sc_error *err);
+
+/* Live records, estimated (for the sluice_store_records gauge). */
+uint64_t store_count(struct store *st);
+
+#endif

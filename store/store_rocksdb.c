@@ -1,0 +1,708 @@
+/* The idempotency store on RocksDB (store.h). One key per (scope, key); the
+ * value is a versioned record (record.h). Read-modify-write calls are made
+ * atomic by striped in-process mutexes: RocksDB's LOCK file admits a single
+ * process per directory, so no other writer can exist. */
+#include "store/store.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <rocksdb/c.h>
+
+#include "store/record.h"
+#include "store/store_rocksdb_internal.h"
+#include "util/clock.h"
+
+#define MIB ((size_t)1 << 20)
+#define STRIPES 64
+/* A small footprint: the store holds ttl's worth of small records and is
+ * read by point lookups; it is no cache. */
+#define WRITE_BUFFER_SIZE (4 * MIB)
+#define MAX_WRITE_BUFFERS 2
+#define BLOCK_CACHE_SIZE (8 * MIB)
+#define MAX_OPEN_FILES 256
+#define BLOOM_BITS_PER_KEY 10 /* most acquires look up a key that is absent */
+#define INFO_LOG_SIZE (1 * MIB)
+#define INFO_LOGS_KEPT 3
+/* A sweep examines at most this many records per record it may delete, so
+ * a store full of live records costs a bounded scan, not a full one. */
+#define SWEEP_SCAN_FACTOR 16
+#define CURSOR_MAX (sizeof ((struct record_key *)0)->buf + 1)
+
+struct store {
+    rocksdb_t *db;
+    rocksdb_options_t *opts;
+    rocksdb_compactionfilter_t *filter; /* opts points at it: outlives db */
+    rocksdb_writeoptions_t *wo;         /* the caller's durability */
+    rocksdb_writeoptions_t *wo_sweep;   /* WAL, never fsync (see sweep_one) */
+    rocksdb_readoptions_t *ro;
+    rocksdb_readoptions_t *ro_scan;     /* sweeps leave the cache to lookups */
+    pthread_mutex_t stripes[STRIPES];
+    pthread_mutex_t sweep_lock;         /* guards cursor */
+    char cursor[CURSOR_MAX];            /* where the next sweep starts */
+    size_t cursor_len;                  /* 0: at the beginning */
+};
+
+/* ---- small helpers ---- */
+
+static uint64_t add_sat(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* FNV-1a over the whole database key. */
+static pthread_mutex_t *stripe_of(struct store *st, const char *k, size_t len)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)k[i]) * 0x100000001b3ull;
+    return &st->stripes[h % STRIPES];
+}
+
+/* Reports a RocksDB failure on k and frees RocksDB's message. */
+static int db_error(struct sc_error *err, const char *op,
+                    const struct record_key *k, char *msg)
+{
+    size_t ns = strlen(k->buf);
+
+    sc_error_set(err, "store: %s %s/%.*s failed: %s", op, k->buf,
+                 (int)(k->len - ns - 1), k->buf + ns + 1, msg);
+    rocksdb_free(msg);
+    return -EIO;
+}
+
+static void set_absent(struct sc_error *err, const struct record_key *k,
+                       const char *what)
+{
+    size_t ns = strlen(k->buf);
+
+    sc_error_set(err, "store: %s/%.*s: %s", k->buf, (int)(k->len - ns - 1),
+                 k->buf + ns + 1, what);
+}
+
+/* ---- records in the database ---- */
+
+/* The raw stored value (rocksdb_free it); -ENOENT when there is none. */
+static int db_get(struct store *st, const char *k, size_t klen, char **val,
+                  size_t *len, char **msg)
+{
+    *msg = NULL;
+    *val = rocksdb_get(st->db, st->ro, k, klen, len, msg);
+    if (*msg)
+        return -EIO;
+    return *val ? 0 : -ENOENT;
+}
+
+/* The decoded record at k, whether it still counts or not. */
+static int load(struct store *st, const struct record_key *k,
+                struct store_record *rec, struct sc_error *err)
+{
+    struct sc_error derr;
+    char *val, *msg;
+    size_t len;
+    int rc;
+
+    memset(rec, 0, sizeof *rec);
+    rc = db_get(st, k->buf, k->len, &val, &len, &msg);
+    if (rc == -EIO)
+        return db_error(err, "read", k, msg);
+    if (rc)
+        return rc;
+    rc = record_decode((const uint8_t *)val, len, rec, &derr);
+    if (rc)
+        set_absent(err, k, derr.text);
+    rocksdb_free(val);
+    return rc;
+}
+
+/* As load, but a record that no longer counts at now is absent. */
+static int load_live(struct store *st, const struct record_key *k,
+                     uint64_t now_ms, struct store_record *rec,
+                     struct sc_error *err)
+{
+    int rc = load(st, k, rec, err);
+
+    if (rc == 0 && rec->expires_ms <= now_ms) {
+        store_record_clear(rec);
+        return -ENOENT;
+    }
+    return rc;
+}
+
+static int save(struct store *st, const struct record_key *k,
+                const struct store_record *rec, struct sc_error *err)
+{
+    char *msg = NULL;
+    uint8_t *buf;
+    size_t len;
+    int rc;
+
+    if ((rc = record_encode(rec, &buf, &len, err)) != 0)
+        return rc;
+    rocksdb_put(st->db, st->wo, k->buf, k->len, (const char *)buf, len, &msg);
+    free(buf);
+    return msg ? db_error(err, "write", k, msg) : 0;
+}
+
+/* ---- open and close ---- */
+
+/* Runs in RocksDB's background threads, so it reads the real clock. Values
+ * it cannot read are kept: dropping them is an operator's call. */
+static unsigned char expiry_filter(void *state, int level, const char *key,
+                                   size_t key_len, const char *val,
+                                   size_t val_len, char **new_val,
+                                   size_t *new_len, unsigned char *changed)
+{
+    uint64_t expires;
+
+    return record_peek_expiry((const uint8_t *)val, val_len, &expires) == 0 &&
+           expires < clock_wall_ms();
+}
+
+static const char *expiry_filter_name(void *state)
+{
+    return "sluice.expiry";
+}
+
+static void expiry_filter_destroy(void *state)
+{
+}
+
+static rocksdb_block_based_table_options_t *table_options(void)
+{
+    rocksdb_block_based_table_options_t *t = rocksdb_block_based_options_create();
+    rocksdb_cache_t *cache = rocksdb_cache_create_lru(BLOCK_CACHE_SIZE);
+
+    /* Both calls share ownership: the table options keep what they need. */
+    rocksdb_block_based_options_set_block_cache(t, cache);
+    rocksdb_cache_destroy(cache);
+    rocksdb_block_based_options_set_filter_policy(
+        t, rocksdb_filterpolicy_create_bloom_full(BLOOM_BITS_PER_KEY));
+    return t;
+}
+
+static void make_options(struct store *st, bool sync)
+{
+    rocksdb_options_t *o = rocksdb_options_create();
+    rocksdb_block_based_table_options_t *t = table_options();
+
+    rocksdb_options_set_create_if_missing(o, 1);
+    rocksdb_options_set_write_buffer_size(o, WRITE_BUFFER_SIZE);
+    rocksdb_options_set_max_write_buffer_number(o, MAX_WRITE_BUFFERS);
+    rocksdb_options_set_max_open_files(o, MAX_OPEN_FILES);
+    /* Bodies are mostly text (JSON); LZ4 halves them at little CPU cost and
+     * Debian's librocksdb links liblz4. open_db falls back to none. */
+    rocksdb_options_set_compression(o, rocksdb_lz4_compression);
+    rocksdb_options_set_max_log_file_size(o, INFO_LOG_SIZE);
+    rocksdb_options_set_keep_log_file_num(o, INFO_LOGS_KEPT);
+    rocksdb_options_set_block_based_table_factory(o, t);
+    rocksdb_block_based_options_destroy(t);
+    st->filter = rocksdb_compactionfilter_create(
+        NULL, expiry_filter_destroy, expiry_filter, expiry_filter_name);
+    rocksdb_options_set_compaction_filter(o, st->filter);
+    st->opts = o;
+
+    /* The WAL stays on in both modes: without sync a write is in the OS
+     * before the call returns, so a kill -9 loses nothing acknowledged. */
+    st->wo = rocksdb_writeoptions_create();
+    rocksdb_writeoptions_set_sync(st->wo, sync);
+    st->wo_sweep = rocksdb_writeoptions_create();
+    st->ro = rocksdb_readoptions_create();
+    st->ro_scan = rocksdb_readoptions_create();
+    rocksdb_readoptions_set_fill_cache(st->ro_scan, 0);
+}
+
+static int open_error(const char *path, const char *msg, struct sc_error *err)
+{
+    /* RocksDB names its LOCK file whether another process holds it or this
+     * one has the directory open already ("lock hold by current process"). */
+    if (strstr(msg, "/LOCK")) {
+        sc_error_set(err, "store: %s is in use by %s; a store directory serves "
+                     "one sluice at a time (%s)", path,
+                     strstr(msg, "current process") ? "this process already"
+                                                    : "another process",
+                     msg);
+        return -EBUSY;
+    }
+    sc_error_set(err, "store: cannot open %s: %s", path, msg);
+    return -EIO;
+}
+
+static int open_db(struct store *st, const char *path, struct sc_error *err)
+{
+    char *msg = NULL;
+    int rc;
+
+    st->db = rocksdb_open(st->opts, path, &msg);
+    if (msg && strstr(msg, "not linked with the binary")) {
+        /* A RocksDB built without LZ4: run uncompressed rather than not. */
+        rocksdb_free(msg);
+        msg = NULL;
+        rocksdb_options_set_compression(st->opts, rocksdb_no_compression);
+        st->db = rocksdb_open(st->opts, path, &msg);
+    }
+    if (!msg)
+        return 0;
+    st->db = NULL;
+    rc = open_error(path, msg, err);
+    rocksdb_free(msg);
+    return rc;
+}
+
+int store_open(const char *path, bool sync, struct store **out,
+               struct sc_error *err)
+{
+    struct store *st;
+    int rc;
+
+    *out = NULL;
+    if (!path || !*path) {
+        sc_error_set(err, "store: a path is required");
+        return -EINVAL;
+    }
+    st = calloc(1, sizeof *st);
+    if (!st) {
+        sc_error_set(err, "store: out of memory");
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < STRIPES; i++)
+        pthread_mutex_init(&st->stripes[i], NULL);
+    pthread_mutex_init(&st->sweep_lock, NULL);
+    make_options(st, sync);
+    if ((rc = open_db(st, path, err)) != 0)
+        goto fail;
+    *out = st;
+    return 0;
+fail:
+    store_close(st);
+    return rc;
+}
+
+void store_close(struct store *st)
+{
+    if (!st)
+        return;
+    if (st->db) {
+        rocksdb_flushoptions_t *fo = rocksdb_flushoptions_create();
+        char *msg = NULL;
+
+        /* Not needed for durability (the WAL has every write); it spares
+         * the next open a WAL replay. A failure leaves the WAL to do that. */
+        rocksdb_flushoptions_set_wait(fo, 1);
+        rocksdb_flush(st->db, fo, &msg);
+        rocksdb_free(msg);
+        rocksdb_flushoptions_destroy(fo);
+        rocksdb_close(st->db);
+    }
+    rocksdb_readoptions_destroy(st->ro_scan);
+    rocksdb_readoptions_destroy(st->ro);
+    rocksdb_writeoptions_destroy(st->wo_sweep);
+    rocksdb_writeoptions_destroy(st->wo);
+    rocksdb_options_destroy(st->opts);
+    rocksdb_compactionfilter_destroy(st->filter);
+    for (size_t i = 0; i < STRIPES; i++)
+        pthread_mutex_destroy(&st->stripes[i]);
+    pthread_mutex_destroy(&st->sweep_lock);
+    free(st);
+}
+
+void store_rocksdb_compact(struct store *st)
+{
+    rocksdb_compact_range(st->db, NULL, 0, NULL, 0);
+}
+
+uint64_t store_count(struct store *st)
+{
+    uint64_t n = 0;
+
+    if (!st || rocksdb_property_int(st->db, "rocksdb.estimate-num-keys", &n))
+        return 0;
+    return n;
+}
+
+/* ---- reading ---- */
+
+int store_get(struct store *st, const char *scope, const char *key,
+              uint64_t now_ms, struct store_record *out, struct sc_error *err)
+{
+    struct record_key k;
+    int rc;
+
+    memset(out, 0, sizeof *out);
+    if ((rc = record_key_make(&k, scope, key, err)) != 0)
+        return rc;
+    /* A point read sees a whole write or none: no lock needed. */
+    return load_live(st, &k, now_ms, out, err);
+}
+
+/* ---- acquire ---- */
+
+/* What an acquirer gets, given a record that counts. ACQUIRED is a takeover
+ * of a released or lapsed lease, or a new key (see acquire_locked). */
+static enum store_claim judge(const struct store_record *rec,
+                              const uint8_t fp[STORE_FP_LEN], uint64_t now_ms)
+{
+    if (memcmp(rec->fingerprint, fp, STORE_FP_LEN) != 0)
+        return STORE_MISMATCH;
+    if (rec->state == STORE_COMPLETED)
+        return STORE_DONE;
+    return rec->lease_expires_ms > now_ms ? STORE_HELD : STORE_ACQUIRED;
+}
+
+static int take_lease(struct store *st, const struct record_key *k,
+                      const struct store_record *cur, uint64_t now_ms,
+                      uint64_t lease_ms, uint64_t ttl_ms,
+                      struct store_acquire_out *out, struct sc_error *err)
+{
+    struct store_record next = {
+        .state = STORE_IN_PROGRESS,
+        .attempt = cur->attempt < UINT32_MAX ? cur->attempt + 1 : UINT32_MAX,
+        .created_ms = cur->created_ms,
+        .lease_expires_ms = add_sat(now_ms, lease_ms),
+    };
+    int rc;
+
+    memcpy(next.fingerprint, cur->fingerprint, STORE_FP_LEN);
+    /* The attempt count outlives the lease by ttl. */
+    next.expires_ms = add_sat(next.lease_expires_ms, ttl_ms);
+    if ((rc = save(st, k, &next, err)) == 0)
+        out->attempt = next.attempt;
+    return rc;
+}
+
+/* Called with k's stripe held; cur is the live record, taken over. */
+static int acquire_locked(struct store *st, const struct record_key *k,
+                          const uint8_t fp[STORE_FP_LEN], uint64_t now_ms,
+                          uint64_t lease_ms, uint64_t ttl_ms,
+                          struct store_acquire_out *out, struct sc_error *err)
+{
+    struct store_record cur;
+    int rc = load_live(st, k, now_ms, &cur, err);
+
+    if (rc == -ENOENT) {
+        /* Absent or expired: a new key, with no attempt made yet. Once a
+         * record expires its attempt count is gone too. */
+        cur.state = STORE_IN_PROGRESS;
+        cur.created_ms = now_ms;
+        memcpy(cur.fingerprint, fp, STORE_FP_LEN);
+        rc = 0;
+    }
+    if (rc)
+        return rc;
+    out->claim = judge(&cur, fp, now_ms);
+    if (out->claim == STORE_ACQUIRED)
+        rc = take_lease(st, k, &cur, now_ms, lease_ms, ttl_ms, out, err);
+    else if (out->claim == STORE_HELD)
+        out->remaining_ms = cur.lease_expires_ms - now_ms;
+    else if (out->claim == STORE_DONE) {
+        out->rec = cur; /* ownership moves to the caller */
+        memset(&cur, 0, sizeof cur);
+    }
+    store_record_clear(&cur);
+    return rc;
+}
+
+int store_acquire(struct store *st, const char *scope, const char *key,
+                  const uint8_t fp[STORE_FP_LEN], uint64_t now_ms,
+                  uint64_t lease_ms, uint64_t ttl_ms,
+                  struct store_acquire_out *out, struct sc_error *err)
+{
+    pthread_mutex_t *lock;
+    struct record_key k;
+    int rc;
+
+    memset(out, 0, sizeof *out);
+    if ((rc = record_key_make(&k, scope, key, err)) != 0)
+        return rc;
+    lock = stripe_of(st, k.buf, k.len);
+    pthread_mutex_lock(lock);
+    rc = acquire_locked(st, &k, fp, now_ms, lease_ms, ttl_ms, out, err);
+    pthread_mutex_unlock(lock);
+    return rc;
+}
+
+/* ---- complete, release, forget ---- */
+
+/* The first result stays: a worker may have seen it, and a replay must
+ * answer the same (a late holder whose lease lapsed ends here). */
+static int refuse_completed(const struct store_record *cur,
+                            const struct record_key *k, struct sc_error *err)
+{
+    if (cur->state != STORE_COMPLETED)
+        return 0;
+    set_absent(err, k, "already completed; the stored result stays");
+    return -EALREADY;
+}
+
+static int complete_locked(struct store *st, const struct record_key *k,
+                           uint64_t now_ms, uint64_t ttl_ms,
+                           const struct store_record *result,
+                           struct sc_error *err)
+{
+    struct store_record cur, done = *result;
+    int rc = load_live(st, k, now_ms, &cur, err);
+
+    if (rc == -ENOENT)
+        set_absent(err, k, "no live record to complete");
+    if (rc || (rc = refuse_completed(&cur, k, err)) != 0)
+        goto out;
+    done.state = STORE_COMPLETED;
+    done.attempt = cur.attempt;
+    memcpy(done.fingerprint, cur.fingerprint, STORE_FP_LEN);
+    done.created_ms = cur.created_ms;
+    done.lease_expires_ms = now_ms; /* the lease ends with the result */
+    done.completed_ms = now_ms;
+    done.expires_ms = add_sat(now_ms, ttl_ms);
+    rc = save(st, k, &done, err);
+out:
+    store_record_clear(&cur);
+    return rc;
+}
+
+int store_complete(struct store *st, const char *scope, const char *key,
+                   uint64_t now_ms, uint64_t ttl_ms, int status,
+                   const struct store_header *headers, size_t n_headers,
+                   const uint8_t *body, size_t body_len, bool body_omitted,
+                   struct sc_error *err)
+{
+    /* Borrows the caller's headers and body for encoding only; never
+     * cleared, so the casts drop const without writing through it. */
+    struct store_record result = {
+        .status = status,
+        .headers = (struct store_header *)headers,
+        .n_headers = n_headers,
+        .body = body_omitted ? NULL : (uint8_t *)body,
+        .body_len = body_omitted ? 0 : body_len,
+        .body_omitted = body_omitted,
+    };
+    pthread_mutex_t *lock;
+    struct record_key k;
+    int rc;
+
+    if ((rc = record_key_make(&k, scope, key, err)) != 0)
+        return rc;
+    lock = stripe_of(st, k.buf, k.len);
+    pthread_mutex_lock(lock);
+    rc = complete_locked(st, &k, now_ms, ttl_ms, &result, err);
+    pthread_mutex_unlock(lock);
+    return rc;
+}
+
+static int release_locked(struct store *st, const struct record_key *k,
+                          uint64_t now_ms, uint64_t ttl_ms,
+                          struct sc_error *err)
+{
+    struct store_record cur;
+    int rc = load_live(st, k, now_ms, &cur, err);
+
+    if (rc == -ENOENT)
+        set_absent(err, k, "no live record to release");
+    if (rc || (rc = refuse_completed(&cur, k, err)) != 0)
+        goto out;
+    cur.lease_expires_ms = now_ms;
+    cur.expires_ms = add_sat(now_ms, ttl_ms);
+    rc = save(st, k, &cur, err);
+out:
+    store_record_clear(&cur);
+    return rc;
+}
+
+int store_release(struct store *st, const char *scope, const char *key,
+                  uint64_t now_ms, uint64_t ttl_ms, struct sc_error *err)
+{
+    pthread_mutex_t *lock;
+    struct record_key k;
+    int rc;
+
+    if ((rc = record_key_make(&k, scope, key, err)) != 0)
+        return rc;
+    lock = stripe_of(st, k.buf, k.len);
+    pthread_mutex_lock(lock);
+    rc = release_locked(st, &k, now_ms, ttl_ms, err);
+    pthread_mutex_unlock(lock);
+    return rc;
+}
+
+/* Deletes whatever is stored, expired or unreadable alike: forget takes no
+ * clock, and it is how an operator clears a record that fails to decode. */
+static int forget_locked(struct store *st, const struct record_key *k,
+                         struct sc_error *err)
+{
+    char *val, *msg;
+    size_t len;
+    int rc = db_get(st, k->buf, k->len, &val, &len, &msg);
+
+    if (rc == -EIO)
+        return db_error(err, "read", k, msg);
+    if (rc == -ENOENT) {
+        set_absent(err, k, "no record to forget");
+        return rc;
+    }
+    rocksdb_free(val);
+    rocksdb_delete(st->db, st->wo, k->buf, k->len, &msg);
+    return msg ? db_error(err, "delete", k, msg) : 0;
+}
+
+int store_forget(struct store *st, const char *scope, const char *key,
+                 struct sc_error *err)
+{
+    pthread_mutex_t *lock;
+    struct record_key k;
+    int rc;
+
+    if ((rc = record_key_make(&k, scope, key, err)) != 0)
+        return rc;
+    lock = stripe_of(st, k.buf, k.len);
+    pthread_mutex_lock(lock);
+    rc = forget_locked(st, &k, err);
+    pthread_mutex_unlock(lock);
+    return rc;
+}
+
+/* ---- sweep ---- */
+
+struct sweep {
+    uint64_t now_ms;
+    size_t max;     /* deletions allowed */
+    size_t removed;
+    size_t budget;  /* records left to examine */
+};
+
+static bool expired_value(const char *val, size_t len, uint64_t now_ms)
+{
+    uint64_t expires;
+
+    return record_peek_expiry((const uint8_t *)val, len, &expires) == 0 &&
+           expires < now_ms;
+}
+
+/* The iterator's view is a snapshot: an acquire may have rewritten the key
+ * since, so it is read again under the key's stripe before deleting. Not
+ * synced even in sync mode: a delete lost to a power cut leaves a record
+ * that is still expired and is swept again. */
+static int sweep_one(struct store *st, const char *key, size_t klen,
+                     struct sweep *sw, struct sc_error *err)
+{
+    pthread_mutex_t *lock = stripe_of(st, key, klen);
+    char *val = NULL, *msg = NULL;
+    size_t len;
+    int rc;
+
+    pthread_mutex_lock(lock);
+    rc = db_get(st, key, klen, &val, &len, &msg);
+    if (rc == 0 && expired_value(val, len, sw->now_ms)) {
+        rocksdb_delete(st->db, st->wo_sweep, key, klen, &msg);
+        if (!msg)
+            sw->removed++;
+    }
+    pthread_mutex_unlock(lock);
+    rocksdb_free(val);
+    if (!msg)
+        return 0;
+    sc_error_set(err, "store: sweep failed: %s", msg);
+    rocksdb_free(msg);
+    return -EIO;
+}
+
+/* The cursor is the key's successor in byte order (the key with '\0'
+ * appended), so seeking to it resumes just after the key. */
+static void set_cursor(struct store *st, const char *key, size_t klen)
+{
+    if (klen > CURSOR_MAX - 1)
+        klen = CURSOR_MAX - 1; /* never for record_key keys */
+    memcpy(st->cursor, key, klen);
+    st->cursor[klen] = '\0';
+    st->cursor_len = klen + 1;
+}
+
+static int key_cmp(const char *a, size_t alen, const char *b, size_t blen)
+{
+    int c = memcmp(a, b, alen < blen ? alen : blen);
+
+    return c ? c : (alen > blen) - (alen < blen);
+}
+
+/* Examines records from the iterator's position until the end, a key at or
+ * past stop (when stop_len), or a limit. 1 at the end, 0 when stopped. */
+static int sweep_run(struct store *st, rocksdb_iterator_t *it,
+                     struct sweep *sw, const char *stop, size_t stop_len,
+                     struct sc_error *err)
+{
+    char *msg = NULL;
+
+    for (; rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t klen, vlen;
+        const char *key = rocksdb_iter_key(it, &klen);
+        const char *val = rocksdb_iter_value(it, &vlen);
+        int rc;
+
+        if ((stop_len && key_cmp(key, klen, stop, stop_len) >= 0) ||
+            sw->removed == sw->max || sw->budget == 0)
+            return 0;
+        sw->budget--;
+        set_cursor(st, key, klen);
+        if (expired_value(val, vlen, sw->now_ms) &&
+            (rc = sweep_one(st, key, klen, sw, err)) != 0)
+            return rc;
+    }
+    rocksdb_iter_get_error(it, &msg);
+    if (!msg)
+        return 1;
+    sc_error_set(err, "store: sweep failed: %s", msg);
+    rocksdb_free(msg);
+    return -EIO;
+}
+
+/* From the cursor to the end, then around from the beginning up to where
+ * this call started: at most one lap per call. */
+static int sweep_lap(struct store *st, rocksdb_iterator_t *it,
+                     struct sweep *sw, struct sc_error *err)
+{
+    char start[CURSOR_MAX];
+    size_t start_len = st->cursor_len;
+    int rc;
+
+    memcpy(start, st->cursor, start_len);
+    if (start_len)
+        rocksdb_iter_seek(it, start, start_len);
+    else
+        rocksdb_iter_seek_to_first(it);
+    rc = sweep_run(st, it, sw, NULL, 0, err);
+    if (rc == 1) {
+        st->cursor_len = 0;
+        if (start_len) {
+            rocksdb_iter_seek_to_first(it);
+            rc = sweep_run(st, it, sw, start, start_len, err);
+            if (rc == 1)
+                st->cursor_len = 0;
+        }
+    }
+    return rc < 0 ? rc : 0;
+}
+
+int store_sweep(struct store *st, uint64_t now_ms, size_t max, size_t *removed,
+                struct sc_error *err)
+{
+    struct sweep sw = {
+        .now_ms = now_ms,
+        .max = max,
+        .budget = max > SIZE_MAX / SWEEP_SCAN_FACTOR ? SIZE_MAX
+                                                     : max * SWEEP_SCAN_FACTOR,
+    };
+    rocksdb_iterator_t *it;
+    int rc;
+
+    *removed = 0;
+    if (max == 0)
+        return 0;
+    pthread_mutex_lock(&st->sweep_lock);
+    it = rocksdb_create_iterator(st->db, st->ro_scan);
+    rc = sweep_lap(st, it, &sw, err);
+    rocksdb_iter_destroy(it);
+    pthread_mutex_unlock(&st->sweep_lock);
+    *removed = sw.removed;
+    return rc;
+}
