@@ -97,9 +97,9 @@ Test(gcra, init_sets_interval_and_tolerance)
     gcra_init(&g, 0.5, 1);
     cr_expect_eq(g.t_ns, 2 * SEC);
     cr_expect_eq(g.tau_ns, 0);
-    gcra_init(&g, 3, 2);                /* 333333333.3 rounds down */
-    cr_expect_eq(g.t_ns, 333333333ull);
-    cr_expect_eq(g.tau_ns, 333333333ull);
+    gcra_init(&g, 3, 2);                /* 333333333.3 rounds up: never faster */
+    cr_expect_eq(g.t_ns, 333333334ull);
+    cr_expect_eq(g.tau_ns, 333333334ull);
     gcra_init(&g, 7, 1);                /* 142857142.9 rounds up */
     cr_expect_eq(g.t_ns, 142857143ull);
     gcra_init(&g, 1.0 / 60, 1);         /* 1/m */

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -953,5 +954,57 @@ Test(store, concurrent_acquirers_exactly_one_wins)
         pthread_barrier_destroy(&go);
         cr_assert_eq(acquired, 1, "round %d: %d acquired", round, acquired);
         cr_assert_eq(held, RACERS - 1);
+    }
+}
+
+struct sweeper {
+    atomic_bool stop;
+    uint64_t now;
+    int rc;
+};
+
+static void *sweep_loop(void *arg)
+{
+    struct sweeper *s = arg;
+    struct sc_error e;
+    size_t removed;
+
+    while (!atomic_load(&s->stop) && s->rc == 0)
+        s->rc = store_sweep(st, s->now, 1000, &removed, &e);
+    return NULL;
+}
+
+/* The sweeper scans a snapshot; a key re-acquired after the snapshot must
+ * survive it (sweep_one reads the key again under its stripe). */
+Test(store, sweep_never_deletes_a_record_acquired_meanwhile)
+{
+    struct sweeper s = {.now = t0 + 10};
+    char key[32];
+    pthread_t th;
+
+    for (int round = 0; round < 20; round++) {
+        for (int i = 0; i < 300; i++) {
+            struct store_acquire_out out;
+
+            snprintf(key, sizeof key, "r%02d-%04d", round, i);
+            acquire_ex(key, fp_a, t0, 1, 1, &out); /* expires at t0 + 2 */
+        }
+        atomic_store(&s.stop, false);
+        cr_assert_eq(pthread_create(&th, NULL, sweep_loop, &s), 0);
+        for (int i = 299; i >= 0; i--) {
+            snprintf(key, sizeof key, "r%02d-%04d", round, i);
+            /* Expired, hence new: attempt 1 whether or not swept yet. */
+            expect_acquired(key, fp_a, t0 + 10, 1);
+        }
+        atomic_store(&s.stop, true);
+        pthread_join(th, NULL);
+        cr_assert_eq(s.rc, 0);
+        for (int i = 0; i < 300; i++) {
+            struct store_record r;
+
+            snprintf(key, sizeof key, "r%02d-%04d", round, i);
+            cr_assert_eq(get(key, t0 + 10, &r), 0, "%s was swept", key);
+            store_record_clear(&r);
+        }
     }
 }
