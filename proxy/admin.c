@@ -12,6 +12,9 @@
 #include <openssl/evp.h>
 
 #include "proxy/app.h"
+#include "policies/gcra.h"
+#include "proxy/metrics.h"
+#include "proxy/pacing.h"
 #include "proxy/server.h"
 #include "store/store.h"
 #include "util/clock.h"
@@ -126,6 +129,73 @@ static enum MHD_Result idempotency(struct app *app, struct MHD_Connection *c,
     return reply(c, 503, "text/plain", "idempotency store unavailable\n", false);
 }
 
+/* ---- /metrics ----------------------------------------------------------- */
+
+static void gauge_head(FILE *f, const char *name, const char *help)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
+}
+
+/* Gauges are read at scrape time from the live state, not recorded. */
+static void policy_gauges(FILE *f, struct app *app)
+{
+    const struct sc_config *cfg = app->cfg;
+    uint64_t now = clock_mono_ns();
+
+    gauge_head(f, "sluice_bucket_tokens", "Permits available now in the policy's bucket.");
+    for (size_t i = 0; i < cfg->n_policies; i++)
+        if (app->pacing.pol[i].has_bucket)
+            fprintf(f, "sluice_bucket_tokens{policy=\"%s\"} %u\n", cfg->policies[i].name,
+                    gcra_available(&app->pacing.pol[i].bucket.g, now, NULL));
+    gauge_head(f, "sluice_inflight", "Requests of the policy in flight upstream.");
+    for (size_t i = 0; i <= cfg->n_policies; i++) {
+        struct policy_state *ps = pacing_policy(&app->pacing, i < cfg->n_policies ? (long)i : -1);
+        fprintf(f, "sluice_inflight{policy=\"%s\"} %u\n",
+                i < cfg->n_policies ? cfg->policies[i].name : "default", pacing_inflight(ps));
+    }
+    gauge_head(f, "sluice_cooldown_seconds", "Seconds left of the cooldown an upstream imposed.");
+    for (size_t i = 0; i < cfg->n_policies; i++) {
+        uint64_t until = atomic_load(&app->pacing.pol[i].bucket.cooldown_until);
+        if (app->pacing.pol[i].has_bucket)
+            fprintf(f, "sluice_cooldown_seconds{policy=\"%s\"} %.3f\n", cfg->policies[i].name,
+                    until > now ? (double)(until - now) / 1e9 : 0.0);
+    }
+}
+
+static char *gauges(struct app *app)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+
+    if (!f)
+        return NULL;
+    policy_gauges(f, app);
+    gauge_head(f, "sluice_leases_active", "Durable idempotency leases held by requests in flight.");
+    fprintf(f, "sluice_leases_active %ld\n", atomic_load(&app->leases_active));
+    gauge_head(f, "sluice_store_records", "Records in the idempotency store (estimate).");
+    fprintf(f, "sluice_store_records %llu\n", (unsigned long long)store_count(app->store));
+    gauge_head(f, "sluice_connections", "Open worker connections.");
+    fprintf(f, "sluice_connections %ld\n", atomic_load(&app->conns));
+    gauge_head(f, "sluice_ready", "1 when /readyz answers 200.");
+    fprintf(f, "sluice_ready %d\n", atomic_load(&app->ready) && !atomic_load(&app->draining));
+    if (fclose(f) != 0) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+static enum MHD_Result get_metrics(struct app *app, struct MHD_Connection *c)
+{
+    char *g = gauges(app), *text = metrics_render(&app->metrics, g);
+
+    free(g);
+    if (!text)
+        return reply(c, 500, "text/plain", "out of memory\n", false);
+    return reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, true);
+}
+
 static enum MHD_Result route_admin(struct app *app, struct MHD_Connection *c,
                                    const char *url, const char *method)
 {
@@ -142,6 +212,8 @@ static enum MHD_Result route_admin(struct app *app, struct MHD_Connection *c,
     }
     if (strcmp(url, "/config") == 0 && get)
         return get_config(app, c);
+    if (strcmp(url, "/metrics") == 0 && get)
+        return get_metrics(app, c);
     if (strncmp(url, "/idempotency/", 13) == 0 && (get || !strcmp(method, "DELETE")))
         return idempotency(app, c, url + 13, !get);
     if (!strcmp(url, "/healthz") || !strcmp(url, "/readyz") ||

@@ -217,6 +217,12 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
     }
     if ((rc = store_init(app, err)) != 0)
         return rc;
+    /* One shard per loop plus one for the main and admin threads. */
+    metrics_init(&app->metrics, resolve_threads(cfg) + 1);
+    if (metrics_ids_build(&app->metrics, cfg, &app->ids) != 0) {
+        sc_error_set(err, "out of memory for metrics");
+        return -ENOMEM;
+    }
     app->listen_fd = server_listen(&cfg->listen, 1024, err);
     if (app->listen_fd < 0)
         return app->listen_fd;
@@ -257,6 +263,9 @@ void app_free(struct app *app)
     store_close(app->store);
     if (app->claims.table)
         claims_free(&app->claims);
+    metrics_ids_free(&app->ids);
+    if (app->metrics.n_shards)
+        metrics_free(&app->metrics);
     if (app->listen_fd >= 0)
         close(atomic_exchange(&app->listen_fd, -1));
     for (size_t i = 0; app->tls && app->cfg && i < app->cfg->n_upstreams; i++)

@@ -10,6 +10,7 @@
 
 #include "policies/config.h"
 #include "proxy/claims.h"
+#include "proxy/metrics.h"
 #include "proxy/pacing.h"
 #include "proxy/server.h"
 #include "util/error.h"
@@ -25,6 +26,9 @@ struct app {
     struct claims claims;       /* keys claimed by requests not yet forwarded */
     struct event *sweep_ev;     /* reclaims expired records, off the loops */
     atomic_long store_errors;
+    atomic_long leases_active;  /* durable leases held by requests in flight */
+    struct metrics metrics;     /* shard i: loop i; the last: main and admin */
+    struct metrics_ids ids;
     SSL_CTX **tls;              /* per upstream; NULL for http */
     atomic_int listen_fd;       /* closed by the last loop to quiesce */
     atomic_uint quiesced;

@@ -49,6 +49,7 @@ void *exchange_uri_log(void *cls, const char *uri, struct MHD_Connection *c)
     ex->mc = c;
     ex->cfg = w->app->cfg;
     ex->t0_ns = clock_mono_ns();
+    ex->t0_wall_ms = clock_wall_ms();
     /* "" and "?q" have an empty path, which HTTP says is "/". */
     if (*o == '\0' || *o == '?') {
         if (asprintf(&ex->target, "/%s", o) < 0)
@@ -482,6 +483,66 @@ static void log_exchange(const struct exchange *ex)
     log_access(&e);
 }
 
+/* Sluice-Enqueued-At: Unix seconds (a fraction allowed). */
+static void record_queue_age(const struct exchange *ex, struct metrics_shard *sh,
+                             const struct metrics_ids *ids, size_t r)
+{
+    const char *v = MHD_lookup_connection_value(ex->mc, MHD_HEADER_KIND,
+                                                "Sluice-Enqueued-At");
+    char *end;
+    double at;
+
+    if (!v)
+        return;
+    at = strtod(v, &end);
+    if (end == v || *end || !(at > 0 && at < 1e11)) {
+        metrics_add(sh, ids->queue_age_bad[r], 1);
+        return;
+    }
+    at = (double)ex->t0_wall_ms / 1000.0 - at;
+    metrics_observe(sh, H_QUEUE_AGE, ids->queue_age[r], at > 0 ? at : 0);
+}
+
+static void record_upstream(const struct exchange *ex, struct metrics_shard *sh,
+                            const struct metrics_ids *ids)
+{
+    const struct up_request *u = &ex->ureq;
+    size_t up = ex->route->upstream;
+
+    if (!u->done_ns || !u->sent_ns)
+        return;
+    metrics_add(sh, ids->up_codes[up * UC__COUNT +
+                                  metrics_up_code(u->resp.result, u->resp.status)], 1);
+    metrics_observe(sh, H_DURATION, ids->up_duration[up],
+                    (double)(u->done_ns - u->sent_ns) / 1e9);
+}
+
+static void record_metrics(const struct exchange *ex)
+{
+    struct app *app = ex->w->app;
+    struct metrics_shard *sh = &app->metrics.shards[ex->w->idx];
+    const struct metrics_ids *ids = &app->ids;
+    size_t r = ex->route ? (size_t)(ex->route - ex->cfg->routes) : ids->n_routes;
+    size_t p = ex->route && ex->route->policy >= 0 ? (size_t)ex->route->policy
+                                                   : ids->n_policies;
+
+    metrics_add(sh, ids->requests[(r * OUT__COUNT + ex->outcome) * R__COUNT + ex->reason], 1);
+    metrics_observe(sh, H_DURATION, ids->req_duration[r],
+                    (double)(clock_mono_ns() - ex->t0_ns) / 1e9);
+    record_queue_age(ex, sh, ids, r);
+    if (!ex->route)
+        return;
+    if (ex->shadow && !strcmp(ex->shadow, "rate_limited"))
+        metrics_add(sh, ids->shadow[r], 1);
+    if (ex->has_slot || ex->ureq.sent_ns)
+        metrics_observe(sh, H_PERMIT_WAIT, ids->permit_wait[p],
+                        (double)ex->permit_wait_ns / 1e9);
+    if (ex->kind == ANSWER_INSTRUCTION && ex->outcome == OUT_REQUEUE)
+        metrics_observe(sh, H_REQUEUE_DELAY, ids->requeue_delay[p * R__COUNT + ex->reason],
+                        (double)ex->instr.delay_ms / 1000.0);
+    record_upstream(ex, sh, ids);
+}
+
 void exchange_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                         enum MHD_RequestTerminationCode toe)
 {
@@ -489,8 +550,11 @@ void exchange_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 
     if (!ex)
         return;
-    if (ex->state == EX_ANSWERED && ex->cfg->log.access)
-        log_exchange(ex);
+    if (ex->state == EX_ANSWERED) {
+        record_metrics(ex);
+        if (ex->cfg->log.access)
+            log_exchange(ex);
+    }
     exchange_free(ex);
     *con_cls = NULL;
 }

@@ -27,10 +27,17 @@ static const char *scope(const struct exchange *ex)
     return ex->pol->name;
 }
 
+static void count_store_error(struct exchange *ex)
+{
+    struct app *app = ex->w->app;
+
+    metrics_add(&app->metrics.shards[ex->w->idx], app->ids.store_errors, 1);
+}
+
 static void store_failed(struct exchange *ex, const char *what,
                          const struct sc_error *err)
 {
-    atomic_fetch_add(&ex->w->app->store_errors, 1);
+    count_store_error(ex);
     log_error("policy %s: idempotency store %s failed: %s", scope(ex), what,
               err->text);
     ex_instruct(ex, OUT_REQUEUE, R_STORE_UNAVAILABLE, 1000,
@@ -167,6 +174,7 @@ bool ex_idem_lease(struct exchange *ex)
     case STORE_ACQUIRED:
         ex->attempt = out.attempt;
         ex->leased = true;
+        atomic_fetch_add(&ex->w->app->leases_active, 1);
         claims_forwarded(&ex->w->app->claims, scope(ex), ex->key,
                          clock_mono_ns() + id->lease_ms * NS_PER_MS);
         return true;
@@ -231,7 +239,7 @@ static void complete(struct exchange *ex)
     if (rc != 0) {
         /* The side effect happened; the worker must still learn the truth.
          * The lease stays, so a duplicate waits for its expiry. */
-        atomic_fetch_add(&ex->w->app->store_errors, 1);
+        count_store_error(ex);
         log_error("policy %s: cannot store the completed result of a key: %s",
                   scope(ex), rc == -ENOMEM ? "out of memory" : err.text);
     }
@@ -243,7 +251,7 @@ static void release(struct exchange *ex)
 
     if (store_release(ex->w->app->store, scope(ex), ex->key, clock_wall_ms(),
                       ex->pol->idem.ttl_ms, &err) != 0 && err.text[0]) {
-        atomic_fetch_add(&ex->w->app->store_errors, 1);
+        count_store_error(ex);
         log_error("policy %s: cannot release a lease: %s", scope(ex), err.text);
     }
 }
@@ -271,6 +279,9 @@ void ex_idem_result(struct exchange *ex)
 
 void ex_idem_done(struct exchange *ex)
 {
+    if (ex->leased)
+        atomic_fetch_sub(&ex->w->app->leases_active, 1);
+    ex->leased = false;
     if (ex->claimed)
         claims_drop(&ex->w->app->claims, scope(ex), ex->key);
     ex->claimed = false;

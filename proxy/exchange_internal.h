@@ -81,6 +81,7 @@ struct exchange {
     bool rate_headers;      /* add RateLimit-Policy / RateLimit */
     struct up_request ureq;
     uint64_t t0_ns;
+    uint64_t t0_wall_ms;
     TAILQ_ENTRY(exchange) link;
 };
 

@@ -157,7 +157,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd,
 
     if (atomic_fetch_add(&w->app->conns, 1) >= max) {
         atomic_fetch_sub(&w->app->conns, 1);
-        atomic_fetch_add(&w->app->conns_refused, 1);
+        metrics_add(&w->app->metrics.shards[w->idx], w->app->ids.conns_refused, 1);
         close(fd);
         return;
     }

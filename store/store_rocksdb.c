@@ -74,8 +74,9 @@ static int db_error(struct sc_error *err, const char *op,
     return -EIO;
 }
 
-static void set_absent(struct sc_error *err, const struct record_key *k,
-                       const char *what)
+/* A message about the record at k, naming it as scope/key. */
+static void key_error(struct sc_error *err, const struct record_key *k,
+                      const char *what)
 {
     size_t ns = strlen(k->buf);
 
@@ -113,7 +114,7 @@ static int load(struct store *st, const struct record_key *k,
         return rc;
     rc = record_decode((const uint8_t *)val, len, rec, &derr);
     if (rc)
-        set_absent(err, k, derr.text);
+        key_error(err, k, derr.text);
     rocksdb_free(val);
     return rc;
 }
@@ -373,7 +374,8 @@ static int take_lease(struct store *st, const struct record_key *k,
     return rc;
 }
 
-/* Called with k's stripe held; cur is the live record, taken over. */
+/* Called with k's stripe held, so the read and the write below are one
+ * step for every other caller of this key. */
 static int acquire_locked(struct store *st, const struct record_key *k,
                           const uint8_t fp[STORE_FP_LEN], uint64_t now_ms,
                           uint64_t lease_ms, uint64_t ttl_ms,
@@ -433,7 +435,7 @@ static int refuse_completed(const struct store_record *cur,
 {
     if (cur->state != STORE_COMPLETED)
         return 0;
-    set_absent(err, k, "already completed; the stored result stays");
+    key_error(err, k, "already completed; the stored result stays");
     return -EALREADY;
 }
 
@@ -445,8 +447,10 @@ static int complete_locked(struct store *st, const struct record_key *k,
     struct store_record cur, done = *result;
     int rc = load_live(st, k, now_ms, &cur, err);
 
+    /* Unlike release, a completion with no record is a failure: the result
+     * cannot be kept, so it comes with a message. */
     if (rc == -ENOENT)
-        set_absent(err, k, "no live record to complete");
+        key_error(err, k, "no live record to complete");
     if (rc || (rc = refuse_completed(&cur, k, err)) != 0)
         goto out;
     done.state = STORE_COMPLETED;
@@ -498,8 +502,8 @@ static int release_locked(struct store *st, const struct record_key *k,
     struct store_record cur;
     int rc = load_live(st, k, now_ms, &cur, err);
 
-    if (rc == -ENOENT)
-        set_absent(err, k, "no live record to release");
+    /* -ENOENT is an answer, not a failure: err stays as it was, as for
+     * store_get (the proxy logs only failures that come with a message). */
     if (rc || (rc = refuse_completed(&cur, k, err)) != 0)
         goto out;
     cur.lease_expires_ms = now_ms;
@@ -537,10 +541,8 @@ static int forget_locked(struct store *st, const struct record_key *k,
 
     if (rc == -EIO)
         return db_error(err, "read", k, msg);
-    if (rc == -ENOENT) {
-        set_absent(err, k, "no record to forget");
-        return rc;
-    }
+    if (rc == -ENOENT)
+        return rc; /* an answer: err untouched, as in release */
     rocksdb_free(val);
     rocksdb_delete(st->db, st->wo, k->buf, k->len, &msg);
     return msg ? db_error(err, "delete", k, msg) : 0;

@@ -29,7 +29,7 @@ REPO=$(cd "$HERE/../.." && pwd)
 BUILD_DIR=${BUILD_DIR:-$REPO/build-bench-rate}
 HELPER="python3 $HERE/ratestat.py"
 
-say() { printf '%s\n' "$*" >&2; }
+say() { printf "%s\n" "$*" >&2; }
 die() { say "rate.sh: $*"; exit 1; }
 scaled() { python3 -c "import sys; print(max(1, round(float(sys.argv[1]) * float(sys.argv[2]))))" "$1" "$DURATION_SCALE"; }
 
@@ -182,7 +182,8 @@ EOF
     start_sluice "$d"
     # Open upstream connections first (an unpaced route to the same upstream), so that the
     # first paced requests do not pay a TCP connect that the later ones skip.
-    run_wrk "$d/warm.txt" 32 2 1 "http://127.0.0.1:$SLUICE_PORT/warm/"
+    curl -sf --parallel --parallel-immediate --parallel-max 16 \
+        "http://127.0.0.1:$SLUICE_PORT/warm/[1-16]" >/dev/null || die "warm-up through sluice failed"
     stub POST /_stub/reset >/dev/null
     run_wrk "$d/wrk.txt" "$c" "$(( c < 2 ? c : 2 ))" "$secs" "http://127.0.0.1:$SLUICE_PORT/rate"
     # Requests still waiting for their permit would keep arriving: stop sluice first (drain

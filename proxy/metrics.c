@@ -1,0 +1,420 @@
+#define _GNU_SOURCE
+#include "proxy/metrics.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proxy/upstream.h"
+
+/* ---- bucket bounds (seconds) -------------------------------------------- */
+
+static const double b_duration[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                    0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+static const double b_permit[] = {0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2,
+                                  5, 10, 30, 60, 120, 300};
+static const double b_days[] = {1, 5, 10, 30, 60, 300, 900, 1800, 3600, 21600,
+                                86400, 259200, 604800};
+
+static const struct {
+    const double *b;
+    size_t n;
+} bounds[H__COUNT] = {
+    [H_DURATION] = {b_duration, sizeof b_duration / sizeof *b_duration},
+    [H_PERMIT_WAIT] = {b_permit, sizeof b_permit / sizeof *b_permit},
+    [H_QUEUE_AGE] = {b_days, sizeof b_days / sizeof *b_days},
+    [H_REQUEUE_DELAY] = {b_days, sizeof b_days / sizeof *b_days},
+};
+
+/* A histogram takes n buckets + the +Inf bucket + count + sum (in µs, so it
+ * stays an integer an atomic can add). */
+static size_t hist_slots(enum hist_kind k)
+{
+    return bounds[k].n + 3;
+}
+
+/* ---- the registry ------------------------------------------------------- */
+
+enum series_type { S_COUNTER = 0, S_HIST };
+
+struct series {
+    const char *name;       /* static */
+    char *labels;           /* rendered label set, owned: route="sync",... */
+    enum series_type type;
+    enum hist_kind hk;
+    uint32_t slot;
+};
+
+struct family {
+    const char *name, *type, *help;
+};
+
+static const struct family families[] = {
+    {"sluice_requests_total", "counter", "Requests answered, by route, Sluice-Outcome and reason."},
+    {"sluice_upstream_responses_total", "counter", "Upstream answers and transport failures, by class."},
+    {"sluice_request_duration_seconds", "histogram", "Time from request arrival to answer."},
+    {"sluice_permit_wait_seconds", "histogram", "Time spent waiting for a permit and a concurrency slot."},
+    {"sluice_upstream_duration_seconds", "histogram", "Time from sending upstream to the whole response."},
+    {"sluice_queue_age_seconds", "histogram", "Age of the job from Sluice-Enqueued-At to its arrival at sluice."},
+    {"sluice_queue_age_invalid_total", "counter", "Requests whose Sluice-Enqueued-At was malformed (ignored)."},
+    {"sluice_requeue_delay_seconds", "histogram", "Delays handed to workers in requeue instructions."},
+    {"sluice_config_reloads_total", "counter", "Config reloads, by result."},
+    {"sluice_store_errors_total", "counter", "Idempotency store operations that failed."},
+    {"sluice_connections_refused_total", "counter", "Worker connections closed at once over limits.max_connections."},
+};
+
+int metrics_init(struct metrics *m, unsigned n_shards)
+{
+    memset(m, 0, sizeof *m);
+    pthread_mutex_init(&m->mu, NULL);
+    m->n_shards = n_shards > METRICS_MAX_SHARDS ? METRICS_MAX_SHARDS : n_shards;
+    return 0;
+}
+
+void metrics_free(struct metrics *m)
+{
+    for (size_t i = 0; i < m->n_series; i++)
+        free(m->series[i].labels);
+    free(m->series);
+    for (unsigned s = 0; s < m->n_shards; s++)
+        for (size_t c = 0; c < m->n_chunks; c++)
+            free((void *)m->shards[s].chunks[c]);
+    pthread_mutex_destroy(&m->mu);
+    memset(m, 0, sizeof *m);
+}
+
+/* Makes sure every shard has room for `slots` slots. Chunks are added, never
+ * moved, so a thread writing an older slot is never disturbed. */
+static int ensure_slots(struct metrics *m, size_t slots)
+{
+    while (m->n_chunks * METRICS_CHUNK < slots) {
+        if (m->n_chunks == METRICS_MAX_CHUNKS)
+            return -ENOSPC;
+        for (unsigned s = 0; s < m->n_shards; s++) {
+            void *c = calloc(METRICS_CHUNK, sizeof(_Atomic uint64_t));
+            if (!c)
+                return -ENOMEM;
+            m->shards[s].chunks[m->n_chunks] = c;
+        }
+        m->n_chunks++;
+    }
+    return 0;
+}
+
+static long find(struct metrics *m, const char *name, const char *labels)
+{
+    for (size_t i = 0; i < m->n_series; i++)
+        if (strcmp(m->series[i].name, name) == 0 &&
+            strcmp(m->series[i].labels, labels) == 0)
+            return (long)m->series[i].slot;
+    return -1;
+}
+
+/* The slot of (name, labels), registering it when new. Returns -1 on error. */
+static long slot_of(struct metrics *m, const char *name, const char *labels,
+                    enum series_type t, enum hist_kind hk)
+{
+    long slot = find(m, name, labels);
+    size_t need = t == S_HIST ? hist_slots(hk) : 1;
+    struct series *s;
+
+    if (slot >= 0)
+        return slot;
+    if (m->n_series == m->cap_series) {
+        size_t cap = m->cap_series ? m->cap_series * 2 : 256;
+        struct series *n = realloc(m->series, cap * sizeof *n);
+        if (!n)
+            return -1;
+        m->series = n;
+        m->cap_series = cap;
+    }
+    if (ensure_slots(m, m->n_slots + need) != 0)
+        return -1;
+    s = &m->series[m->n_series];
+    s->labels = strdup(labels);
+    if (!s->labels)
+        return -1;
+    s->name = name;
+    s->type = t;
+    s->hk = hk;
+    s->slot = (uint32_t)m->n_slots;
+    m->n_slots += need;
+    m->n_series++;
+    return s->slot;
+}
+
+/* ---- ids for a config --------------------------------------------------- */
+
+static const char *up_code_names[UC__COUNT] = {
+    "2xx", "3xx", "4xx", "429", "5xx", "connect_error", "connection_lost", "timeout",
+};
+
+enum up_code metrics_up_code(int result, int status)
+{
+    if (result == UP_CONNECT_ERROR)
+        return UC_CONNECT_ERROR;
+    if (result == UP_CONNECTION_LOST)
+        return UC_CONNECTION_LOST;
+    if (result == UP_TIMEOUT)
+        return UC_TIMEOUT;
+    if (status == 429)
+        return UC_429;
+    if (status >= 500)
+        return UC_5XX;
+    if (status >= 400)
+        return UC_4XX;
+    if (status >= 300)
+        return UC_3XX;
+    return UC_2XX;
+}
+
+struct build {
+    struct metrics *m;
+    const struct sc_config *cfg;
+    struct metrics_ids *ids;
+    char labels[512];
+    int rc;
+};
+
+static uint32_t reg(struct build *b, const char *name, enum series_type t,
+                    enum hist_kind hk)
+{
+    long s = slot_of(b->m, name, b->labels, t, hk);
+
+    if (s < 0) {
+        b->rc = -ENOMEM;
+        return 0;
+    }
+    return (uint32_t)s;
+}
+
+static const char *route_label(const struct sc_config *cfg, size_t r)
+{
+    return r < cfg->n_routes ? cfg->routes[r].name : "none";
+}
+
+static const char *policy_label(const struct sc_config *cfg, size_t p)
+{
+    return p < cfg->n_policies ? cfg->policies[p].name : "default";
+}
+
+static void build_routes(struct build *b)
+{
+    const struct sc_config *cfg = b->cfg;
+
+    for (size_t r = 0; r <= cfg->n_routes; r++) {
+        const char *rl = route_label(cfg, r);
+
+        for (int o = 0; o < OUT__COUNT; o++)
+            for (int rs = 0; rs < R__COUNT; rs++) {
+                snprintf(b->labels, sizeof b->labels,
+                         "route=\"%s\",outcome=\"%s\",reason=\"%s\"", rl,
+                         outcome_name(o), reason_name(rs));
+                b->ids->requests[(r * OUT__COUNT + o) * R__COUNT + rs] =
+                    reg(b, "sluice_requests_total", S_COUNTER, 0);
+            }
+        snprintf(b->labels, sizeof b->labels,
+                 "route=\"%s\",outcome=\"requeue\",reason=\"rate_limited\",shadow=\"true\"", rl);
+        b->ids->shadow[r] = reg(b, "sluice_requests_total", S_COUNTER, 0);
+        snprintf(b->labels, sizeof b->labels, "route=\"%s\"", rl);
+        b->ids->req_duration[r] = reg(b, "sluice_request_duration_seconds", S_HIST, H_DURATION);
+        b->ids->queue_age[r] = reg(b, "sluice_queue_age_seconds", S_HIST, H_QUEUE_AGE);
+        b->ids->queue_age_bad[r] = reg(b, "sluice_queue_age_invalid_total", S_COUNTER, 0);
+    }
+}
+
+static void build_policies(struct build *b)
+{
+    const struct sc_config *cfg = b->cfg;
+
+    for (size_t p = 0; p <= cfg->n_policies; p++) {
+        const char *pl = policy_label(cfg, p);
+
+        snprintf(b->labels, sizeof b->labels, "policy=\"%s\"", pl);
+        b->ids->permit_wait[p] = reg(b, "sluice_permit_wait_seconds", S_HIST, H_PERMIT_WAIT);
+        for (int rs = 0; rs < R__COUNT; rs++) {
+            snprintf(b->labels, sizeof b->labels, "policy=\"%s\",reason=\"%s\"", pl,
+                     reason_name(rs));
+            b->ids->requeue_delay[p * R__COUNT + rs] =
+                reg(b, "sluice_requeue_delay_seconds", S_HIST, H_REQUEUE_DELAY);
+        }
+    }
+}
+
+static void build_upstreams(struct build *b)
+{
+    const struct sc_config *cfg = b->cfg;
+
+    for (size_t u = 0; u < cfg->n_upstreams; u++) {
+        for (int c = 0; c < UC__COUNT; c++) {
+            snprintf(b->labels, sizeof b->labels, "upstream=\"%s\",code=\"%s\"",
+                     cfg->upstreams[u].name, up_code_names[c]);
+            b->ids->up_codes[u * UC__COUNT + c] =
+                reg(b, "sluice_upstream_responses_total", S_COUNTER, 0);
+        }
+        snprintf(b->labels, sizeof b->labels, "upstream=\"%s\"", cfg->upstreams[u].name);
+        b->ids->up_duration[u] = reg(b, "sluice_upstream_duration_seconds", S_HIST, H_DURATION);
+    }
+}
+
+static void build_process(struct build *b)
+{
+    snprintf(b->labels, sizeof b->labels, "result=\"ok\"");
+    b->ids->reloads_ok = reg(b, "sluice_config_reloads_total", S_COUNTER, 0);
+    snprintf(b->labels, sizeof b->labels, "result=\"error\"");
+    b->ids->reloads_error = reg(b, "sluice_config_reloads_total", S_COUNTER, 0);
+    b->labels[0] = '\0';
+    b->ids->store_errors = reg(b, "sluice_store_errors_total", S_COUNTER, 0);
+    b->ids->conns_refused = reg(b, "sluice_connections_refused_total", S_COUNTER, 0);
+}
+
+static int ids_alloc(struct metrics_ids *ids, const struct sc_config *cfg)
+{
+    size_t r = cfg->n_routes + 1, p = cfg->n_policies + 1, u = cfg->n_upstreams;
+
+    memset(ids, 0, sizeof *ids);
+    ids->n_routes = cfg->n_routes;
+    ids->n_policies = cfg->n_policies;
+    ids->n_upstreams = u;
+    ids->requests = calloc(r * OUT__COUNT * R__COUNT, sizeof(uint32_t));
+    ids->shadow = calloc(r, sizeof(uint32_t));
+    ids->req_duration = calloc(r, sizeof(uint32_t));
+    ids->queue_age = calloc(r, sizeof(uint32_t));
+    ids->queue_age_bad = calloc(r, sizeof(uint32_t));
+    ids->permit_wait = calloc(p, sizeof(uint32_t));
+    ids->requeue_delay = calloc(p * R__COUNT, sizeof(uint32_t));
+    ids->up_codes = calloc(u * UC__COUNT + 1, sizeof(uint32_t));
+    ids->up_duration = calloc(u + 1, sizeof(uint32_t));
+    return ids->requests && ids->shadow && ids->req_duration && ids->queue_age &&
+                   ids->queue_age_bad && ids->permit_wait && ids->requeue_delay &&
+                   ids->up_codes && ids->up_duration
+               ? 0 : -ENOMEM;
+}
+
+void metrics_ids_free(struct metrics_ids *ids)
+{
+    free(ids->requests);
+    free(ids->shadow);
+    free(ids->req_duration);
+    free(ids->queue_age);
+    free(ids->queue_age_bad);
+    free(ids->permit_wait);
+    free(ids->requeue_delay);
+    free(ids->up_codes);
+    free(ids->up_duration);
+    memset(ids, 0, sizeof *ids);
+}
+
+int metrics_ids_build(struct metrics *m, const struct sc_config *cfg,
+                      struct metrics_ids *ids)
+{
+    struct build b = {.m = m, .cfg = cfg, .ids = ids};
+
+    if (ids_alloc(ids, cfg) != 0) {
+        metrics_ids_free(ids);
+        return -ENOMEM;
+    }
+    pthread_mutex_lock(&m->mu);
+    build_routes(&b);
+    build_policies(&b);
+    build_upstreams(&b);
+    build_process(&b);
+    pthread_mutex_unlock(&m->mu);
+    if (b.rc != 0)
+        metrics_ids_free(ids);
+    return b.rc;
+}
+
+/* ---- recording ---------------------------------------------------------- */
+
+void metrics_observe(struct metrics_shard *s, enum hist_kind k, uint32_t base,
+                     double value)
+{
+    size_t i = 0, n = bounds[k].n;
+
+    /* The first bucket whose bound holds the value; +Inf is index n. */
+    while (i < n && value > bounds[k].b[i])
+        i++;
+    metrics_add(s, base + (uint32_t)i, 1);
+    metrics_add(s, base + (uint32_t)n + 1, 1);
+    metrics_add(s, base + (uint32_t)n + 2,
+                value > 0 ? (uint64_t)(value * 1e6 + 0.5) : 0);
+}
+
+/* ---- rendering ---------------------------------------------------------- */
+
+uint64_t metrics_sum(struct metrics *m, uint32_t slot)
+{
+    uint64_t sum = 0;
+
+    for (unsigned s = 0; s < m->n_shards; s++)
+        sum += atomic_load_explicit(&m->shards[s].chunks[slot / METRICS_CHUNK][slot % METRICS_CHUNK],
+                                    memory_order_relaxed);
+    return sum;
+}
+
+static void render_hist(FILE *f, struct metrics *m, const struct series *s)
+{
+    size_t n = bounds[s->hk].n;
+    uint64_t cum = 0, count = metrics_sum(m, s->slot + (uint32_t)n + 1);
+    const char *sep = s->labels[0] ? "," : "";
+
+    if (count == 0)
+        return;
+    for (size_t i = 0; i <= n; i++) {
+        cum += metrics_sum(m, s->slot + (uint32_t)i);
+        if (i < n)
+            fprintf(f, "%s_bucket{%s%sle=\"%g\"} %llu\n", s->name, s->labels, sep,
+                    bounds[s->hk].b[i], (unsigned long long)cum);
+        else
+            fprintf(f, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", s->name, s->labels, sep,
+                    (unsigned long long)cum);
+    }
+    fprintf(f, "%s_sum{%s} %.6f\n", s->name, s->labels,
+            (double)metrics_sum(m, s->slot + (uint32_t)n + 2) / 1e6);
+    fprintf(f, "%s_count{%s} %llu\n", s->name, s->labels, (unsigned long long)count);
+}
+
+static void render_family(FILE *f, struct metrics *m, const struct family *fam)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", fam->name, fam->help, fam->name,
+            fam->type);
+    for (size_t i = 0; i < m->n_series; i++) {
+        const struct series *s = &m->series[i];
+        uint64_t v;
+
+        if (strcmp(s->name, fam->name) != 0)
+            continue;
+        if (s->type == S_HIST) {
+            render_hist(f, m, s);
+            continue;
+        }
+        /* Zero series are left out: most outcome x reason pairs never occur. */
+        v = metrics_sum(m, s->slot);
+        if (v || !strcmp(fam->name, "sluice_config_reloads_total"))
+            fprintf(f, "%s%s%s%s %llu\n", s->name, s->labels[0] ? "{" : "",
+                    s->labels, s->labels[0] ? "}" : "", (unsigned long long)v);
+    }
+}
+
+char *metrics_render(struct metrics *m, const char *extra)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+
+    if (!f)
+        return NULL;
+    pthread_mutex_lock(&m->mu);
+    for (size_t i = 0; i < sizeof families / sizeof *families; i++)
+        render_family(f, m, &families[i]);
+    pthread_mutex_unlock(&m->mu);
+    if (extra)
+        fputs(extra, f);
+    if (fclose(f) != 0) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}

@@ -1,0 +1,99 @@
+/* Metrics (SPEC section 8). Every series is a slot id in a registry shared
+ * by the process; each event-loop thread owns a shard of counters indexed by
+ * slot id and adds to it without a lock shared with other threads (relaxed
+ * atomics on its own cache lines). A scrape sums the shards. Slots are keyed
+ * by metric name and label values, so a reload that keeps a route or policy
+ * name keeps its series: counters never reset on reload. Labels come only
+ * from config names and fixed sets, never from requests. */
+#ifndef SLUICE_PROXY_METRICS_H
+#define SLUICE_PROXY_METRICS_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "policies/config.h"
+#include "proxy/problem.h"
+
+#define METRICS_MAX_SHARDS 257   /* loops + one for the main/admin threads */
+#define METRICS_CHUNK 4096       /* slots per chunk; chunks never move */
+#define METRICS_MAX_CHUNKS 256
+
+enum hist_kind {
+    H_DURATION = 0,   /* request and upstream durations: 1 ms .. 60 s */
+    H_PERMIT_WAIT,    /* 1 ms .. 5 min */
+    H_QUEUE_AGE,      /* 1 s .. 7 d */
+    H_REQUEUE_DELAY,  /* 1 s .. 7 d */
+    H__COUNT
+};
+
+/* Upstream response classes of sluice_upstream_responses_total. */
+enum up_code {
+    UC_2XX = 0, UC_3XX, UC_4XX, UC_429, UC_5XX, UC_CONNECT_ERROR,
+    UC_CONNECTION_LOST, UC_TIMEOUT, UC__COUNT
+};
+
+struct metrics_shard {
+    _Atomic uint64_t *chunks[METRICS_MAX_CHUNKS];
+};
+
+struct series;
+
+struct metrics {
+    pthread_mutex_t mu;             /* registry changes and scrapes */
+    struct series *series;          /* registry, in slot order */
+    size_t n_series, cap_series;
+    size_t n_slots;                 /* slots handed out */
+    size_t n_chunks;                /* chunks allocated in every shard */
+    struct metrics_shard shards[METRICS_MAX_SHARDS];
+    unsigned n_shards;
+};
+
+/* Slot ids for one config: resolved once at load or reload. */
+struct metrics_ids {
+    size_t n_routes, n_policies, n_upstreams;
+    uint32_t *requests;       /* [(route+1) * OUT__COUNT * R__COUNT], route n = none */
+    uint32_t *shadow;         /* [route+1]: shadow rate_limited */
+    uint32_t *up_codes;       /* [upstream * UC__COUNT] */
+    uint32_t *req_duration;   /* [route+1] histogram base */
+    uint32_t *queue_age;      /* [route+1] */
+    uint32_t *queue_age_bad;  /* [route+1] counter */
+    uint32_t *permit_wait;    /* [policy+1], policy n = default */
+    uint32_t *up_duration;    /* [upstream] */
+    uint32_t *requeue_delay;  /* [(policy+1) * R__COUNT] */
+    uint32_t reloads_ok, reloads_error, store_errors, conns_refused;
+};
+
+int metrics_init(struct metrics *m, unsigned n_shards);
+void metrics_free(struct metrics *m);
+
+/* Registers (or finds) every series the config can produce. */
+int metrics_ids_build(struct metrics *m, const struct sc_config *cfg,
+                      struct metrics_ids *ids);
+void metrics_ids_free(struct metrics_ids *ids);
+
+/* Hot path: add to a counter / observe a histogram in the caller's shard. */
+static inline void metrics_add(struct metrics_shard *s, uint32_t slot, uint64_t v)
+{
+    atomic_fetch_add_explicit(&s->chunks[slot / METRICS_CHUNK][slot % METRICS_CHUNK],
+                              v, memory_order_relaxed);
+}
+void metrics_observe(struct metrics_shard *s, enum hist_kind k, uint32_t base,
+                     double value);
+
+/* Prometheus text exposition 0.0.4 of every series (owned, free()), with
+ * the gauges the caller appends through `extra` (may be NULL). */
+char *metrics_render(struct metrics *m, const char *extra);
+
+/* Sum of one slot over all shards. */
+uint64_t metrics_sum(struct metrics *m, uint32_t slot);
+
+/* For StatsD: calls fn for every counter and histogram slot whose total
+ * changed since the last call, with the delta. */
+typedef void (*metrics_delta_fn)(void *arg, const char *name, const char *tags,
+                                 enum hist_kind hk, int bucket, uint64_t delta);
+
+enum up_code metrics_up_code(int result, int status);
+
+#endif
