@@ -40,8 +40,10 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status,
 
 static enum MHD_Result get_config(struct app *app, struct MHD_Connection *c)
 {
-    char *json = config_to_json(app->cfg);
+    struct runtime *rt = runtime_acquire(app);
+    char *json = config_to_json(rt->cfg);
 
+    runtime_put(rt);
     if (!json)
         return reply(c, 500, "text/plain", "out of memory\n", false);
     return reply(c, 200, "application/json", json, true);
@@ -87,9 +89,13 @@ static json_t *record_json(const struct store_record *r, bool body)
     return j;
 }
 
-static bool known_policy(const struct app *app, const char *name)
+static bool known_policy(struct app *app, const char *name)
 {
-    return config_policy_index(app->cfg, name) >= 0;
+    struct runtime *rt = runtime_acquire(app);
+    bool known = config_policy_index(rt->cfg, name) >= 0;
+
+    runtime_put(rt);
+    return known;
 }
 
 static enum MHD_Result idempotency(struct app *app, struct MHD_Connection *c,
@@ -137,26 +143,27 @@ static void gauge_head(FILE *f, const char *name, const char *help)
 }
 
 /* Gauges are read at scrape time from the live state, not recorded. */
-static void policy_gauges(FILE *f, struct app *app)
+static void policy_gauges(FILE *f, struct runtime *rt)
 {
-    const struct sc_config *cfg = app->cfg;
+    const struct sc_config *cfg = rt->cfg;
+    struct pacing *pc = &rt->pacing;
     uint64_t now = clock_mono_ns();
 
     gauge_head(f, "sluice_bucket_tokens", "Permits available now in the policy's bucket.");
     for (size_t i = 0; i < cfg->n_policies; i++)
-        if (app->pacing.pol[i].has_bucket)
+        if (pc->pol[i]->has_bucket)
             fprintf(f, "sluice_bucket_tokens{policy=\"%s\"} %u\n", cfg->policies[i].name,
-                    gcra_available(&app->pacing.pol[i].bucket.g, now, NULL));
+                    gcra_available(&pc->pol[i]->bucket.g, now, NULL));
     gauge_head(f, "sluice_inflight", "Requests of the policy in flight upstream.");
     for (size_t i = 0; i <= cfg->n_policies; i++) {
-        struct policy_state *ps = pacing_policy(&app->pacing, i < cfg->n_policies ? (long)i : -1);
+        struct policy_state *ps = pacing_policy(pc, i < cfg->n_policies ? (long)i : -1);
         fprintf(f, "sluice_inflight{policy=\"%s\"} %u\n",
                 i < cfg->n_policies ? cfg->policies[i].name : "default", pacing_inflight(ps));
     }
     gauge_head(f, "sluice_cooldown_seconds", "Seconds left of the cooldown an upstream imposed.");
     for (size_t i = 0; i < cfg->n_policies; i++) {
-        uint64_t until = atomic_load(&app->pacing.pol[i].bucket.cooldown_until);
-        if (app->pacing.pol[i].has_bucket)
+        uint64_t until = atomic_load(&pc->pol[i]->bucket.cooldown_until);
+        if (pc->pol[i]->has_bucket)
             fprintf(f, "sluice_cooldown_seconds{policy=\"%s\"} %.3f\n", cfg->policies[i].name,
                     until > now ? (double)(until - now) / 1e9 : 0.0);
     }
@@ -164,13 +171,16 @@ static void policy_gauges(FILE *f, struct app *app)
 
 static char *gauges(struct app *app)
 {
+    struct runtime *rt;
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
 
     if (!f)
         return NULL;
-    policy_gauges(f, app);
+    rt = runtime_acquire(app);
+    policy_gauges(f, rt);
+    runtime_put(rt);
     gauge_head(f, "sluice_leases_active", "Durable idempotency leases held by requests in flight.");
     fprintf(f, "sluice_leases_active %ld\n", atomic_load(&app->leases_active));
     gauge_head(f, "sluice_store_records", "Records in the idempotency store (estimate).");
@@ -196,6 +206,18 @@ static enum MHD_Result get_metrics(struct app *app, struct MHD_Connection *c)
     return reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, true);
 }
 
+/* ---- /reload ------------------------------------------------------------ */
+
+static enum MHD_Result post_reload(struct app *app, struct MHD_Connection *c)
+{
+    char *msg = NULL;
+    int rc = app_reload(app, &msg);
+
+    if (!msg)
+        return reply(c, 500, "text/plain", "out of memory\n", false);
+    return reply(c, rc == 0 ? 200 : 400, "text/plain", msg, true);
+}
+
 static enum MHD_Result route_admin(struct app *app, struct MHD_Connection *c,
                                    const char *url, const char *method)
 {
@@ -214,6 +236,8 @@ static enum MHD_Result route_admin(struct app *app, struct MHD_Connection *c,
         return get_config(app, c);
     if (strcmp(url, "/metrics") == 0 && get)
         return get_metrics(app, c);
+    if (strcmp(url, "/reload") == 0 && !strcmp(method, "POST"))
+        return post_reload(app, c);
     if (strncmp(url, "/idempotency/", 13) == 0 && (get || !strcmp(method, "DELETE")))
         return idempotency(app, c, url + 13, !get);
     if (!strcmp(url, "/healthz") || !strcmp(url, "/readyz") ||
@@ -245,7 +269,7 @@ static enum MHD_Result on_admin(void *cls, struct MHD_Connection *c,
 struct MHD_Daemon *admin_start(struct app *app, struct sc_error *err)
 {
     struct MHD_Daemon *d;
-    int fd = server_listen(&app->cfg->admin, 64, err);
+    int fd = server_listen(&app->fixed.admin, 64, err);
 
     if (fd < 0)
         return NULL;
@@ -257,7 +281,7 @@ struct MHD_Daemon *admin_start(struct app *app, struct sc_error *err)
                          MHD_OPTION_END);
     if (!d) {
         sc_error_set(err, "cannot start the admin server on %s:%u",
-                     app->cfg->admin.host, app->cfg->admin.port);
+                     app->fixed.admin.host, app->fixed.admin.port);
         close(fd);
     }
     return d;

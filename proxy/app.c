@@ -1,7 +1,9 @@
+#define _GNU_SOURCE
 #include "proxy/app.h"
 
 #include <errno.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -21,37 +23,42 @@
 #define DRAIN_TICK_MS 20
 #define ABORT_GRACE_NS (2000ull * 1000 * 1000)
 
-static unsigned resolve_threads(const struct sc_config *cfg)
+static unsigned resolve_threads(uint32_t threads)
 {
-    long n = cfg->threads ? (long)cfg->threads : sysconf(_SC_NPROCESSORS_ONLN);
+    long n = threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN);
 
     return n > 0 ? (unsigned)n : 1;
 }
 
-static int tls_init(struct app *app, struct sc_error *err)
+static int fixed_init(struct app_fixed *f, const struct sc_config *cfg)
 {
-    const struct sc_config *cfg = app->cfg;
+    f->file = strdup(cfg->file ? cfg->file : "");
+    f->listen = cfg->listen;
+    f->listen.host = strdup(cfg->listen.host);
+    f->admin = cfg->admin;
+    f->admin.host = strdup(cfg->admin.host);
+    f->threads = cfg->threads;
+    f->max_header = cfg->limits.max_header;
+    f->max_connections = cfg->limits.max_connections;
+    f->store_path = strdup(cfg->store.path);
+    f->store_sync = cfg->store.sync;
+    f->backend = cfg->store.backend;
+    return f->file && f->listen.host && f->admin.host && f->store_path ? 0 : -ENOMEM;
+}
 
-    app->tls = calloc(cfg->n_upstreams ? cfg->n_upstreams : 1, sizeof *app->tls);
-    if (!app->tls) {
-        sc_error_set(err, "out of memory");
-        return -ENOMEM;
-    }
-    for (size_t i = 0; i < cfg->n_upstreams; i++) {
-        if (!cfg->upstreams[i].https)
-            continue;
-        app->tls[i] = up_tls_ctx_new(&cfg->upstreams[i], err);
-        if (!app->tls[i])
-            return -EINVAL;
-    }
-    return 0;
+static void fixed_free(struct app_fixed *f)
+{
+    free(f->file);
+    free(f->listen.host);
+    free(f->admin.host);
+    free(f->store_path);
+    memset(f, 0, sizeof *f);
 }
 
 static int workers_init(struct app *app, struct sc_error *err)
 {
     int rc;
 
-    app->n_workers = resolve_threads(app->cfg);
     app->workers = calloc(app->n_workers, sizeof *app->workers);
     if (!app->workers) {
         sc_error_set(err, "out of memory");
@@ -62,91 +69,18 @@ static int workers_init(struct app *app, struct sc_error *err)
         if (rc != 0)
             return rc;
     }
+    return 0;
+}
+
+static int workers_start(struct app *app, struct sc_error *err)
+{
     for (unsigned i = 0; i < app->n_workers; i++) {
-        rc = worker_start(&app->workers[i], err);
+        int rc = worker_start(&app->workers[i], err);
         if (rc != 0)
             return rc;
     }
     return 0;
 }
-
-/* ---- signals and the drain ---------------------------------------------- */
-
-static void stop_listening(struct app *app)
-{
-    for (unsigned i = 0; i < app->n_workers; i++)
-        worker_quiesce(&app->workers[i]);
-}
-
-static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
-{
-    struct app *app = arg;
-    uint64_t now = clock_mono_ns();
-    struct timeval tv = {0, DRAIN_TICK_MS * 1000};
-
-    if (atomic_load(&app->inflight) == 0) {
-        event_base_loopbreak(app->main_base);
-        return;
-    }
-    if (!app->aborted && now >= app->drain_deadline_ns) {
-        log_warn("drain_timeout reached with %ld requests in flight: "
-                 "answering them requeue/connection_lost",
-                 atomic_load(&app->inflight));
-        app->aborted = true;
-        app->abort_ns = now;
-        for (unsigned i = 0; i < app->n_workers; i++)
-            worker_abort_inflight(&app->workers[i]);
-    } else if (app->aborted && now - app->abort_ns > ABORT_GRACE_NS) {
-        event_base_loopbreak(app->main_base);
-        return;
-    }
-    evtimer_add(app->drain_tick, &tv);
-}
-
-void app_begin_drain(struct app *app)
-{
-    struct timeval tv = {0, 0};
-
-    if (atomic_exchange(&app->draining, true))
-        return;
-    log_info("draining: %ld requests in flight, drain_timeout %llu ms",
-             atomic_load(&app->inflight),
-             (unsigned long long)app->cfg->limits.drain_timeout_ms);
-    app->drain_deadline_ns =
-        clock_mono_ns() + app->cfg->limits.drain_timeout_ms * 1000000ull;
-    stop_listening(app);
-    evtimer_add(app->drain_tick, &tv);
-}
-
-static void on_stop_signal(evutil_socket_t sig, short what, void *arg)
-{
-    app_begin_drain(arg);
-}
-
-static void on_hup(evutil_socket_t sig, short what, void *arg)
-{
-    /* Live reload arrives with the operations work; until then the running
-     * config stays, and the operator is told so. */
-    log_warn("SIGHUP: live reload is not available in this build; "
-             "the running config is kept");
-}
-
-static int signals_init(struct app *app, struct sc_error *err)
-{
-    app->sig_term = evsignal_new(app->main_base, SIGTERM, on_stop_signal, app);
-    app->sig_int = evsignal_new(app->main_base, SIGINT, on_stop_signal, app);
-    app->sig_hup = evsignal_new(app->main_base, SIGHUP, on_hup, app);
-    app->drain_tick = evtimer_new(app->main_base, on_drain_tick, app);
-    if (!app->sig_term || !app->sig_int || !app->sig_hup || !app->drain_tick ||
-        evsignal_add(app->sig_term, NULL) || evsignal_add(app->sig_int, NULL) ||
-        evsignal_add(app->sig_hup, NULL)) {
-        sc_error_set(err, "cannot install signal handlers");
-        return -EINVAL;
-    }
-    return 0;
-}
-
-/* ---- lifecycle ---------------------------------------------------------- */
 
 /* ---- the idempotency store ---------------------------------------------- */
 
@@ -168,15 +102,14 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
 
 static int store_init(struct app *app, struct sc_error *err)
 {
-    const struct sc_config *cfg = app->cfg;
     struct timeval tv = {SWEEP_EVERY_MS / 1000, (SWEEP_EVERY_MS % 1000) * 1000};
     int rc;
 
-    if (cfg->store.backend != SC_BACKEND_ROCKSDB) {
+    if (app->fixed.backend != SC_BACKEND_ROCKSDB) {
         sc_error_set(err, "store.backend redis is not available in this build");
         return -ENOTSUP;
     }
-    rc = store_open(cfg->store.path, cfg->store.sync, &app->store, err);
+    rc = store_open(app->fixed.store_path, app->fixed.store_sync, &app->store, err);
     if (rc != 0)
         return rc;
     if (claims_init(&app->claims) != 0) {
@@ -191,14 +124,194 @@ static int store_init(struct app *app, struct sc_error *err)
     return 0;
 }
 
-int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
+/* ---- signals and the drain ---------------------------------------------- */
+
+static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
 {
+    struct app *app = arg;
+    uint64_t now = clock_mono_ns();
+    struct timeval tv = {0, DRAIN_TICK_MS * 1000};
+
+    if (atomic_load(&app->inflight) == 0) {
+        event_base_loopbreak(app->main_base);
+        return;
+    }
+    if (!app->aborted && now >= app->drain_deadline_ns) {
+        log_warn("drain_timeout reached with %ld requests in flight: "
+                 "answering them requeue",
+                 atomic_load(&app->inflight));
+        app->aborted = true;
+        app->abort_ns = now;
+        for (unsigned i = 0; i < app->n_workers; i++)
+            worker_abort_inflight(&app->workers[i]);
+    } else if (app->aborted && now - app->abort_ns > ABORT_GRACE_NS) {
+        event_base_loopbreak(app->main_base);
+        return;
+    }
+    evtimer_add(app->drain_tick, &tv);
+}
+
+void app_begin_drain(struct app *app)
+{
+    struct timeval tv = {0, 0};
+    struct runtime *rt;
+    uint64_t drain_ms;
+
+    if (atomic_exchange(&app->draining, true))
+        return;
+    rt = runtime_acquire(app);
+    drain_ms = rt->cfg->limits.drain_timeout_ms;
+    runtime_put(rt);
+    log_info("draining: %ld requests in flight, drain_timeout %llu ms",
+             atomic_load(&app->inflight), (unsigned long long)drain_ms);
+    app->drain_deadline_ns = clock_mono_ns() + drain_ms * 1000000ull;
+    for (unsigned i = 0; i < app->n_workers; i++)
+        worker_quiesce(&app->workers[i]);
+    evtimer_add(app->drain_tick, &tv);
+}
+
+static void on_stop_signal(evutil_socket_t sig, short what, void *arg)
+{
+    app_begin_drain(arg);
+}
+
+static void on_hup(evutil_socket_t sig, short what, void *arg)
+{
+    char *msg = NULL;
+
+    /* app_reload logs the outcome itself. */
+    app_reload(arg, &msg);
+    free(msg);
+}
+
+static int signals_init(struct app *app, struct sc_error *err)
+{
+    app->sig_term = evsignal_new(app->main_base, SIGTERM, on_stop_signal, app);
+    app->sig_int = evsignal_new(app->main_base, SIGINT, on_stop_signal, app);
+    app->sig_hup = evsignal_new(app->main_base, SIGHUP, on_hup, app);
+    app->drain_tick = evtimer_new(app->main_base, on_drain_tick, app);
+    if (!app->sig_term || !app->sig_int || !app->sig_hup || !app->drain_tick ||
+        evsignal_add(app->sig_term, NULL) || evsignal_add(app->sig_int, NULL) ||
+        evsignal_add(app->sig_hup, NULL)) {
+        sc_error_set(err, "cannot install signal handlers");
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* ---- reload ------------------------------------------------------------- */
+
+static bool addr_eq(const struct sc_addr *a, const struct sc_addr *b)
+{
+    return a->port == b->port && strcmp(a->host, b->host) == 0;
+}
+
+/* Keys bound or sized at start: a reload that changes one is refused
+ * whole, so nobody believes a change took effect when it did not. */
+static int check_fixed(const struct app_fixed *f, const struct sc_config *c,
+                       FILE *out)
+{
+    int bad = 0;
+
+    if (!addr_eq(&f->listen, &c->listen) && ++bad)
+        fprintf(out, "%s: listen changed (%s:%u to %s:%u): it needs a restart\n",
+                c->file, f->listen.host, f->listen.port, c->listen.host, c->listen.port);
+    if (!addr_eq(&f->admin, &c->admin) && ++bad)
+        fprintf(out, "%s: admin changed: it needs a restart\n", c->file);
+    if (f->threads != c->threads && ++bad)
+        fprintf(out, "%s: threads changed: it needs a restart\n", c->file);
+    if ((f->max_header != c->limits.max_header ||
+         f->max_connections != c->limits.max_connections) && ++bad)
+        fprintf(out, "%s: limits.max_header and limits.max_connections need a restart\n",
+                c->file);
+    if ((strcmp(f->store_path, c->store.path) || f->store_sync != c->store.sync ||
+         f->backend != c->store.backend) && ++bad)
+        fprintf(out, "%s: store changed: it needs a restart\n", c->file);
+    return bad ? -EINVAL : 0;
+}
+
+static void print_errors(FILE *out, const struct sc_errors *errs)
+{
+    char line[SC_ERROR_TEXT_MAX + SC_ERROR_FILE_MAX + 32];
+
+    for (size_t i = 0; i < errs->n; i++) {
+        sc_error_format(&errs->v[i], line, sizeof line);
+        fprintf(out, "%s\n", line);
+    }
+}
+
+static void swap_in(struct app *app, struct runtime *rt)
+{
+    struct runtime *old;
+
+    pthread_mutex_lock(&app->rt_mu);
+    old = app->rt;
+    app->rt = rt;
+    pthread_mutex_unlock(&app->rt_mu);
+    /* Requests in flight keep the old one alive until they complete. */
+    runtime_put(old);
+}
+
+static int reload_locked(struct app *app, FILE *out)
+{
+    struct sc_errors errs = {0};
+    struct sc_config *cfg = NULL;
+    struct sc_error err = {0};
+    struct runtime *cur, *rt;
+    int rc = config_load_file(app->fixed.file, &cfg, &errs);
+
+    if (rc != 0) {
+        print_errors(out, &errs);
+        sc_errors_free(&errs);
+        return rc;
+    }
+    if ((rc = check_fixed(&app->fixed, cfg, out)) != 0) {
+        config_free(cfg);
+        return rc;
+    }
+    cur = runtime_acquire(app);
+    rc = runtime_new(app, cfg, cur, &rt, &err);
+    runtime_put(cur);
+    if (rc != 0) {
+        fprintf(out, "%s\n", err.text);
+        return rc;
+    }
+    log_set_level(rt->cfg->log.level);
+    fprintf(out, "%s: reloaded (%zu upstreams, %zu policies, %zu routes)\n",
+            rt->cfg->file, rt->cfg->n_upstreams, rt->cfg->n_policies,
+            rt->cfg->n_routes);
+    swap_in(app, rt);
+    return 0;
+}
+
+int app_reload(struct app *app, char **msg)
+{
+    size_t len = 0;
+    FILE *out = open_memstream(msg, &len);
+    struct metrics_shard *sh = &app->metrics.shards[app->n_workers];
+    struct runtime *rt;
     int rc;
 
-    memset(app, 0, sizeof *app);
-    app->cfg = cfg;
-    app->listen_fd = -1;
-    log_set_level(cfg->log.level);
+    if (!out)
+        return -ENOMEM;
+    pthread_mutex_lock(&app->reload_mu);
+    rc = reload_locked(app, out);
+    pthread_mutex_unlock(&app->reload_mu);
+    fclose(out);
+    rt = runtime_acquire(app);
+    metrics_add(sh, rc == 0 ? rt->ids.reloads_ok : rt->ids.reloads_error, 1);
+    runtime_put(rt);
+    if (rc == 0)
+        log_info("config reloaded: %s", *msg);
+    else
+        log_error("config reload refused; the running config is kept: %s", *msg);
+    return rc;
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+static int base_init(struct app *app, struct sc_error *err)
+{
     signal(SIGPIPE, SIG_IGN);
     if (evthread_use_pthreads() != 0) {
         sc_error_set(err, "libevent without thread support");
@@ -209,32 +322,50 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
         sc_error_set(err, "cannot create the main event loop");
         return -ENOMEM;
     }
-    if ((rc = signals_init(app, err)) != 0 || (rc = tls_init(app, err)) != 0)
-        return rc;
-    if (pacing_init(&app->pacing, cfg) != 0) {
+    return signals_init(app, err);
+}
+
+int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
+{
+    int rc;
+
+    memset(app, 0, sizeof *app);
+    app->listen_fd = -1;
+    pthread_mutex_init(&app->rt_mu, NULL);
+    pthread_mutex_init(&app->reload_mu, NULL);
+    log_set_level(cfg->log.level);
+    if (fixed_init(&app->fixed, cfg) != 0) {
+        config_free(cfg);
         sc_error_set(err, "out of memory");
         return -ENOMEM;
     }
-    if ((rc = store_init(app, err)) != 0)
-        return rc;
+    app->n_workers = resolve_threads(cfg->threads);
     /* One shard per loop plus one for the main and admin threads. */
-    metrics_init(&app->metrics, resolve_threads(cfg) + 1);
-    if (metrics_ids_build(&app->metrics, cfg, &app->ids) != 0) {
-        sc_error_set(err, "out of memory for metrics");
-        return -ENOMEM;
+    metrics_init(&app->metrics, app->n_workers + 1);
+    if ((rc = base_init(app, err)) != 0 || (rc = store_init(app, err)) != 0) {
+        config_free(cfg);
+        return rc;
     }
     app->listen_fd = server_listen(&cfg->listen, 1024, err);
-    if (app->listen_fd < 0)
+    if (app->listen_fd < 0) {
+        config_free(cfg);
         return app->listen_fd;
-    if ((rc = workers_init(app, err)) != 0)
+    }
+    if ((rc = workers_init(app, err)) != 0) {
+        config_free(cfg);
+        return rc;
+    }
+    if ((rc = runtime_new(app, cfg, NULL, &app->rt, err)) != 0)
+        return rc;
+    if ((rc = workers_start(app, err)) != 0)
         return rc;
     app->admin = admin_start(app, err);
     if (!app->admin)
         return -EINVAL;
     atomic_store(&app->ready, true);
     log_info("sluice %s listening on %s:%u (admin %s:%u), %u threads",
-             SLUICE_VERSION, cfg->listen.host, cfg->listen.port,
-             cfg->admin.host, cfg->admin.port, app->n_workers);
+             SLUICE_VERSION, app->fixed.listen.host, app->fixed.listen.port,
+             app->fixed.admin.host, app->fixed.admin.port, app->n_workers);
     return 0;
 }
 
@@ -253,33 +384,36 @@ static void free_event(struct event *ev)
 
 void app_free(struct app *app)
 {
+    admin_stop(app->admin);
+    /* Loops first, so nothing uses a runtime; from here runtimes are freed
+     * in place by whoever drops the last reference. */
+    for (unsigned i = 0; app->workers && i < app->n_workers; i++)
+        worker_join(&app->workers[i]);
+    atomic_store(&app->loops_stopped, true);
+    for (unsigned i = 0; app->workers && i < app->n_workers; i++)
+        worker_stop_daemon(&app->workers[i]);
+    swap_in(app, NULL);
     for (unsigned i = 0; app->workers && i < app->n_workers; i++)
         worker_stop(&app->workers[i]);
     free(app->workers);
-    admin_stop(app->admin);
-    pacing_free(&app->pacing);
     free_event(app->sweep_ev);
     /* After the loops: every answered result is in the store; flush it. */
     store_close(app->store);
     if (app->claims.table)
         claims_free(&app->claims);
-    metrics_ids_free(&app->ids);
     if (app->metrics.n_shards)
         metrics_free(&app->metrics);
     if (app->listen_fd >= 0)
         close(atomic_exchange(&app->listen_fd, -1));
-    for (size_t i = 0; app->tls && app->cfg && i < app->cfg->n_upstreams; i++)
-        if (app->tls[i])
-            SSL_CTX_free(app->tls[i]);
-    free(app->tls);
     free_event(app->sig_term);
     free_event(app->sig_int);
     free_event(app->sig_hup);
     free_event(app->drain_tick);
     if (app->main_base)
         event_base_free(app->main_base);
-    if (app->cfg)
-        config_free(app->cfg);
+    fixed_free(&app->fixed);
+    pthread_mutex_destroy(&app->rt_mu);
+    pthread_mutex_destroy(&app->reload_mu);
     memset(app, 0, sizeof *app);
     app->listen_fd = -1;
 }

@@ -4,6 +4,7 @@
 #define SLUICE_PROXY_APP_H
 
 #include <stdatomic.h>
+#include <pthread.h>
 #include <stdbool.h>
 
 #include <openssl/ssl.h>
@@ -12,6 +13,7 @@
 #include "proxy/claims.h"
 #include "proxy/metrics.h"
 #include "proxy/pacing.h"
+#include "proxy/runtime.h"
 #include "proxy/server.h"
 #include "util/error.h"
 
@@ -19,17 +21,29 @@ struct MHD_Daemon;
 struct event_base;
 struct event;
 
+/* What a reload cannot change: it is bound or sized at start. */
+struct app_fixed {
+    char *file;                 /* the config file, reread on reload */
+    struct sc_addr listen, admin;
+    uint32_t threads;
+    uint64_t max_header;        /* sizes the per-connection memory pool */
+    uint32_t max_connections;
+    char *store_path;
+    bool store_sync;
+    enum sc_backend backend;
+};
+
 struct app {
-    struct sc_config *cfg;      /* owned; immutable while workers run */
-    struct pacing pacing;       /* buckets, cooldowns, slots: shared by all loops */
+    struct app_fixed fixed;
+    pthread_mutex_t rt_mu;      /* guards the rt pointer swap */
+    struct runtime *rt;         /* current config at work; see runtime.h */
+    pthread_mutex_t reload_mu;  /* one reload at a time (SIGHUP, /reload) */
+    atomic_bool loops_stopped;  /* runtimes are then freed in place */
     struct store *store;        /* idempotency records */
     struct claims claims;       /* keys claimed by requests not yet forwarded */
     struct event *sweep_ev;     /* reclaims expired records, off the loops */
-    atomic_long store_errors;
     atomic_long leases_active;  /* durable leases held by requests in flight */
     struct metrics metrics;     /* shard i: loop i; the last: main and admin */
-    struct metrics_ids ids;
-    SSL_CTX **tls;              /* per upstream; NULL for http */
     atomic_int listen_fd;       /* closed by the last loop to quiesce */
     atomic_uint quiesced;
     struct worker *workers;
@@ -41,7 +55,6 @@ struct app {
     atomic_bool draining;
     atomic_long inflight;       /* requests between arrival and completion */
     atomic_long conns;          /* open worker connections */
-    atomic_long conns_refused;  /* closed at once: over max_connections */
     uint64_t drain_deadline_ns;
     bool aborted;               /* the drain deadline passed */
     uint64_t abort_ns;
@@ -56,6 +69,12 @@ int app_run(struct app *app);
 
 /* Begins the drain: stop accepting, let in-flight finish. Thread-safe. */
 void app_begin_drain(struct app *app);
+
+/* Rereads the config file and swaps it in (SIGHUP, POST /reload). On
+ * success returns 0 and a one-line summary in msg; otherwise a negative code
+ * and every error, one per line, in msg (owned, free()). An invalid file, or
+ * one that changes what only a restart can change, changes nothing. */
+int app_reload(struct app *app, char **msg);
 
 void app_free(struct app *app);
 

@@ -47,7 +47,8 @@ void *exchange_uri_log(void *cls, const char *uri, struct MHD_Connection *c)
         return NULL;
     ex->w = w;
     ex->mc = c;
-    ex->cfg = w->app->cfg;
+    ex->rt = runtime_acquire(w->app);
+    ex->cfg = ex->rt->cfg;
     ex->t0_ns = clock_mono_ns();
     ex->t0_wall_ms = clock_wall_ms();
     /* "" and "?q" have an empty path, which HTTP says is "/". */
@@ -84,6 +85,7 @@ static void exchange_free(struct exchange *ex)
     if (ex->body)
         evbuffer_free(ex->body);
     atomic_fetch_sub(&ex->w->app->inflight, 1);
+    runtime_put(ex->rt);
     free(ex->target);
     free(ex);
 }
@@ -521,7 +523,7 @@ static void record_metrics(const struct exchange *ex)
 {
     struct app *app = ex->w->app;
     struct metrics_shard *sh = &app->metrics.shards[ex->w->idx];
-    const struct metrics_ids *ids = &app->ids;
+    const struct metrics_ids *ids = &ex->rt->ids;
     size_t r = ex->route ? (size_t)(ex->route - ex->cfg->routes) : ids->n_routes;
     size_t p = ex->route && ex->route->policy >= 0 ? (size_t)ex->route->policy
                                                    : ids->n_policies;

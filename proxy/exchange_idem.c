@@ -31,7 +31,7 @@ static void count_store_error(struct exchange *ex)
 {
     struct app *app = ex->w->app;
 
-    metrics_add(&app->metrics.shards[ex->w->idx], app->ids.store_errors, 1);
+    metrics_add(&app->metrics.shards[ex->w->idx], ex->rt->ids.store_errors, 1);
 }
 
 static void store_failed(struct exchange *ex, const char *what,

@@ -41,6 +41,7 @@ enum ex_kind { ANSWER_PROBLEM = 0, ANSWER_UPSTREAM, ANSWER_INSTRUCTION, ANSWER_R
 struct exchange {
     struct worker *w;
     struct MHD_Connection *mc;
+    struct runtime *rt;     /* the config this request started on (a ref) */
     const struct sc_config *cfg;
     enum ex_state state;
     bool suspended;

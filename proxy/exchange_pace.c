@@ -187,7 +187,7 @@ void ex_pace(struct exchange *ex)
     uint64_t now = clock_mono_ns(), start;
     struct timeval tv;
 
-    ex->ps = pacing_policy(&ex->w->app->pacing, ex->route->policy);
+    ex->ps = pacing_policy(&ex->rt->pacing, ex->route->policy);
     ex->wait_start_ns = now;
     ex->wait_deadline_ns = now + ex->pol->max_wait_ms * NS_PER_MS;
     if (!events_init(ex)) {

@@ -219,7 +219,7 @@ void ex_send_upstream(struct exchange *ex)
     ex->ureq.done = on_upstream_done;
     ex->ureq.arg = ex;
     ex->state = EX_UPSTREAM;
-    if (up_pool_send(ex->w->pools[ex->route->upstream], &ex->ureq) != 0) {
+    if (up_pool_send(ex->rt->pools[ex->w->idx][ex->route->upstream], &ex->ureq) != 0) {
         ex_pace_release(ex);
         ex_refuse(ex, 502, OUT_PERMANENT_ERROR, R_CONNECT_ERROR,
                   "cannot queue the upstream request");

@@ -2,6 +2,7 @@
 #include "proxy/metrics.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,14 +174,46 @@ struct build {
     struct metrics *m;
     const struct sc_config *cfg;
     struct metrics_ids *ids;
-    char labels[512];
+    char *labels;       /* the label set being registered (owned) */
     int rc;
 };
+
+/* Sets the label set of the series registered next. */
+static void setl(struct build *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void setl(struct build *b, const char *fmt, ...)
+{
+    va_list ap;
+
+    free(b->labels);
+    va_start(ap, fmt);
+    if (vasprintf(&b->labels, fmt, ap) < 0)
+        b->labels = NULL;
+    va_end(ap);
+}
+
+/* A label value as the text format wants it: backslash, double quote and
+ * line feed escaped (route names are free text, and default to the prefix,
+ * which may hold both). Owned; NULL when out of memory. */
+static char *label_value(const char *s)
+{
+    char *out = malloc(2 * strlen(s) + 1), *o = out;
+
+    if (!out)
+        return NULL;
+    for (; *s; s++) {
+        if (*s == '\\' || *s == '"' || *s == '\n')
+            *o++ = '\\';
+        *o++ = *s == '\n' ? 'n' : *s;
+    }
+    *o = '\0';
+    return out;
+}
 
 static uint32_t reg(struct build *b, const char *name, enum series_type t,
                     enum hist_kind hk)
 {
-    long s = slot_of(b->m, name, b->labels, t, hk);
+    long s = b->labels ? slot_of(b->m, name, b->labels, t, hk) : -1;
 
     if (s < 0) {
         b->rc = -ENOMEM;
@@ -203,24 +236,28 @@ static void build_routes(struct build *b)
 {
     const struct sc_config *cfg = b->cfg;
 
-    for (size_t r = 0; r <= cfg->n_routes; r++) {
-        const char *rl = route_label(cfg, r);
+    for (size_t r = 0; r <= cfg->n_routes && b->rc == 0; r++) {
+        char *rl = label_value(route_label(cfg, r));
+
+        if (!rl) {
+            b->rc = -ENOMEM;
+            break;
+        }
 
         for (int o = 0; o < OUT__COUNT; o++)
             for (int rs = 0; rs < R__COUNT; rs++) {
-                snprintf(b->labels, sizeof b->labels,
-                         "route=\"%s\",outcome=\"%s\",reason=\"%s\"", rl,
-                         outcome_name(o), reason_name(rs));
+                setl(b, "route=\"%s\",outcome=\"%s\",reason=\"%s\"", rl,
+                     outcome_name(o), reason_name(rs));
                 b->ids->requests[(r * OUT__COUNT + o) * R__COUNT + rs] =
                     reg(b, "sluice_requests_total", S_COUNTER, 0);
             }
-        snprintf(b->labels, sizeof b->labels,
-                 "route=\"%s\",outcome=\"requeue\",reason=\"rate_limited\",shadow=\"true\"", rl);
+        setl(b, "route=\"%s\",outcome=\"requeue\",reason=\"rate_limited\",shadow=\"true\"", rl);
         b->ids->shadow[r] = reg(b, "sluice_requests_total", S_COUNTER, 0);
-        snprintf(b->labels, sizeof b->labels, "route=\"%s\"", rl);
+        setl(b, "route=\"%s\"", rl);
         b->ids->req_duration[r] = reg(b, "sluice_request_duration_seconds", S_HIST, H_DURATION);
         b->ids->queue_age[r] = reg(b, "sluice_queue_age_seconds", S_HIST, H_QUEUE_AGE);
         b->ids->queue_age_bad[r] = reg(b, "sluice_queue_age_invalid_total", S_COUNTER, 0);
+        free(rl);
     }
 }
 
@@ -231,11 +268,10 @@ static void build_policies(struct build *b)
     for (size_t p = 0; p <= cfg->n_policies; p++) {
         const char *pl = policy_label(cfg, p);
 
-        snprintf(b->labels, sizeof b->labels, "policy=\"%s\"", pl);
+        setl(b, "policy=\"%s\"", pl);
         b->ids->permit_wait[p] = reg(b, "sluice_permit_wait_seconds", S_HIST, H_PERMIT_WAIT);
         for (int rs = 0; rs < R__COUNT; rs++) {
-            snprintf(b->labels, sizeof b->labels, "policy=\"%s\",reason=\"%s\"", pl,
-                     reason_name(rs));
+            setl(b, "policy=\"%s\",reason=\"%s\"", pl, reason_name(rs));
             b->ids->requeue_delay[p * R__COUNT + rs] =
                 reg(b, "sluice_requeue_delay_seconds", S_HIST, H_REQUEUE_DELAY);
         }
@@ -248,23 +284,23 @@ static void build_upstreams(struct build *b)
 
     for (size_t u = 0; u < cfg->n_upstreams; u++) {
         for (int c = 0; c < UC__COUNT; c++) {
-            snprintf(b->labels, sizeof b->labels, "upstream=\"%s\",code=\"%s\"",
-                     cfg->upstreams[u].name, up_code_names[c]);
+            setl(b, "upstream=\"%s\",code=\"%s\"", cfg->upstreams[u].name,
+                 up_code_names[c]);
             b->ids->up_codes[u * UC__COUNT + c] =
                 reg(b, "sluice_upstream_responses_total", S_COUNTER, 0);
         }
-        snprintf(b->labels, sizeof b->labels, "upstream=\"%s\"", cfg->upstreams[u].name);
+        setl(b, "upstream=\"%s\"", cfg->upstreams[u].name);
         b->ids->up_duration[u] = reg(b, "sluice_upstream_duration_seconds", S_HIST, H_DURATION);
     }
 }
 
 static void build_process(struct build *b)
 {
-    snprintf(b->labels, sizeof b->labels, "result=\"ok\"");
+    setl(b, "result=\"ok\"");
     b->ids->reloads_ok = reg(b, "sluice_config_reloads_total", S_COUNTER, 0);
-    snprintf(b->labels, sizeof b->labels, "result=\"error\"");
+    setl(b, "result=\"error\"");
     b->ids->reloads_error = reg(b, "sluice_config_reloads_total", S_COUNTER, 0);
-    b->labels[0] = '\0';
+    setl(b, "%s", "");
     b->ids->store_errors = reg(b, "sluice_store_errors_total", S_COUNTER, 0);
     b->ids->conns_refused = reg(b, "sluice_connections_refused_total", S_COUNTER, 0);
 }
@@ -321,6 +357,7 @@ int metrics_ids_build(struct metrics *m, const struct sc_config *cfg,
     build_upstreams(&b);
     build_process(&b);
     pthread_mutex_unlock(&m->mu);
+    free(b.labels);
     if (b.rc != 0)
         metrics_ids_free(ids);
     return b.rc;

@@ -24,72 +24,112 @@ static uint64_t hash_str(const char *s)
     return h;
 }
 
-static void state_init(struct policy_state *ps, const struct sc_policy *p)
+static struct policy_state *state_new(const struct sc_policy *p)
 {
-    memset(ps, 0, sizeof *ps);
-    ps->p = p;
+    struct policy_state *ps = calloc(1, sizeof *ps);
+    size_t n = 64;
+
+    if (!ps)
+        return NULL;
+    atomic_store(&ps->refs, 1);
+    ps->name = strdup(p->name);
+    ps->rate = p->rate;
+    ps->burst = p->burst;
+    ps->concurrency = p->concurrency;
+    ps->partition_max = p->partition_max;
     ps->has_bucket = p->has_rate;
     if (p->has_rate)
         gcra_init(&ps->bucket.g, p->rate, p->burst);
     pthread_mutex_init(&ps->mu, NULL);
     TAILQ_INIT(&ps->waiters);
     TAILQ_INIT(&ps->lru);
+    if (p->partition_header && p->has_rate) {
+        ps->partition_header = strdup(p->partition_header);
+        while (n < (size_t)p->partition_max * 2 && n < (1u << 22))
+            n <<= 1;
+        ps->table = calloc(n, sizeof *ps->table);
+        ps->table_size = n;
+        if (!ps->table || !ps->partition_header) {
+            pacing_state_put(ps);
+            return NULL;
+        }
+    }
+    if (!ps->name) {
+        pacing_state_put(ps);
+        return NULL;
+    }
+    return ps;
 }
 
-static int table_init(struct policy_state *ps)
+static bool same_numbers(const struct policy_state *ps, const struct sc_policy *p)
 {
-    size_t n = 64;
+    const char *ph = p->has_rate ? p->partition_header : NULL;
 
-    if (!ps->p->partition_header || !ps->has_bucket)
-        return 0;
-    while (n < (size_t)ps->p->partition_max * 2 && n < (1u << 22))
-        n <<= 1;
-    ps->table = calloc(n, sizeof *ps->table);
-    ps->table_size = n;
-    return ps->table ? 0 : -ENOMEM;
+    return !strcmp(ps->name, p->name) && ps->has_bucket == p->has_rate &&
+           (!p->has_rate || (ps->rate == p->rate && ps->burst == p->burst)) &&
+           ps->concurrency == p->concurrency &&
+           ps->partition_max == p->partition_max &&
+           (!ps->partition_header) == (!ph) &&
+           (!ph || !strcmp(ps->partition_header, ph));
 }
 
-int pacing_init(struct pacing *pc, const struct sc_config *cfg)
+static struct policy_state *reuse(const struct pacing *prev, const struct sc_policy *p)
+{
+    for (size_t i = 0; prev && i < prev->n; i++)
+        if (same_numbers(prev->pol[i], p)) {
+            atomic_fetch_add(&prev->pol[i]->refs, 1);
+            return prev->pol[i];
+        }
+    return NULL;
+}
+
+int pacing_init(struct pacing *pc, const struct sc_config *cfg,
+                const struct pacing *prev)
 {
     memset(pc, 0, sizeof *pc);
-    state_init(&pc->dflt, &cfg->default_policy);
+    pc->dflt = state_new(&cfg->default_policy);
     pc->n = cfg->n_policies;
     pc->pol = calloc(pc->n ? pc->n : 1, sizeof *pc->pol);
-    if (!pc->pol)
+    if (!pc->pol || !pc->dflt)
         return -ENOMEM;
     for (size_t i = 0; i < pc->n; i++) {
-        state_init(&pc->pol[i], &cfg->policies[i]);
-        if (table_init(&pc->pol[i]) != 0)
+        pc->pol[i] = reuse(prev, &cfg->policies[i]);
+        if (!pc->pol[i] && !(pc->pol[i] = state_new(&cfg->policies[i])))
             return -ENOMEM;
     }
     return 0;
 }
 
-static void state_free(struct policy_state *ps)
+void pacing_state_put(struct policy_state *ps)
 {
     struct partition *p;
 
+    if (!ps || atomic_fetch_sub(&ps->refs, 1) != 1)
+        return;
     while ((p = TAILQ_FIRST(&ps->lru))) {
         TAILQ_REMOVE(&ps->lru, p, lru);
         free(p->name);
         free(p);
     }
     free(ps->table);
+    free(ps->name);
+    free(ps->partition_header);
     pthread_mutex_destroy(&ps->mu);
+    free(ps);
 }
 
 void pacing_free(struct pacing *pc)
 {
     for (size_t i = 0; pc->pol && i < pc->n; i++)
-        state_free(&pc->pol[i]);
+        pacing_state_put(pc->pol[i]);
     free(pc->pol);
-    state_free(&pc->dflt);
+    pacing_state_put(pc->dflt);
     memset(pc, 0, sizeof *pc);
 }
 
 struct policy_state *pacing_policy(struct pacing *pc, long idx)
 {
-    return idx >= 0 && (size_t)idx < pc->n ? &pc->pol[idx] : &pc->dflt;
+    return idx >= 0 && (size_t)idx < pc->n ? pc->pol[idx] : pc->dflt;
 }
 
 /* ---- partitions --------------------------------------------------------- */
@@ -127,7 +167,7 @@ static struct partition *partition_new(struct policy_state *ps, const char *name
 {
     struct partition *p;
 
-    *evicted = ps->n_parts >= ps->p->partition_max;
+    *evicted = ps->n_parts >= ps->partition_max;
     if (*evicted)
         return evict_lru(ps, name);
     p = calloc(1, sizeof *p);
@@ -159,7 +199,7 @@ static struct bucket *partition_get(struct policy_state *ps, const char *name,
      * bucket. Once the table is full (it never shrinks), every new one costs
      * an eviction and starts empty: an evicted partition that comes back is
      * never full, so churning names cannot grant bursts. */
-    gcra_init(&p->b.g, ps->p->rate, ps->p->burst);
+    gcra_init(&p->b.g, ps->rate, ps->burst);
     if (evicted)
         gcra_set_empty(&p->b.g, now);
     atomic_store(&p->b.cooldown_until, 0);
@@ -191,12 +231,12 @@ bool pacing_slot_acquire(struct policy_state *ps, struct slot_waiter *w)
     bool got = false;
 
     /* Without a limit the count is only for the gauge: no lock on the hot path. */
-    if (ps->p->concurrency == 0) {
+    if (ps->concurrency == 0) {
         atomic_fetch_add(&ps->inflight, 1);
         return true;
     }
     pthread_mutex_lock(&ps->mu);
-    if (atomic_load(&ps->inflight) < ps->p->concurrency &&
+    if (atomic_load(&ps->inflight) < ps->concurrency &&
         TAILQ_EMPTY(&ps->waiters)) {
         atomic_fetch_add(&ps->inflight, 1);
         got = true;
@@ -227,7 +267,7 @@ void pacing_slot_release(struct policy_state *ps)
 {
     struct slot_waiter *w;
 
-    if (ps->p->concurrency == 0) {
+    if (ps->concurrency == 0) {
         atomic_fetch_sub(&ps->inflight, 1);
         return;
     }

@@ -33,8 +33,16 @@ struct slot_waiter {
 
 struct partition;
 
+/* Refcounted: a reload hands the state of a policy whose numbers did not
+ * change to the new config, so its bucket, cooldown and partitions carry on
+ * while requests of the old config finish on the same state. The numbers
+ * are copied in, since the config they came from may go first. */
 struct policy_state {
-    const struct sc_policy *p;
+    atomic_long refs;
+    char *name;
+    double rate;
+    uint32_t burst, concurrency, partition_max;
+    char *partition_header;       /* NULL = not partitioned */
     bool has_bucket;
     struct bucket bucket;         /* unpartitioned */
     pthread_mutex_t mu;           /* slots and partitions */
@@ -46,13 +54,19 @@ struct policy_state {
 };
 
 struct pacing {
-    struct policy_state *pol;     /* one per config policy */
+    struct policy_state **pol;    /* one per config policy */
     size_t n;
-    struct policy_state dflt;     /* the default policy */
+    struct policy_state *dflt;    /* the default policy */
 };
 
-int pacing_init(struct pacing *pc, const struct sc_config *cfg);
+/* States for cfg's policies; those whose name and numbers (rate, burst,
+ * concurrency, partition) match a policy of prev (may be NULL) are shared
+ * with it rather than made anew. */
+int pacing_init(struct pacing *pc, const struct sc_config *cfg,
+                const struct pacing *prev);
 void pacing_free(struct pacing *pc);
+void pacing_state_put(struct policy_state *ps);
+
 
 /* The state for a route's policy index (-1 = default). */
 struct policy_state *pacing_policy(struct pacing *pc, long idx);

@@ -108,10 +108,10 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx
 
 static struct MHD_Daemon *mhd_start(struct worker *w)
 {
-    const struct sc_config *cfg = w->app->cfg;
+    const struct app_fixed *cfg = &w->app->fixed;
     /* The pool holds the request head and the body read buffer; it is sized
      * above max_header so that our own check answers 431, not MHD's. */
-    size_t pool = (size_t)cfg->limits.max_header + 8192;
+    size_t pool = (size_t)cfg->max_header + 8192;
 
     return MHD_start_daemon(
         MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_NO_LISTEN_SOCKET |
@@ -120,7 +120,7 @@ static struct MHD_Daemon *mhd_start(struct worker *w)
         MHD_OPTION_NOTIFY_COMPLETED, exchange_completed, w,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, w,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->limits.max_connections,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)WORKER_IDLE_TIMEOUT_S,
         MHD_OPTION_STRICT_FOR_CLIENT, 1,
         MHD_OPTION_EXTERNAL_LOGGER, mhd_logger, w,
@@ -153,11 +153,14 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd,
                       struct sockaddr *addr, int len, void *arg)
 {
     struct worker *w = arg;
-    long max = (long)w->app->cfg->limits.max_connections;
+    long max = (long)w->app->fixed.max_connections;
 
     if (atomic_fetch_add(&w->app->conns, 1) >= max) {
+        struct runtime *rt = runtime_acquire(w->app);
+
         atomic_fetch_sub(&w->app->conns, 1);
-        metrics_add(&w->app->metrics.shards[w->idx], w->app->ids.conns_refused, 1);
+        metrics_add(&w->app->metrics.shards[w->idx], rt->ids.conns_refused, 1);
+        runtime_put(rt);
         close(fd);
         return;
     }
@@ -193,30 +196,6 @@ void worker_abort_inflight(struct worker *w)
 }
 
 /* ---- lifecycle ---------------------------------------------------------- */
-
-static int pools_init(struct worker *w, struct sc_error *err)
-{
-    const struct sc_config *cfg = w->app->cfg;
-    unsigned n = w->app->n_workers;
-
-    w->n_pools = cfg->n_upstreams;
-    w->pools = calloc(w->n_pools, sizeof *w->pools);
-    if (!w->pools)
-        goto nomem;
-    for (size_t i = 0; i < w->n_pools; i++) {
-        const struct sc_upstream *u = &cfg->upstreams[i];
-        /* The keep-alive limit is per upstream; each loop gets its share. */
-        uint32_t share = (u->max_connections + n - 1) / n;
-
-        w->pools[i] = up_pool_new(w->base, w->dns, u, w->app->tls[i], share);
-        if (!w->pools[i])
-            goto nomem;
-    }
-    return 0;
-nomem:
-    sc_error_set(err, "out of memory creating upstream pools");
-    return -ENOMEM;
-}
 
 static int events_init(struct worker *w, struct sc_error *err)
 {
@@ -277,10 +256,10 @@ int worker_init(struct worker *w, struct app *app, unsigned idx,
     w->mhd = mhd_start(w);
     if (!w->mhd) {
         sc_error_set(err, "cannot start the http server on %s:%u",
-                     app->cfg->listen.host, app->cfg->listen.port);
+                     app->fixed.listen.host, app->fixed.listen.port);
         return -EINVAL;
     }
-    if (events_init(w, err) != 0 || pools_init(w, err) != 0)
+    if (events_init(w, err) != 0)
         return -ENOMEM;
     /* Every loop accepts from the one shared socket; the kernel wakes one
      * or both, and a loser's accept just finds nothing. */
@@ -322,27 +301,38 @@ static void free_event(struct event **ev)
     }
 }
 
-void worker_stop(struct worker *w)
+void worker_join(struct worker *w)
 {
     if (w->started) {
         event_base_loopexit(w->base, NULL);
         pthread_join(w->tid, NULL);
         w->started = false;
     }
-    /* Nothing is suspended any more (the drain answered it all), so MHD may
-     * stop: it closes idle keep-alive connections to workers. */
+}
+
+void worker_stop_daemon(struct worker *w)
+{
+    /* Our events on MHD's epoll fd go before MHD closes it. */
+    free_event(&w->mhd_read_ev);
+    free_event(&w->mhd_timer_ev);
     if (w->listener)
         evconnlistener_free(w->listener);
     w->listener = NULL;
+    /* Nothing is suspended any more (the drain answered it all), so MHD may
+     * stop: it closes idle keep-alive connections to workers. */
     if (w->mhd)
         MHD_stop_daemon(w->mhd);
     w->mhd = NULL;
-    for (size_t i = 0; w->pools && i < w->n_pools; i++)
-        up_pool_free(w->pools[i]);
-    free(w->pools);
-    w->pools = NULL;
-    free_event(&w->mhd_read_ev);
-    free_event(&w->mhd_timer_ev);
+    /* Runs what other threads posted before the loop ended (pool frees of
+     * an old runtime). */
+    if (w->base)
+        event_base_loop(w->base, EVLOOP_NONBLOCK);
+}
+
+void worker_stop(struct worker *w)
+{
+    worker_join(w);
+    worker_stop_daemon(w);
     free_event(&w->quiesce_ev);
     free_event(&w->abort_ev);
     if (w->dns)

@@ -38,8 +38,6 @@ struct worker {
     struct event *mhd_timer_ev; /* MHD_get_timeout() expired */
     struct event *quiesce_ev;   /* command: stop accepting */
     struct event *abort_ev;     /* command: answer what is still in flight */
-    struct up_pool **pools;     /* one per upstream of the config */
-    size_t n_pools;
     struct exchange_list waiting; /* exchanges suspended on the upstream */
     pthread_t tid;
     bool started;
@@ -50,7 +48,11 @@ struct worker {
 int worker_init(struct worker *w, struct app *app, unsigned idx,
                 int listen_fd, struct sc_error *err);
 int worker_start(struct worker *w, struct sc_error *err);
-/* Asks the thread to stop its loop and waits for it; then frees. */
+/* Asks the thread to stop its loop and waits for it. */
+void worker_join(struct worker *w);
+/* Stops accepting and the MHD daemon (completing what it still holds). */
+void worker_stop_daemon(struct worker *w);
+/* All of the above, then frees the loop. */
 void worker_stop(struct worker *w);
 
 /* Makes MHD process pending work on the next loop pass: needed after

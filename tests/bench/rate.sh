@@ -1,19 +1,22 @@
 #!/bin/bash
 # Rate benchmark (see tests/bench/README.md, "rate.sh"):
-#  1. rate accuracy: closed-loop wrk load through one sluice policy at several rates and client
-#     counts; the stub's arrival times give the achieved rate and the worst window overshoot of
-#     the SPEC 5 bound (burst + rate * t);
-#  2. the bucket's cost on the hot path: pass-through throughput with a policy far above the
-#     load vs no policy, next to nginx with and without limit_req (A B A B interleaved).
+#  1. rate accuracy: closed-loop wrk load through one sluice policy (max_wait 1h, so requests
+#     wait instead of being refused) at several rates and client counts; the stub's arrival
+#     times give the achieved rate and the worst window overshoot of the SPEC 5 bound
+#     (at most burst + rate * t requests start in any interval of length t);
+#  2. the bucket's cost on the hot path: pass-through throughput through a policy far above
+#     the load vs no policy, next to nginx with and without limit_req, runs interleaved.
 # Environment:
-#   DURATION_SCALE  multiplies every duration (default 1; 0.2 gives a ~1 min smoke run)
+#   DURATION_SCALE  multiplies every duration (default 1; 0.2 gives a ~1.5 min smoke run)
 #   RATES           default "1 10 100 1000 5000" (requests/s)
-#   CONCS           default "1 8 64 512" (wrk connections)
+#   CONCS           default "1 8 64 512" (wrk connections = closed-loop clients)
 #   BURST           default 10
-#   COST_SECONDS    per cost run before scaling (default 10); COST_REPS (default 3)
-#   SKIP_RATE=1 / SKIP_COST=1   leave out a part
+#   COST_SECONDS    seconds per cost run before scaling (default 10); COST_REPS (default 3)
+#   SKIP_RATE=1 / SKIP_COST=1   leave a part out
+#   SNIFF=1         (root) also stamp sluice's sends to the stub from an AF_PACKET socket on lo,
+#                   to tell sluice's timing from the stub's scheduling (costs some CPU)
 #   BUILD_DIR       default build-bench-rate/ ; NO_BUILD=1 uses the binaries already there
-#   KEEP=1          keeps the temp dir (configs, logs, raw wrk output, arrivals)
+#   KEEP=1          keep the temp dir (configs, logs, raw wrk output, arrivals)
 set -euo pipefail
 
 DURATION_SCALE=${DURATION_SCALE:-1}
@@ -29,9 +32,10 @@ REPO=$(cd "$HERE/../.." && pwd)
 BUILD_DIR=${BUILD_DIR:-$REPO/build-bench-rate}
 HELPER="python3 $HERE/ratestat.py"
 
-say() { printf "%s\n" "$*" >&2; }
+say() { printf '%s\n' "$*" >&2; }
 die() { say "rate.sh: $*"; exit 1; }
-scaled() { python3 -c "import sys; print(max(1, round(float(sys.argv[1]) * float(sys.argv[2]))))" "$1" "$DURATION_SCALE"; }
+scaled() { awk -v s="$1" -v k="$DURATION_SCALE" 'BEGIN { v = int(s * k + 0.5); print (v < 1 ? 1 : v) }'; }
+rps_of() { awk '/^Requests\/sec:/ { print $2 }' "$1"; }
 
 # ---- dependencies and build --------------------------------------------------
 sh "$REPO/scripts/deps.sh" --bench
@@ -49,7 +53,7 @@ SLUICE=$BUILD_DIR/sluice
 STUB=$BUILD_DIR/sluice-stub
 [ -x "$SLUICE" ] && [ -x "$STUB" ] || die "no sluice / sluice-stub in $BUILD_DIR"
 
-# ---- process bookkeeping: every process we start is stopped by its pid -------
+# ---- process bookkeeping: every process started here is stopped by its pid ---
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/sluice-rate.XXXXXX")
 PIDS=""
 
@@ -58,12 +62,16 @@ stop_pid() {   # stop_pid PID: SIGTERM, SIGKILL after 10 s; exit status in STOP_
     for p in $PIDS; do [ "$p" = "$pid" ] || rest="$rest $p"; done
     PIDS=$rest
     STOP_RC=0
-    if ! kill -TERM "$pid" 2>/dev/null; then wait "$pid" 2>/dev/null || STOP_RC=$?; return 0; fi
-    for _ in $(seq 200); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.05
-    done
-    kill -KILL "$pid" 2>/dev/null || true
+    if kill -TERM "$pid" 2>/dev/null; then
+        for _ in $(seq 200); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.05
+        done
+        if kill -0 "$pid" 2>/dev/null; then
+            say "warning: pid $pid still running 10 s after SIGTERM: SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    fi
     wait "$pid" 2>/dev/null || STOP_RC=$?
 }
 
@@ -92,7 +100,7 @@ start_stub() {   # -> STUB_PID, STUB_PORT
     STUB_PID=$!
     PIDS="$PIDS $STUB_PID"
     local _
-    for _ in $(seq 100); do
+    for _ in $(seq 200); do
         grep -q '^listening ' "$TMP/stub.out" 2>/dev/null && break
         kill -0 "$STUB_PID" 2>/dev/null || die "stub exited: $(cat "$TMP/stub.err")"
         sleep 0.05
@@ -106,27 +114,7 @@ stub() {   # stub METHOD PATH: a control request to the stub, body on stdout
         die "stub control request $1 $2 failed"
 }
 
-start_sluice() {   # start_sluice DIR: config in DIR/sluice.yaml -> SLUICE_PID, SLUICE_PORT
-    local d=$1
-    "$SLUICE" -c "$d/sluice.yaml" >"$d/stdout" 2>"$d/stderr" &
-    SLUICE_PID=$!
-    PIDS="$PIDS $SLUICE_PID"
-    # Only the admin port: a request to the proxy port would take a permit.
-    wait_http "http://127.0.0.1:$ADMIN_PORT/readyz" "$SLUICE_PID"
-}
-
-stop_sluice() {
-    stop_pid "$SLUICE_PID"
-    [ "$STOP_RC" -eq 0 ] || say "warning: sluice exited with status $STOP_RC on SIGTERM (see $1/stderr)"
-}
-
-# ---- part 1: rate accuracy -----------------------------------------------------
-RATE_ROWS=$TMP/rate.tsv
-CEILINGS=$TMP/ceilings.tsv
-: >"$RATE_ROWS"
-: >"$CEILINGS"
-
-sluice_config() {   # sluice_config DIR THREADS UPSTREAM_CONNS  (policies/routes on stdin)
+sluice_config() {   # sluice_config DIR THREADS UPSTREAM_CONNS, policies and routes on stdin
     mkdir -p "$1"
     {
         cat <<EOF
@@ -143,71 +131,20 @@ EOF
     } >"$1/sluice.yaml"
 }
 
-run_wrk() {   # run_wrk OUT CONNS THREADS SECONDS URL
-    # wrk sizes its latency histogram by --timeout (8 bytes per µs): keep it just above the run.
-    # A request still waiting for its permit when the run ends is never answered to wrk (it
-    # counts it as a timeout, which is not an error here).
-    timeout $(( $4 + 30 )) wrk -t"$3" -c"$2" -d"$4"s --timeout "$(( $4 + 1 ))s" --latency "$5" >"$1" 2>&1 ||
-        die "wrk failed: $(cat "$1")"
+start_sluice() {   # start_sluice DIR (config in DIR/sluice.yaml) -> SLUICE_PID
+    "$SLUICE" -c "$1/sluice.yaml" >"$1/stdout" 2>"$1/stderr" &
+    SLUICE_PID=$!
+    PIDS="$PIDS $SLUICE_PID"
+    # The admin port only: a request to the proxy port would take a permit.
+    wait_http "http://127.0.0.1:$ADMIN_PORT/readyz" "$SLUICE_PID"
 }
 
-calibrate() {   # closed-loop ceiling through sluice without a policy, for 1 and 8 clients
-    local d=$TMP/calibrate c out secs
-    secs=$(scaled 2)
-    sluice_config "$d" 2 512 <<EOF
-routes:
-  - {prefix: /, upstream: stub}
-EOF
-    start_sluice "$d"
-    for c in 1 8; do
-        out=$d/wrk-c$c.txt
-        run_wrk "$out" "$c" "$(( c < 2 ? c : 2 ))" "$secs" "http://127.0.0.1:$SLUICE_PORT/calibrate"
-        # shellcheck disable=SC2046
-        set -- $($HELPER wrk "$out")
-        echo "$c $1" >>"$CEILINGS"
-        say "  unpaced ceiling with $c client(s): $1 req/s (p50 $2 µs)"
-    done
-    stop_sluice "$d"
+stop_sluice() {   # stop_sluice DIR
+    stop_pid "$SLUICE_PID"
+    [ "$STOP_RC" -eq 0 ] || say "warning: sluice exited with status $STOP_RC on SIGTERM (see $1/stderr)"
 }
 
-rate_cell() {   # rate_cell RATE CONCS SECONDS
-    local rate=$1 c=$2 secs=$3 d=$TMP/rate-$1-$2 stats n acc
-    sluice_config "$d" 2 512 <<EOF
-policies:
-  p: {rate: $rate/s, burst: $BURST, max_wait: 1h}
-routes:
-  - {prefix: /, upstream: stub, policy: p}
-  - {prefix: /warm/, upstream: stub}
-EOF
-    start_sluice "$d"
-    # Open upstream connections first (an unpaced route to the same upstream), so that the
-    # first paced requests do not pay a TCP connect that the later ones skip.
-    curl -sf --parallel --parallel-immediate --parallel-max 16 \
-        "http://127.0.0.1:$SLUICE_PORT/warm/[1-16]" >/dev/null || die "warm-up through sluice failed"
-    stub POST /_stub/reset >/dev/null
-    run_wrk "$d/wrk.txt" "$c" "$(( c < 2 ? c : 2 ))" "$secs" "http://127.0.0.1:$SLUICE_PORT/rate"
-    # Requests still waiting for their permit would keep arriving: stop sluice first (drain
-    # 100 ms, then the waiters are answered requeue), so every arrival is one of this cell.
-    stop_sluice "$d"
-    stub GET /_stub/arrivals >"$d/arrivals.json"
-    stats=$(stub GET /_stub/stats)
-    echo "$stats" >"$d/stats.json"
-    n=$(python3 -c 'import json,sys; s=json.loads(sys.argv[1]); print(s["arrivals"], s["accepted"])' "$stats")
-    set -- $n
-    [ "$1" = "$2" ] || say "warning: stub recorded $1 of $2 arrivals"
-    acc=$($HELPER arrivals "$d/arrivals.json" "$rate" "$BURST")
-    echo "$rate $c $secs $acc $($HELPER wrk "$d/wrk.txt")" >>"$RATE_ROWS"
-    # shellcheck disable=SC2086
-    set -- $acc
-    say "  $(printf '%5s/s  c=%-3s %2ss: %6s arrivals, achieved %10s/s (%+.2f %%), overshoot raw %s, 1ms-slack %s' \
-        "$rate" "$c" "$secs" "$1" "$3" "$4" "$5" "$6")"
-}
-
-# ---- part 2: cost of the bucket on the hot path -------------------------------
-COST_ROWS=$TMP/cost.tsv
-: >"$COST_ROWS"
-
-start_nginx() {   # -> NGINX_PID
+start_nginx() {   # -> NGINX_PID; / plain, /limited/ through limit_req
     local d=$TMP/nginx
     mkdir -p "$d"
     cat >"$d/nginx.conf" <<EOF
@@ -251,8 +188,86 @@ EOF
     wait_http "http://127.0.0.1:$NGINX_PORT/" "$NGINX_PID"
 }
 
+run_wrk() {   # run_wrk OUT CONNS THREADS SECONDS URL
+    # wrk sizes its latency histogram by --timeout (8 bytes per µs): keep it just above the
+    # run. A request still waiting for its permit when the run ends is never answered to wrk;
+    # wrk counts it as a timeout, which is no error in part 1.
+    timeout $(( $4 + 30 )) wrk -t"$3" -c"$2" -d"$4"s --timeout "$(( $4 + 1 ))s" --latency "$5" \
+        >"$1" 2>&1 || die "wrk failed: $(cat "$1")"
+}
+
+# ---- part 1: rate accuracy ------------------------------------------------------
+RATE_ROWS=$TMP/rate.tsv
+CEILINGS=$TMP/ceilings.tsv
+: >"$RATE_ROWS"
+: >"$CEILINGS"
+
+calibrate() {   # closed-loop ceiling through sluice with no policy, for 1 and 8 clients
+    local d=$TMP/calibrate c secs rps
+    secs=$(scaled 2)
+    sluice_config "$d" 2 512 <<EOF
+routes:
+  - {prefix: /, upstream: stub}
+EOF
+    start_sluice "$d"
+    for c in 1 8; do
+        run_wrk "$d/wrk-c$c.txt" "$c" "$(( c < 2 ? c : 2 ))" "$secs" "http://127.0.0.1:$SLUICE_PORT/c"
+        rps=$(rps_of "$d/wrk-c$c.txt")
+        echo "$c $rps" >>"$CEILINGS"
+        say "  no policy, $c client(s): $rps req/s (the closed loop's ceiling)"
+    done
+    stop_sluice "$d"
+}
+
+start_sniffer() {   # start_sniffer DIR -> SNIFF_PID; writes DIR/sent.json when stopped
+    local _
+    $HELPER sniff "$STUB_PORT" "$1/sent.json" "GET /rate" >"$1/sniff.out" 2>"$1/sniff.err" &
+    SNIFF_PID=$!
+    PIDS="$PIDS $SNIFF_PID"
+    for _ in $(seq 200); do
+        grep -q '^ready' "$1/sniff.out" 2>/dev/null && return 0
+        kill -0 "$SNIFF_PID" 2>/dev/null || die "the sniffer exited: $(cat "$1/sniff.err")"
+        sleep 0.05
+    done
+    die "the sniffer did not start within 10 s"
+}
+
+rate_cell() {   # rate_cell RATE CLIENTS SECONDS
+    local rate=$1 c=$2 secs=$3 d=$TMP/rate-$1-$2
+    sluice_config "$d" 2 512 <<EOF
+policies:
+  p: {rate: $rate/s, burst: $BURST, max_wait: 1h}
+routes:
+  - {prefix: /, upstream: stub, policy: p}
+  - {prefix: /warm/, upstream: stub}
+EOF
+    start_sluice "$d"
+    # Open upstream connections first (an unpaced route to the same upstream), so that the
+    # first paced requests do not pay a TCP connect that later ones skip.
+    curl -sf --parallel --parallel-immediate --parallel-max 16 \
+        "http://127.0.0.1:$SLUICE_PORT/warm/[1-16]" >/dev/null 2>"$d/warm.err" ||
+        die "warm-up through sluice failed: $(cat "$d/warm.err")"
+    [ "${SNIFF:-0}" = 1 ] && start_sniffer "$d"
+    stub POST /_stub/reset >/dev/null
+    run_wrk "$d/wrk.txt" "$c" "$(( c < 2 ? c : 2 ))" "$secs" "http://127.0.0.1:$SLUICE_PORT/rate"
+    # Requests still waiting for their permit would keep arriving: stop sluice first (drain
+    # 100 ms, then the waiters are answered requeue), so that every arrival is of this cell.
+    stop_sluice "$d"
+    if [ "${SNIFF:-0}" = 1 ]; then
+        stop_pid "$SNIFF_PID"
+        [ "$STOP_RC" -eq 0 ] || die "the sniffer failed: $(cat "$d/sniff.err")"
+    fi
+    stub GET /_stub/arrivals >"$d/arrivals.json"
+    stub GET /_stub/stats >"$d/stats.json"
+    $HELPER cell "$d" "$rate" "$c" "$secs" "$BURST" >>"$RATE_ROWS"
+}
+
+# ---- part 2: cost of the bucket on the hot path -------------------------------
+COST_RUNS=$TMP/cost.list
+: >"$COST_RUNS"
+
 cost_part() {
-    local secs warm d=$TMP/cost rep t url out
+    local secs warm d=$TMP/cost rep t out
     secs=$(scaled "$COST_SECONDS")
     warm=$(scaled 1)
     sluice_config "$d" 1 "$COST_CONNS" <<EOF
@@ -264,7 +279,7 @@ routes:
 EOF
     start_sluice "$d"
     start_nginx
-    declare -A URL=(
+    local -A url=(
         [sluice-nopolicy]="http://127.0.0.1:$SLUICE_PORT/plain/x"
         [sluice-policy]="http://127.0.0.1:$SLUICE_PORT/paced/x"
         [nginx-plain]="http://127.0.0.1:$NGINX_PORT/plain/x"
@@ -272,17 +287,14 @@ EOF
     )
     local order="sluice-nopolicy sluice-policy nginx-plain nginx-limit_req"
     for t in $order; do   # fill pools and caches; not recorded
-        run_wrk "$d/warmup.txt" "$COST_CONNS" 1 "$warm" "${URL[$t]}"
+        run_wrk "$d/warmup-$t.txt" "$COST_CONNS" 1 "$warm" "${url[$t]}"
     done
     for rep in $(seq "$COST_REPS"); do
         for t in $order; do
             out=$d/wrk-$t-$rep.txt
-            run_wrk "$out" "$COST_CONNS" 1 "$secs" "${URL[$t]}"
-            echo "$t $rep $($HELPER wrk "$out")" >>"$COST_ROWS"
-            # shellcheck disable=SC2046
-            set -- $($HELPER wrk "$out")
-            say "  $(printf '%-16s rep %s: %8s req/s  p50 %5s µs  p99 %6s µs  errors %s' \
-                "$t" "$rep" "$1" "$2" "$3" "$(( $5 + $6 + $7 ))")"
+            run_wrk "$out" "$COST_CONNS" 1 "$secs" "${url[$t]}"
+            echo "$t $rep $out" >>"$COST_RUNS"
+            say "  $(printf '%-16s rep %s: %9s req/s' "$t" "$rep" "$(rps_of "$out")")"
         done
     done
     stop_pid "$NGINX_PID"
@@ -291,8 +303,9 @@ EOF
 
 # ---- main ---------------------------------------------------------------------
 START=$(date +%s)
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 say "sluice rate benchmark; $(nproc) cores, $(uname -r); DURATION_SCALE=$DURATION_SCALE;" \
-    "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+    "load average at start: $LOAD_START"
 # shellcheck disable=SC2046
 set -- $($HELPER ports 3)
 SLUICE_PORT=$1 ADMIN_PORT=$2 NGINX_PORT=$3
@@ -300,30 +313,21 @@ start_stub
 say "stub :$STUB_PORT (pid $STUB_PID), sluice :$SLUICE_PORT admin :$ADMIN_PORT, nginx :$NGINX_PORT"
 
 if [ "${SKIP_RATE:-0}" != 1 ]; then
-    say "part 1: rate accuracy (burst $BURST, max_wait 1h, closed loop, threads: 2)"
+    say "part 1: rate accuracy (burst $BURST, max_wait 1h, closed loop, sluice threads: 2)"
     calibrate
-    while read -r rate c secs; do
-        rate_cell "$rate" "$c" "$secs"
-    done < <($HELPER cells "$DURATION_SCALE" "$RATES" "$CONCS")
+    mapfile -t PLAN < <($HELPER cells "$DURATION_SCALE" "$RATES" "$CONCS")
+    for cell in "${PLAN[@]}"; do
+        # shellcheck disable=SC2086
+        rate_cell $cell
+    done
 fi
 if [ "${SKIP_COST:-0}" != 1 ]; then
-    say "part 2: cost of the bucket (wrk -t1 -c$COST_CONNS -d$(scaled "$COST_SECONDS")s, threads: 1, $COST_REPS interleaved reps)"
+    say "part 2: cost of the bucket (wrk -t1 -c$COST_CONNS -d$(scaled "$COST_SECONDS")s," \
+        "sluice threads: 1, $COST_REPS interleaved reps)"
     cost_part
 fi
-LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) cores; DURATION_SCALE=$DURATION_SCALE;" \
-    "load average at end: $LOAD_END; total $(( $(date +%s) - START )) s"
-if [ -s "$RATE_ROWS" ]; then
-    echo
-    echo "Rate accuracy (burst $BURST; overshoot = max over windows of arrivals - (burst + rate * window), <= 0: bound held;"
-    echo "'1 ms slack' adds 1 ms to every window for the stub's timestamp jitter; 'raw as time' = raw / rate):"
-    echo
-    $HELPER table-rate "$RATE_ROWS" "$CEILINGS"
-fi
-if [ -s "$COST_ROWS" ]; then
-    echo
-    echo "Cost of the bucket (wrk -t1 -c$COST_CONNS -d$(scaled "$COST_SECONDS")s, sluice threads: 1, stub --body-size 2; cost = throughput lost vs the same server without the limit):"
-    echo
-    $HELPER table-cost "$COST_ROWS"
-fi
+    "load average at start $LOAD_START, at end $(cut -d' ' -f1-3 /proc/loadavg);" \
+    "total $(( $(date +%s) - START )) s"
+$HELPER report "$RATE_ROWS" "$CEILINGS" "$COST_RUNS" "$BURST" "$(scaled "$COST_SECONDS")" "$COST_CONNS"

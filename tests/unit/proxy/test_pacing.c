@@ -50,7 +50,7 @@ static void setup(void)
     cr_assert_eq(config_load_string("t.yaml", yaml, strlen(yaml), &cfg, &errs), 0,
                  "config refused");
     sc_errors_free(&errs);
-    cr_assert_eq(pacing_init(&pc, cfg), 0);
+    cr_assert_eq(pacing_init(&pc, cfg, NULL), 0);
 }
 
 static void teardown(void)
@@ -84,10 +84,10 @@ Test(pacing_partitions, policies_and_the_default)
 {
     struct policy_state *ps = policy("shared");
 
-    cr_expect_eq(pacing_policy(&pc, -1), &pc.dflt);
-    cr_expect_eq(pacing_policy(&pc, (long)cfg->n_policies), &pc.dflt);
-    cr_expect_eq(pacing_policy(&pc, 1000), &pc.dflt);
-    cr_expect_eq(ps->p, &cfg->policies[config_policy_index(cfg, "shared")]);
+    cr_expect_eq(pacing_policy(&pc, -1), pc.dflt);
+    cr_expect_eq(pacing_policy(&pc, (long)cfg->n_policies), pc.dflt);
+    cr_expect_eq(pacing_policy(&pc, 1000), pc.dflt);
+    cr_expect_str_eq(ps->name, "shared");
     /* no rate: no bucket, partition or not */
     cr_expect_null(pacing_bucket(pacing_policy(&pc, -1), NULL, NOW0));
     cr_expect_null(pacing_bucket(policy("slots"), "x", NOW0));
@@ -571,4 +571,30 @@ Test(pacing_slots, threads_never_exceed_the_limit)
     cr_expect_geq(atomic_load(&max_holders), 1);
     cr_expect_eq(pacing_inflight(ps), 0, "every slot must come back");
     cr_expect(TAILQ_EMPTY(&ps->waiters));
+}
+
+/* A reload keeps the state of a policy whose numbers did not change, and
+ * starts afresh the one whose numbers did. */
+Test(pacing_partitions, reload_carries_unchanged_policies_over)
+{
+    struct pacing next;
+    struct sc_config *cfg2 = NULL;
+    struct sc_errors errs = {0};
+    const char *yaml2 =
+        "upstreams: {u: {url: http://127.0.0.1:1}}\n"
+        "policies:\n"
+        "  shared: {rate: 10/s, burst: 3}\n"
+        "  tenant: {rate: 10/s, burst: 4, partition: {header: X-Tenant, max: 3}}\n"
+        "routes: [{prefix: /, upstream: u, policy: shared}]\n";
+    struct policy_state *old = pacing_policy(&pc, config_policy_index(cfg, "shared"));
+
+    cr_assert_eq(config_load_string("t.yaml", yaml2, strlen(yaml2), &cfg2, &errs), 0);
+    cr_assert_eq(pacing_init(&next, cfg2, &pc), 0);
+    cr_expect_eq(pacing_policy(&next, config_policy_index(cfg2, "shared")), old,
+                 "unchanged numbers: the same state");
+    cr_expect_neq(pacing_policy(&next, config_policy_index(cfg2, "tenant")),
+                  pacing_policy(&pc, config_policy_index(cfg, "tenant")),
+                  "burst changed: a new state");
+    pacing_free(&next);
+    config_free(cfg2);
 }

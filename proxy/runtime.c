@@ -1,0 +1,188 @@
+#include "proxy/runtime.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#include "proxy/app.h"
+#include "proxy/server.h"
+#include "proxy/upstream.h"
+
+static int tls_init(struct runtime *rt, struct sc_error *err)
+{
+    const struct sc_config *cfg = rt->cfg;
+
+    rt->tls = calloc(cfg->n_upstreams ? cfg->n_upstreams : 1, sizeof *rt->tls);
+    if (!rt->tls) {
+        sc_error_set(err, "out of memory");
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < cfg->n_upstreams; i++) {
+        if (!cfg->upstreams[i].https)
+            continue;
+        rt->tls[i] = up_tls_ctx_new(&cfg->upstreams[i], err);
+        if (!rt->tls[i])
+            return -EINVAL;
+    }
+    return 0;
+}
+
+/* Pools only allocate here; connections open on first use, on the loop
+ * that uses them. */
+static int pools_init(struct runtime *rt, struct sc_error *err)
+{
+    const struct sc_config *cfg = rt->cfg;
+    struct app *app = rt->app;
+
+    rt->n_loops = app->n_workers;
+    rt->pools = calloc(rt->n_loops, sizeof *rt->pools);
+    if (!rt->pools)
+        goto nomem;
+    for (unsigned w = 0; w < rt->n_loops; w++) {
+        rt->pools[w] = calloc(cfg->n_upstreams + 1, sizeof **rt->pools);
+        if (!rt->pools[w])
+            goto nomem;
+        for (size_t i = 0; i < cfg->n_upstreams; i++) {
+            const struct sc_upstream *u = &cfg->upstreams[i];
+            /* The keep-alive limit is per upstream; each loop gets its share. */
+            uint32_t share = (u->max_connections + rt->n_loops - 1) / rt->n_loops;
+
+            rt->pools[w][i] = up_pool_new(app->workers[w].base, app->workers[w].dns,
+                                          u, rt->tls[i], share);
+            if (!rt->pools[w][i])
+                goto nomem;
+        }
+    }
+    return 0;
+nomem:
+    sc_error_set(err, "out of memory creating upstream pools");
+    return -ENOMEM;
+}
+
+int runtime_new(struct app *app, struct sc_config *cfg,
+                const struct runtime *prev, struct runtime **out,
+                struct sc_error *err)
+{
+    struct runtime *rt = calloc(1, sizeof *rt);
+    int rc = -ENOMEM;
+
+    if (!rt) {
+        config_free(cfg);
+        sc_error_set(err, "out of memory");
+        return -ENOMEM;
+    }
+    atomic_store(&rt->refs, 1);
+    rt->app = app;
+    rt->cfg = cfg;
+    if ((rc = tls_init(rt, err)) != 0)
+        goto fail;
+    rc = pacing_init(&rt->pacing, cfg, prev ? &prev->pacing : NULL);
+    if (rc == 0)
+        rc = metrics_ids_build(&app->metrics, cfg, &rt->ids);
+    if (rc != 0) {
+        sc_error_set(err, "out of memory");
+        goto fail;
+    }
+    if ((rc = pools_init(rt, err)) != 0)
+        goto fail;
+    *out = rt;
+    return 0;
+fail:
+    runtime_free_now(rt);
+    return rc;
+}
+
+static void free_loop_pools(struct runtime *rt, unsigned w)
+{
+    for (size_t i = 0; rt->pools[w] && i < rt->cfg->n_upstreams; i++)
+        up_pool_free(rt->pools[w][i]);
+    free(rt->pools[w]);
+    rt->pools[w] = NULL;
+}
+
+void runtime_free_now(struct runtime *rt)
+{
+    for (unsigned w = 0; rt->pools && w < rt->n_loops; w++)
+        free_loop_pools(rt, w);
+    free(rt->pools);
+    pacing_free(&rt->pacing);
+    metrics_ids_free(&rt->ids);
+    for (size_t i = 0; rt->tls && i < rt->cfg->n_upstreams; i++)
+        if (rt->tls[i])
+            SSL_CTX_free(rt->tls[i]);
+    free(rt->tls);
+    config_free(rt->cfg);
+    free(rt);
+}
+
+struct loop_free {
+    struct runtime *rt;
+    unsigned w;
+};
+
+/* Runs on loop w: its pools' connections belong to it. The last loop frees
+ * the rest. */
+static void on_loop_free(evutil_socket_t fd, short what, void *arg)
+{
+    struct loop_free *lf = arg;
+    struct runtime *rt = lf->rt;
+
+    free_loop_pools(rt, lf->w);
+    free(lf);
+    if (atomic_fetch_add(&rt->loops_done, 1) + 1 == rt->n_loops) {
+        free(rt->pools);
+        rt->pools = NULL;
+        runtime_free_now(rt);
+    }
+}
+
+void runtime_put(struct runtime *rt)
+{
+    struct app *app;
+    unsigned n;
+
+    if (!rt || atomic_fetch_sub(&rt->refs, 1) != 1)
+        return;
+    app = rt->app;
+    n = rt->n_loops; /* rt may be gone once the last loop has run its part */
+    if (atomic_load(&app->loops_stopped) || n == 0) {
+        runtime_free_now(rt);
+        return;
+    }
+    for (unsigned w = 0; w < n; w++) {
+        struct loop_free *lf = malloc(sizeof *lf);
+
+        if (lf) {
+            /* Filled first: the loop may run it before event_base_once returns. */
+            lf->rt = rt;
+            lf->w = w;
+        }
+        if (!lf || event_base_once(app->workers[w].base, -1, EV_TIMEOUT,
+                                   on_loop_free, lf, NULL) != 0) {
+            /* Cannot post to the loop: free there and then (rare, at exit). */
+            free(lf);
+            free_loop_pools(rt, w);
+            if (atomic_fetch_add(&rt->loops_done, 1) + 1 == n) {
+                free(rt->pools);
+                rt->pools = NULL;
+                runtime_free_now(rt);
+            }
+        }
+    }
+}
+
+struct runtime *runtime_acquire(struct app *app)
+{
+    struct runtime *rt;
+
+    /* A short lock: the swap on reload must not free what a reader is
+     * about to take a reference on. */
+    pthread_mutex_lock(&app->rt_mu);
+    rt = app->rt;
+    if (rt)
+        atomic_fetch_add(&rt->refs, 1);
+    pthread_mutex_unlock(&app->rt_mu);
+    return rt;
+}
