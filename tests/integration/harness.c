@@ -155,13 +155,11 @@ int h_sluice_start_raw(struct h_sluice *s, const char *yaml, int port,
     return -1;
 }
 
-int h_sluice_start(struct h_sluice *s, const char *body)
+static char *full_config(const struct h_sluice *s, int port, int admin,
+                         const char *body)
 {
-    int port = h_free_port(), admin = h_free_port(), rc;
     char *yaml;
 
-    if (!s->dir)
-        s->dir = tu_mkdtemp("it");
     /* Two loops by default, so cross-thread paths are exercised. */
     if (asprintf(&yaml,
                  "listen: 127.0.0.1:%d\nadmin: 127.0.0.1:%d\n%s"
@@ -170,6 +168,32 @@ int h_sluice_start(struct h_sluice *s, const char *body)
                  strncmp(body, "threads:", 8) && !strstr(body, "\nthreads:")
                      ? "threads: 2\n" : "",
                  s->dir, body) < 0)
+        return NULL;
+    return yaml;
+}
+
+int h_sluice_rewrite(struct h_sluice *s, const char *body)
+{
+    char *yaml = full_config(s, s->port, s->admin_port, body);
+    char *path;
+
+    if (!yaml)
+        return -1;
+    path = tu_write_file(s->dir, "sidecar.yaml", yaml);
+    free(yaml);
+    free(path);
+    return 0;
+}
+
+int h_sluice_start(struct h_sluice *s, const char *body)
+{
+    int port = h_free_port(), admin = h_free_port(), rc;
+    char *yaml;
+
+    if (!s->dir)
+        s->dir = tu_mkdtemp("it");
+    yaml = full_config(s, port, admin, body);
+    if (!yaml)
         return -1;
     rc = h_sluice_start_raw(s, yaml, port, admin);
     free(yaml);

@@ -42,6 +42,9 @@ int h_sluice_start(struct h_sluice *s, const char *body);
  * yaml NULL restarts on the config file written before. */
 int h_sluice_start_raw(struct h_sluice *s, const char *yaml, int port,
                        int admin_port);
+/* Rewrites the config file (same ports, dir and defaults as at start) with
+ * a new body, for reload tests. */
+int h_sluice_rewrite(struct h_sluice *s, const char *body);
 /* SIGTERM, then waits (up to timeout_s); returns the exit status or -1. */
 int h_sluice_stop(struct h_sluice *s, int timeout_s);
 void h_sluice_cleanup(struct h_sluice *s);
