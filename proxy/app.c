@@ -43,7 +43,9 @@ static int fixed_init(struct app_fixed *f, const struct sc_config *cfg)
     f->store_path = strdup(cfg->store.path);
     f->store_sync = cfg->store.sync;
     f->backend = cfg->store.backend;
-    return f->file && f->listen.host && f->admin.host && f->store_path ? 0 : -ENOMEM;
+    f->statsd = strdup(cfg->metrics.statsd ? cfg->metrics.statsd : "");
+    return f->file && f->listen.host && f->admin.host && f->store_path && f->statsd
+               ? 0 : -ENOMEM;
 }
 
 static void fixed_free(struct app_fixed *f)
@@ -52,6 +54,7 @@ static void fixed_free(struct app_fixed *f)
     free(f->listen.host);
     free(f->admin.host);
     free(f->store_path);
+    free(f->statsd);
     memset(f, 0, sizeof *f);
 }
 
@@ -227,6 +230,8 @@ static int check_fixed(const struct app_fixed *f, const struct sc_config *c,
     if ((strcmp(f->store_path, c->store.path) || f->store_sync != c->store.sync ||
          f->backend != c->store.backend) && ++bad)
         fprintf(out, "%s: store changed: it needs a restart\n", c->file);
+    if (strcmp(f->statsd, c->metrics.statsd ? c->metrics.statsd : "") && ++bad)
+        fprintf(out, "%s: metrics.statsd changed: it needs a restart\n", c->file);
     return bad ? -EINVAL : 0;
 }
 

@@ -31,6 +31,7 @@ struct app_fixed {
     char *store_path;
     bool store_sync;
     enum sc_backend backend;
+    char *statsd;               /* "" = off */
 };
 
 struct app {

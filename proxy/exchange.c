@@ -503,6 +503,11 @@ static void record_queue_age(const struct exchange *ex, struct metrics_shard *sh
     }
     at = (double)ex->t0_wall_ms / 1000.0 - at;
     metrics_observe(sh, H_QUEUE_AGE, ids->queue_age[r], at > 0 ? at : 0);
+    if (ex->w->statsd.fd >= 0) {
+        char tags[160];
+        snprintf(tags, sizeof tags, "route:%s", ex->route ? ex->route->name : "none");
+        statsd_timing(&ex->w->statsd, "queue_age", (at > 0 ? at : 0) * 1000, tags);
+    }
 }
 
 static void record_upstream(const struct exchange *ex, struct metrics_shard *sh,
@@ -519,6 +524,35 @@ static void record_upstream(const struct exchange *ex, struct metrics_shard *sh,
                     (double)(u->done_ns - u->sent_ns) / 1e9);
 }
 
+/* StatsD timings, when it is on: the same figures as the histograms. */
+static void record_statsd(const struct exchange *ex, size_t r, double total_s)
+{
+    struct statsd *sd = &ex->w->statsd;
+    const char *route = ex->route ? ex->route->name : "none";
+    const struct up_request *u = &ex->ureq;
+    char tags[256];
+
+    if (sd->fd < 0)
+        return;
+    snprintf(tags, sizeof tags, "route:%s", route);
+    statsd_timing(sd, "request_duration", total_s * 1000, tags);
+    if (!ex->route)
+        return;
+    if (u->done_ns && u->sent_ns) {
+        snprintf(tags, sizeof tags, "upstream:%s", ex->up->name);
+        statsd_timing(sd, "upstream_duration", (double)(u->done_ns - u->sent_ns) / 1e6, tags);
+    }
+    snprintf(tags, sizeof tags, "policy:%s", ex->pol->name);
+    if (ex->ureq.sent_ns)
+        statsd_timing(sd, "permit_wait", (double)ex->permit_wait_ns / 1e6, tags);
+    if (ex->kind == ANSWER_INSTRUCTION && ex->outcome == OUT_REQUEUE) {
+        snprintf(tags, sizeof tags, "policy:%s,reason:%s", ex->pol->name,
+                 reason_name(ex->reason));
+        statsd_timing(sd, "requeue_delay", (double)ex->instr.delay_ms, tags);
+    }
+    (void)r;
+}
+
 static void record_metrics(const struct exchange *ex)
 {
     struct app *app = ex->w->app;
@@ -528,9 +562,11 @@ static void record_metrics(const struct exchange *ex)
     size_t p = ex->route && ex->route->policy >= 0 ? (size_t)ex->route->policy
                                                    : ids->n_policies;
 
+    double total_s = (double)(clock_mono_ns() - ex->t0_ns) / 1e9;
+
     metrics_add(sh, ids->requests[(r * OUT__COUNT + ex->outcome) * R__COUNT + ex->reason], 1);
-    metrics_observe(sh, H_DURATION, ids->req_duration[r],
-                    (double)(clock_mono_ns() - ex->t0_ns) / 1e9);
+    metrics_observe(sh, H_DURATION, ids->req_duration[r], total_s);
+    record_statsd(ex, r, total_s);
     record_queue_age(ex, sh, ids, r);
     if (!ex->route)
         return;

@@ -379,6 +379,40 @@ void metrics_observe(struct metrics_shard *s, enum hist_kind k, uint32_t base,
                 value > 0 ? (uint64_t)(value * 1e6 + 0.5) : 0);
 }
 
+/* ---- StatsD deltas ------------------------------------------------------- */
+
+void metrics_counter_deltas(struct metrics *m, unsigned shard, uint64_t **last,
+                            size_t *n_last, metrics_delta_fn fn, void *arg)
+{
+    struct metrics_shard *sh = &m->shards[shard];
+
+    pthread_mutex_lock(&m->mu);
+    if (*n_last < m->n_slots) {
+        uint64_t *n = realloc(*last, m->n_slots * sizeof *n);
+        if (!n) {
+            pthread_mutex_unlock(&m->mu);
+            return;
+        }
+        memset(n + *n_last, 0, (m->n_slots - *n_last) * sizeof *n);
+        *last = n;
+        *n_last = m->n_slots;
+    }
+    for (size_t i = 0; i < m->n_series; i++) {
+        const struct series *s = &m->series[i];
+        uint64_t v;
+
+        if (s->type != S_COUNTER)
+            continue;
+        v = atomic_load_explicit(&sh->chunks[s->slot / METRICS_CHUNK][s->slot % METRICS_CHUNK],
+                                 memory_order_relaxed);
+        if (v > (*last)[s->slot]) {
+            fn(arg, s->name, s->labels, v - (*last)[s->slot]);
+            (*last)[s->slot] = v;
+        }
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
 /* ---- rendering ---------------------------------------------------------- */
 
 uint64_t metrics_sum(struct metrics *m, uint32_t slot)

@@ -89,10 +89,13 @@ char *metrics_render(struct metrics *m, const char *extra);
 /* Sum of one slot over all shards. */
 uint64_t metrics_sum(struct metrics *m, uint32_t slot);
 
-/* For StatsD: calls fn for every counter and histogram slot whose total
- * changed since the last call, with the delta. */
-typedef void (*metrics_delta_fn)(void *arg, const char *name, const char *tags,
-                                 enum hist_kind hk, int bucket, uint64_t delta);
+/* For StatsD: calls fn(arg, name, labels, delta) for every counter of one
+ * shard that grew since the last call; *last (grown as needed, owned by the
+ * caller) remembers what was reported. Run by the shard's own thread. */
+typedef void (*metrics_delta_fn)(void *arg, const char *name,
+                                 const char *labels, uint64_t delta);
+void metrics_counter_deltas(struct metrics *m, unsigned shard, uint64_t **last,
+                            size_t *n_last, metrics_delta_fn fn, void *arg);
 
 enum up_code metrics_up_code(int result, int status);
 

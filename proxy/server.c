@@ -240,6 +240,7 @@ int worker_init(struct worker *w, struct app *app, unsigned idx,
                 int listen_fd, struct sc_error *err)
 {
     memset(w, 0, sizeof *w);
+    w->statsd.fd = -1;
     w->idx = idx;
     w->app = app;
     TAILQ_INIT(&w->waiting);
@@ -263,6 +264,10 @@ int worker_init(struct worker *w, struct app *app, unsigned idx,
         return -ENOMEM;
     /* Every loop accepts from the one shared socket; the kernel wakes one
      * or both, and a loser's accept just finds nothing. */
+    w->statsd.fd = -1;
+    if (app->fixed.statsd[0] &&
+        statsd_open(&w->statsd, app->fixed.statsd, w->base, &app->metrics, idx, err) != 0)
+        return -EINVAL;
     w->listener = evconnlistener_new(w->base, on_accept, w, 0, -1, listen_fd);
     if (!w->listener) {
         sc_error_set(err, "cannot accept on the listening socket");
@@ -323,6 +328,7 @@ void worker_stop_daemon(struct worker *w)
     if (w->mhd)
         MHD_stop_daemon(w->mhd);
     w->mhd = NULL;
+    statsd_close(&w->statsd);
     /* Runs what other threads posted before the loop ended (pool frees of
      * an old runtime). */
     if (w->base)

@@ -12,6 +12,7 @@
 #include <sys/queue.h>
 
 #include "policies/config.h"
+#include "proxy/statsd.h"
 #include "util/error.h"
 
 struct app;
@@ -34,6 +35,7 @@ struct worker {
     struct evdns_base *dns;
     struct MHD_Daemon *mhd;
     struct evconnlistener *listener; /* on the shared listening socket */
+    struct statsd statsd;       /* fd -1 when metrics.statsd is off */
     struct event *mhd_read_ev;  /* MHD's epoll fd became readable */
     struct event *mhd_timer_ev; /* MHD_get_timeout() expired */
     struct event *quiesce_ev;   /* command: stop accepting */

@@ -51,7 +51,7 @@ if [ "${NO_BUILD:-0}" != 1 ]; then
 fi
 SLUICE=$BUILD_DIR/sluice
 STUB=$BUILD_DIR/sluice-stub
-[ -x "$SLUICE" ] && [ -x "$STUB" ] || die "no sluice / sluice-stub in $BUILD_DIR"
+if [ ! -x "$SLUICE" ] || [ ! -x "$STUB" ]; then die "no sluice / sluice-stub in $BUILD_DIR"; fi
 
 # ---- process bookkeeping: every process started here is stopped by its pid ---
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/sluice-rate.XXXXXX")
