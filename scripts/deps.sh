@@ -4,7 +4,7 @@
 set -eu
 PKGS="build-essential cmake pkg-config libmicrohttpd-dev libevent-dev
 librocksdb-dev libjansson-dev libyaml-dev libssl-dev libhttp-parser-dev
-libcriterion-dev openssl curl"
+libcriterion-dev openssl curl prometheus"
 [ "${1:-}" = "--bench" ] && PKGS="$PKGS wrk nginx-light"
 
 missing=""

@@ -178,6 +178,21 @@ static struct family *family_add(struct expo *e, const char *name, size_t len)
     return f;
 }
 
+/* The family a sample name belongs to, given the TYPE in force. */
+static bool belongs(const struct family *f, const char *name)
+{
+    size_t n;
+
+    if (!f || !f->type)
+        return false;
+    if (!strcmp(f->name, name))
+        return strcmp(f->type, "histogram") != 0;
+    n = strlen(f->name);
+    return !strcmp(f->type, "histogram") && !strncmp(name, f->name, n) &&
+           (!strcmp(name + n, "_bucket") || !strcmp(name + n, "_sum") ||
+            !strcmp(name + n, "_count"));
+}
+
 /* "# HELP name text" / "# TYPE name type". */
 static void parse_comment(struct expo *e, const char *line, int no,
                           struct family **cur)
@@ -214,24 +229,9 @@ static void parse_comment(struct expo *e, const char *line, int no,
     else
         f->type = strdup(p + n + 1);
     for (size_t i = 0; i < e->n; i++)
-        if (!strncmp(e->s[i].name, f->name, strlen(f->name)))
+        if (belongs(f, e->s[i].name))
             problem(e, no, "TYPE of %s after its samples", f->name);
     *cur = f;
-}
-
-/* The family a sample name belongs to, given the TYPE in force. */
-static bool belongs(const struct family *f, const char *name)
-{
-    size_t n;
-
-    if (!f || !f->type)
-        return false;
-    if (!strcmp(f->name, name))
-        return strcmp(f->type, "histogram") != 0;
-    n = strlen(f->name);
-    return !strcmp(f->type, "histogram") && !strncmp(name, f->name, n) &&
-           (!strcmp(name + n, "_bucket") || !strcmp(name + n, "_sum") ||
-            !strcmp(name + n, "_count"));
 }
 
 /* name{l="v",...} value */
@@ -442,8 +442,9 @@ static char *scrape_settled(double total, int conns, struct expo *e)
         usleep(20000);
     }
     parse_expo(text, e);
-    cr_assert_fail("metrics did not settle: %.0f answers of %.0f, %.0f connections\n%s",
-                   answers(e), total, val(e, "sluice_connections", NULL), text);
+    cr_assert_fail("metrics did not settle: %.0f answers of %.0f, %.0f connections\n"
+                   "%d format problems:\n%s\n%s", answers(e), total,
+                   val(e, "sluice_connections", NULL), e->n_err, e->err, text);
     return text;
 }
 
@@ -484,6 +485,10 @@ static void refuse_one_connection(void)
     char buf[64];
     struct pollfd p;
 
+    /* The connections of earlier requests are gone first, so that the
+     * MAX_CONNS counted are these. */
+    free(scrape_settled(-1, 0, &e));
+    expo_free(&e);
     for (int i = 0; i < MAX_CONNS; i++)
         fds[i] = connect_port(sl.port);
     free(scrape_settled(-1, MAX_CONNS, &e));
@@ -491,8 +496,777 @@ static void refuse_one_connection(void)
     extra = connect_port(sl.port);
     p = (struct pollfd){extra, POLLIN, 0};
     cr_expect_eq(poll(&p, 1, 5000), 1, "the connection over the limit was not closed");
-    cr_expect_leq(recv(extra, buf, sizeof buf, 0), 0);
+    cr_expect_leq(recv(extra, buf, sizeof buf, MSG_DONTWAIT), 0);
     close(extra);
     for (int i = 0; i < MAX_CONNS; i++)
         close(fds[i]);
+}
+
+static int post_reload(void)
+{
+    struct h_resp r;
+    int status;
+
+    cr_assert_eq(h_http(sl.admin_port, "POST", "/reload", NULL, "", 0, &r), 0);
+    status = r.status;
+    h_resp_free(&r);
+    return status;
+}
+
+/* A reload of the running file (ok), then of a broken one (error); the
+ * file is put back. */
+static void reload_twice(void)
+{
+    char *orig = tu_read_file(sl.cfg_path, NULL), *path;
+
+    cr_assert_not_null(orig);
+    cr_expect_eq(post_reload(), 200, "reload of the running config");
+    free(tu_write_file(sl.dir, "sidecar.yaml", "routes: 5\n"));
+    cr_expect_eq(post_reload(), 400, "reload of a broken config");
+    path = tu_write_file(sl.dir, "sidecar.yaml", orig);
+    cr_assert_str_eq(path, sl.cfg_path);
+    free(path);
+    free(orig);
+}
+
+/* Traffic that makes every family speak: TOTAL_ANSWERS answers, one
+ * refused connection, two reloads. */
+#define TOTAL_ANSWERS 13
+
+static void drive_all(void)
+{
+    char h[128];
+
+    /* sync: 3 ok (one keyed), a replay, a requeue and a dead letter. */
+    snprintf(h, sizeof h, "Sluice-Enqueued-At: %ld\r\n", (long)time(NULL) - 100);
+    send_req("POST", "/v1/sync/1", h, "a", 200, "ok");
+    send_req("POST", "/v1/sync/2", "Sluice-Enqueued-At: yesterday\r\n", "b", 200, "ok");
+    send_req("POST", "/v1/sync/3", "Idempotency-Key: metrics-k1\r\n", "c", 200, "ok");
+    send_req("POST", "/v1/sync/3", "Idempotency-Key: metrics-k1\r\n", "c", 200, "replayed");
+    send_req("POST", "/v1/sync/4", "X-Stub-Status: 503\r\n", "d", 503, "requeue");
+    send_req("POST", "/v1/sync/5", "X-Stub-Status: 503\r\nSluice-Attempt: 3\r\n", "e", 503,
+             "dead_letter");
+    /* paced: the bucket holds one permit a minute. */
+    send_req("POST", "/v1/paced", NULL, "f", 200, "ok");
+    send_req("POST", "/v1/paced", NULL, "g", 429, "requeue");
+    /* cool: a 429 with Retry-After pauses the policy for 10 minutes. */
+    send_req("POST", "/v1/cool", "X-Stub-Status: 429\r\nX-Stub-Retry-After: 600\r\n", "h", 429,
+             "requeue");
+    send_req("POST", "/v1/cool", NULL, "i", 429, "requeue");
+    /* gone: nothing listens on its upstream. */
+    send_req("POST", "/v1/gone", NULL, "j", 503, "requeue");
+    send_req("GET", "/v1/weird/x", NULL, NULL, 200, "ok");
+    send_req("GET", "/nowhere", NULL, NULL, 404, "rejected");
+    refuse_one_connection();
+    reload_twice();
+}
+
+/* The series of `name` with these labels must be absent (a zero counter). */
+#define expect_val(e, want, ...)                                                   \
+    do {                                                                           \
+        double got_ = val(e, __VA_ARGS__, NULL);                                   \
+        cr_expect_eq(got_, (double)(want), "%s: %g, want %g", #__VA_ARGS__, got_,  \
+                     (double)(want));                                              \
+    } while (0)
+
+static const struct {
+    const char *name, *type;
+    bool spec;  /* listed in SPEC section 8 */
+} known[] = {
+    {"sluice_requests_total", "counter", true},
+    {"sluice_upstream_responses_total", "counter", true},
+    {"sluice_request_duration_seconds", "histogram", true},
+    {"sluice_permit_wait_seconds", "histogram", true},
+    {"sluice_upstream_duration_seconds", "histogram", true},
+    {"sluice_queue_age_seconds", "histogram", true},
+    {"sluice_requeue_delay_seconds", "histogram", true},
+    {"sluice_bucket_tokens", "gauge", true},
+    {"sluice_inflight", "gauge", true},
+    {"sluice_cooldown_seconds", "gauge", true},
+    {"sluice_leases_active", "gauge", true},
+    {"sluice_store_records", "gauge", true},
+    {"sluice_config_reloads_total", "counter", true},
+    {"sluice_queue_age_invalid_total", "counter", false},
+    {"sluice_store_errors_total", "counter", false},
+    {"sluice_connections_refused_total", "counter", false},
+    {"sluice_connections", "gauge", false},
+    {"sluice_ready", "gauge", false},
+};
+
+static void check_families(const struct expo *e)
+{
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++) {
+        const struct family *f = family_of((struct expo *)e, known[i].name);
+
+        cr_expect(f && f->type, "no TYPE line for %s", known[i].name);
+        if (f && f->type)
+            cr_expect_str_eq(f->type, known[i].type, "%s", known[i].name);
+        cr_expect(f && f->help, "no HELP line for %s", known[i].name);
+    }
+    /* Nothing else, and every family has a TYPE. */
+    for (size_t i = 0; i < e->nf; i++) {
+        bool found = false;
+
+        for (size_t k = 0; k < sizeof known / sizeof *known; k++)
+            found |= !strcmp(e->f[i].name, known[k].name);
+        cr_expect(found, "unexpected family %s", e->f[i].name);
+        cr_expect(e->f[i].type != NULL, "family %s has no TYPE", e->f[i].name);
+        if (e->f[i].type && !strcmp(e->f[i].type, "counter"))
+            cr_expect(strlen(e->f[i].name) > 6 &&
+                          !strcmp(e->f[i].name + strlen(e->f[i].name) - 6, "_total"),
+                      "counter %s does not end in _total", e->f[i].name);
+    }
+}
+
+/* A sample's labels but le, as text: the key of its histogram series. */
+static void base_key(const struct sample *s, char *out, size_t len)
+{
+    size_t used = 0;
+
+    out[0] = '\0';
+    for (int i = 0; i < s->nl && used < len; i++)
+        if (strcmp(s->l[i].name, "le"))
+            used += (size_t)snprintf(out + used, len - used, "%s=%s,", s->l[i].name,
+                                     s->l[i].value);
+}
+
+static const struct sample *find_part(const struct expo *e, const char *family,
+                                      const char *suffix, const char *key)
+{
+    char name[128], k[512];
+
+    snprintf(name, sizeof name, "%s%s", family, suffix);
+    for (size_t i = 0; i < e->n; i++) {
+        if (strcmp(e->s[i].name, name))
+            continue;
+        base_key(&e->s[i], k, sizeof k);
+        if (!strcmp(k, key))
+            return &e->s[i];
+    }
+    return NULL;
+}
+
+/* Buckets cumulative and in order, ending in +Inf == _count, _sum there. */
+static void check_histograms(const struct expo *e)
+{
+    for (size_t fi = 0; fi < e->nf; fi++) {
+        const struct family *f = &e->f[fi];
+        char bucket[128], key[512], prev_key[512] = "";
+        double prev_le = -INFINITY, prev_v = 0;
+        size_t series = 0;
+
+        if (!f->type || strcmp(f->type, "histogram"))
+            continue;
+        snprintf(bucket, sizeof bucket, "%s_bucket", f->name);
+        for (size_t i = 0; i <= e->n; i++) {
+            const struct sample *s = i < e->n ? &e->s[i] : NULL;
+            const char *le;
+            double lev;
+
+            if (s && strcmp(s->name, bucket))
+                continue;
+            if (s)
+                base_key(s, key, sizeof key);
+            if (prev_key[0] && (!s || strcmp(key, prev_key))) {
+                /* The series before this one is complete. */
+                const struct sample *cnt = find_part(e, f->name, "_count", prev_key);
+                const struct sample *sum = find_part(e, f->name, "_sum", prev_key);
+
+                cr_expect(isinf(prev_le) && prev_le > 0, "%s{%s}: last bucket is not +Inf",
+                          f->name, prev_key);
+                cr_expect(cnt && cnt->v == prev_v, "%s{%s}: _count %g, +Inf bucket %g",
+                          f->name, prev_key, cnt ? cnt->v : -1, prev_v);
+                cr_expect(sum && sum->v >= 0, "%s{%s}: no _sum", f->name, prev_key);
+                series++;
+                prev_le = -INFINITY;
+                prev_v = 0;
+            }
+            if (!s)
+                break;
+            snprintf(prev_key, sizeof prev_key, "%s", key);
+            le = label(s, "le");
+            cr_expect(le != NULL, "line %d: a bucket without le", s->line);
+            if (!le)
+                continue;
+            lev = !strcmp(le, "+Inf") ? INFINITY : strtod(le, NULL);
+            cr_expect_gt(lev, prev_le, "line %d: le %s not after %g", s->line, le, prev_le);
+            cr_expect_geq(s->v, prev_v, "line %d: bucket %g below the one before (%g)",
+                          s->line, s->v, prev_v);
+            prev_le = lev;
+            prev_v = s->v;
+        }
+        /* Every _count and _sum belongs to a bucket series. */
+        for (size_t i = 0; i < e->n; i++) {
+            size_t n = strlen(f->name);
+
+            if (strncmp(e->s[i].name, f->name, n) ||
+                (strcmp(e->s[i].name + n, "_count") && strcmp(e->s[i].name + n, "_sum")))
+                continue;
+            base_key(&e->s[i], key, sizeof key);
+            cr_expect(find_part(e, f->name, "_bucket", key), "line %d: %s without buckets",
+                      e->s[i].line, e->s[i].name);
+        }
+        /* drive_all observed every histogram. */
+        cr_expect_gt(series, 0, "histogram %s has no series", f->name);
+    }
+}
+
+/* Every counter is what the traffic of drive_all adds up to. */
+static void check_counters(const struct expo *e)
+{
+    const char *R = "sluice_requests_total", *U = "sluice_upstream_responses_total";
+
+    expect_val(e, 3, R, "route", "sync", "outcome", "ok", "reason", "none");
+    expect_val(e, 1, R, "route", "sync", "outcome", "replayed", "reason", "none");
+    expect_val(e, 1, R, "route", "sync", "outcome", "requeue", "reason", "upstream_5xx");
+    expect_val(e, 1, R, "route", "sync", "outcome", "dead_letter", "reason", "upstream_5xx");
+    expect_val(e, 1, R, "route", "paced", "outcome", "ok", "reason", "none");
+    expect_val(e, 1, R, "route", "paced", "outcome", "requeue", "reason", "rate_limited");
+    expect_val(e, 1, R, "route", "cool", "outcome", "requeue", "reason", "upstream_429");
+    expect_val(e, 1, R, "route", "cool", "outcome", "requeue", "reason", "upstream_cooldown");
+    expect_val(e, 1, R, "route", "gone", "outcome", "requeue", "reason", "connect_error");
+    expect_val(e, 1, R, "route", WEIRD_ROUTE, "outcome", "ok", "reason", "none");
+    expect_val(e, 1, R, "route", "none", "outcome", "rejected", "reason", "no_route");
+    /* Nothing else was counted, and zeros are left out. */
+    cr_expect_eq(answers(e), TOTAL_ANSWERS);
+    for (size_t i = 0; i < e->n; i++)
+        if (!strcmp(e->s[i].name, R) || !strcmp(e->s[i].name, U))
+            cr_expect_gt(e->s[i].v, 0, "line %d: a zero counter %s", e->s[i].line,
+                         e->s[i].key);
+
+    expect_val(e, 5, U, "upstream", "stub", "code", "2xx");
+    expect_val(e, 2, U, "upstream", "stub", "code", "5xx");
+    expect_val(e, 1, U, "upstream", "stub", "code", "429");
+    expect_val(e, 1, U, "upstream", "dead", "code", "connect_error");
+
+    expect_val(e, 1, "sluice_queue_age_invalid_total", "route", "sync");
+    expect_val(e, 1, "sluice_connections_refused_total");
+    expect_val(e, -1, "sluice_store_errors_total");
+    expect_val(e, 1, "sluice_config_reloads_total", "result", "ok");
+    expect_val(e, 1, "sluice_config_reloads_total", "result", "error");
+}
+
+static void check_histogram_values(const struct expo *e)
+{
+    const char *D = "sluice_request_duration_seconds_count";
+    const char *Q = "sluice_queue_age_seconds";
+    double age;
+
+    expect_val(e, 6, D, "route", "sync");
+    expect_val(e, 2, D, "route", "paced");
+    expect_val(e, 2, D, "route", "cool");
+    expect_val(e, 1, D, "route", "gone");
+    expect_val(e, 1, D, "route", WEIRD_ROUTE);
+    expect_val(e, 1, D, "route", "none");
+    /* The 8 answers the stub gave (the replay and the refusals did not go). */
+    expect_val(e, 8, "sluice_upstream_duration_seconds_count", "upstream", "stub");
+    /* Forwarded requests waited for a permit: 5 of sync, 1 of paced, 1 of cool. */
+    expect_val(e, 5, "sluice_permit_wait_seconds_count", "policy", "open");
+    expect_val(e, 1, "sluice_permit_wait_seconds_count", "policy", "slow");
+    expect_val(e, 1, "sluice_permit_wait_seconds_count", "policy", "cool");
+    /* One job 100 s old: in the bucket up to 300 s, not the one up to 60. */
+    expect_val(e, 1, "sluice_queue_age_seconds_count", "route", "sync");
+    expect_val(e, 0, "sluice_queue_age_seconds_bucket", "route", "sync", "le", "60");
+    expect_val(e, 1, "sluice_queue_age_seconds_bucket", "route", "sync", "le", "300");
+    age = val(e, "sluice_queue_age_seconds_sum", "route", "sync", NULL);
+    cr_expect(age >= 99 && age < 110, "%s_sum %g, want about 100", Q, age);
+    /* Requeue delays: one a reason, the dead letter has none. */
+    expect_val(e, 1, "sluice_requeue_delay_seconds_count", "policy", "open", "reason",
+               "upstream_5xx");
+    expect_val(e, -1, "sluice_requeue_delay_seconds_count", "policy", "open", "reason",
+               "delay_exceeds_max");
+    expect_val(e, 1, "sluice_requeue_delay_seconds_count", "policy", "slow", "reason",
+               "rate_limited");
+    /* A minute until the next permit of 1/m. */
+    expect_val(e, 1, "sluice_requeue_delay_seconds_bucket", "policy", "slow", "reason",
+               "rate_limited", "le", "60");
+    expect_val(e, 0, "sluice_requeue_delay_seconds_bucket", "policy", "slow", "reason",
+               "rate_limited", "le", "30");
+    /* Retry-After: 600 plus jitter. */
+    expect_val(e, 0, "sluice_requeue_delay_seconds_bucket", "policy", "cool", "reason",
+               "upstream_429", "le", "300");
+    expect_val(e, 1, "sluice_requeue_delay_seconds_bucket", "policy", "cool", "reason",
+               "upstream_429", "le", "900");
+    expect_val(e, 1, "sluice_requeue_delay_seconds_count", "policy", "cool", "reason",
+               "upstream_cooldown");
+    expect_val(e, 1, "sluice_requeue_delay_seconds_count", "policy", "default", "reason",
+               "connect_error");
+}
+
+static void check_gauges(const struct expo *e)
+{
+    double cd = val(e, "sluice_cooldown_seconds", "policy", "cool", NULL);
+
+    /* Buckets exist for policies with a rate; both are empty now. */
+    expect_val(e, 0, "sluice_bucket_tokens", "policy", "slow");
+    expect_val(e, 0, "sluice_bucket_tokens", "policy", "cool");
+    expect_val(e, -1, "sluice_bucket_tokens", "policy", "open");
+    expect_val(e, 0, "sluice_inflight", "policy", "open");
+    expect_val(e, 0, "sluice_inflight", "policy", "slow");
+    expect_val(e, 0, "sluice_inflight", "policy", "cool");
+    expect_val(e, 0, "sluice_inflight", "policy", "default");
+    cr_expect(cd > 500 && cd <= 700, "sluice_cooldown_seconds{policy=\"cool\"} %g", cd);
+    expect_val(e, 0, "sluice_cooldown_seconds", "policy", "slow");
+    expect_val(e, 0, "sluice_leases_active");
+    cr_expect_geq(val(e, "sluice_store_records", NULL), 0);
+    expect_val(e, 0, "sluice_connections");
+    expect_val(e, 1, "sluice_ready");
+}
+
+Test(metrics, exposition_after_traffic)
+{
+    struct expo e;
+    char *text;
+
+    drive_all();
+    text = scrape_settled(TOTAL_ANSWERS, 0, &e);
+    cr_expect_eq(e.n_err, 0, "%d format problems:\n%s", e.n_err, e.err);
+    check_families(&e);
+    check_histograms(&e);
+    check_counters(&e);
+    check_histogram_values(&e);
+    check_gauges(&e);
+    expo_free(&e);
+    free(text);
+}
+
+/* ---- label discipline --------------------------------------------------- */
+
+static const char *const allowed_routes[] = {"sync", "paced", "cool", "gone", WEIRD_ROUTE,
+                                             "none", NULL};
+static const char *const allowed_policies[] = {"open", "slow", "cool", "default", NULL};
+static const char *const allowed_upstreams[] = {"stub", "dead", NULL};
+static const char *const allowed_outcomes[] = {"ok", "permanent_error", "replayed", "requeue",
+                                               "dead_letter", "rejected", NULL};
+static const char *const allowed_reasons[] = {
+    "none", "no_route", "body_too_large", "headers_too_large", "malformed_request",
+    "upstream_429", "upstream_5xx", "connect_error", "connection_lost", "timeout",
+    "rate_limited", "upstream_cooldown", "lease_held", "store_unavailable",
+    "delay_exceeds_max", NULL};
+static const char *const allowed_codes[] = {"2xx", "3xx", "4xx", "429", "5xx", "connect_error",
+                                            "connection_lost", "timeout", NULL};
+static const char *const allowed_results[] = {"ok", "error", NULL};
+static const char *const allowed_shadow[] = {"true", NULL};
+
+static const struct {
+    const char *name;
+    const char *const *values;
+} allowed_labels[] = {
+    {"route", allowed_routes},       {"policy", allowed_policies},
+    {"upstream", allowed_upstreams}, {"outcome", allowed_outcomes},
+    {"reason", allowed_reasons},     {"code", allowed_codes},
+    {"result", allowed_results},     {"shadow", allowed_shadow},
+};
+
+static bool in_set(const char *const *set, const char *v)
+{
+    for (; *set; set++)
+        if (!strcmp(*set, v))
+            return true;
+    return false;
+}
+
+static void check_label_values(const struct expo *e)
+{
+    for (size_t i = 0; i < e->n; i++)
+        for (int j = 0; j < e->s[i].nl; j++) {
+            const struct label *l = &e->s[i].l[j];
+            bool known_name = false;
+            char *end;
+
+            if (!strcmp(l->name, "le")) {
+                if (strcmp(l->value, "+Inf")) {
+                    strtod(l->value, &end);
+                    cr_expect(*l->value && !*end, "line %d: le=\"%s\"", e->s[i].line,
+                              l->value);
+                }
+                continue;
+            }
+            for (size_t k = 0; k < sizeof allowed_labels / sizeof *allowed_labels; k++) {
+                if (strcmp(allowed_labels[k].name, l->name))
+                    continue;
+                known_name = true;
+                cr_expect(in_set(allowed_labels[k].values, l->value),
+                          "line %d: %s=\"%s\" is not a config name or a fixed value",
+                          e->s[i].line, l->name, l->value);
+            }
+            cr_expect(known_name, "line %d: unexpected label %s", e->s[i].line, l->name);
+        }
+}
+
+static void send_any(const char *method, const char *target, const char *headers,
+                     const char *body)
+{
+    struct h_resp r;
+
+    cr_assert_eq(h_http(sl.port, method, target, headers, body, body ? strlen(body) : 0, &r),
+                 0, "%s %s: no answer", method, target);
+    cr_expect(r.status >= 200 && r.status < 600, "%s %s: %d", method, target, r.status);
+    h_resp_free(&r);
+}
+
+Test(metrics, labels_hold_no_request_data)
+{
+    char key[64], hdrs[512], *text;
+    const char *needles[] = {
+        "12345", "script", "67890", key, "evil-host", "tenant-zzq", "agent-yyq",
+        "route-qqz", "secret-abc", "quoted", "BREW", "syncpot", "77777", "1e400",
+        "with spaces", "/v1/", "zz-body",
+    };
+    struct expo e;
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(key, sizeof key, "job-%lx-%lx", (unsigned long)ts.tv_sec,
+             (unsigned long)ts.tv_nsec ^ (unsigned long)getpid());
+    snprintf(hdrs, sizeof hdrs,
+             "Idempotency-Key: %s\r\nX-Tenant: tenant-zzq\r\nUser-Agent: agent-yyq\r\n"
+             "Sluice-Enqueued-At: 1e400\r\nSluice-Attempt: 77777\r\n", key);
+    send_req("POST", "/v1/sync/12345?x=<script>alert(1)</script>", NULL, "zz-body", 200, "ok");
+    send_req("POST", "/v1/sync/67890", hdrs, "zz-body", 200, "ok");
+    send_req("GET", "/no/such/route-qqz?token=secret-abc", NULL, NULL, 404, "rejected");
+    send_req("GET", "/v1/weird/%22%5C%0A?q=%22quoted%22", NULL, NULL, 200, "ok");
+    send_req("GET", "/v1/syncpot", NULL, NULL, 404, "rejected");
+    send_req("POST", "/v1/sync/9", "Idempotency-Key: bad key with spaces\r\n", "zz-body", 400,
+             "rejected");
+    send_any("BREW", "/v1/sync/coffee", "Host: evil-host.example\r\n", NULL);
+
+    /* 7 answers: sluice forwards BREW (the stub refuses it). */
+    text = scrape_settled(7, 0, &e);
+    cr_expect_eq(e.n_err, 0, "%s", e.err);
+    check_label_values(&e);
+    for (size_t i = 0; i < e.n; i++)
+        for (int j = 0; j < e.s[i].nl; j++)
+            for (size_t k = 0; k < sizeof needles / sizeof *needles; k++)
+                cr_expect(!strstr(e.s[i].l[j].value, needles[k]),
+                          "line %d: label %s=\"%s\" holds request data \"%s\"", e.s[i].line,
+                          e.s[i].l[j].name, e.s[i].l[j].value, needles[k]);
+    /* Not anywhere else either (HELP text is fixed). */
+    for (size_t k = 0; k < sizeof needles / sizeof *needles; k++)
+        if (isalpha((unsigned char)needles[k][0]))
+            cr_expect(!strstr(text, needles[k]), "/metrics holds \"%s\"", needles[k]);
+    /* Requests that matched no route are route="none". */
+    cr_expect_geq(val(&e, "sluice_requests_total", "route", "none", "outcome", "rejected",
+                      "reason", "no_route", NULL), 2);
+    expect_val(&e, 2, "sluice_requests_total", "route", "sync", "outcome", "ok", "reason",
+               "none");
+    expect_val(&e, 1, "sluice_requests_total", "route", "sync", "outcome", "rejected",
+               "reason", "malformed_request");
+    expect_val(&e, 1, "sluice_requests_total", "route", WEIRD_ROUTE, "outcome", "ok", "reason",
+               "none");
+    expect_val(&e, 1, "sluice_queue_age_invalid_total", "route", "sync");
+    expo_free(&e);
+    free(text);
+}
+
+/* ---- the dashboard and the rules against the live families -------------- */
+
+struct names {
+    char *v[256];
+    size_t n;
+};
+
+static void names_add(struct names *ns, const char *s, size_t len)
+{
+    for (size_t i = 0; i < ns->n; i++)
+        if (strlen(ns->v[i]) == len && !strncmp(ns->v[i], s, len))
+            return;
+    cr_assert_lt(ns->n, 256);
+    ns->v[ns->n++] = strndup(s, len);
+}
+
+static void names_free(struct names *ns)
+{
+    for (size_t i = 0; i < ns->n; i++)
+        free(ns->v[i]);
+    ns->n = 0;
+}
+
+static bool ident_char(char c)
+{
+    return isalnum((unsigned char)c) || c == '_';
+}
+
+/* Every sluice_[a-z0-9_]+ token of a query. Recording-rule names
+ * (level:metric:operations, e.g. route:sluice_requests:rate5m) are not
+ * metric names and are skipped. */
+static void scan_names(const char *text, struct names *ns)
+{
+    for (const char *p = text; (p = strstr(p, "sluice_")); p++) {
+        size_t n = 0;
+
+        if (p > text && (ident_char(p[-1]) || p[-1] == ':'))
+            continue;
+        while (islower((unsigned char)p[n]) || isdigit((unsigned char)p[n]) || p[n] == '_')
+            n++;
+        names_add(ns, p, n);
+    }
+}
+
+/* A name a query may use: a family with a TYPE line in the live output, or
+ * a histogram family's _bucket, _sum or _count. */
+static bool live_name(struct expo *e, const char *name)
+{
+    static const char *const sfx[] = {"_bucket", "_sum", "_count"};
+    const struct family *f = family_of(e, name);
+    size_t n = strlen(name);
+
+    if (f && f->type)
+        return true;
+    for (size_t i = 0; i < 3; i++) {
+        size_t sl_ = strlen(sfx[i]);
+        char base[128];
+
+        if (n <= sl_ || strcmp(name + n - sl_, sfx[i]) || n - sl_ >= sizeof base)
+            continue;
+        memcpy(base, name, n - sl_);
+        base[n - sl_] = '\0';
+        f = family_of(e, base);
+        if (f && f->type && !strcmp(f->type, "histogram"))
+            return true;
+    }
+    return false;
+}
+
+static char *replace_all(const char *s, const char *from, const char *to)
+{
+    char *out = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&out, &len);
+    const char *p;
+
+    while ((p = strstr(s, from))) {
+        fwrite(s, 1, (size_t)(p - s), f);
+        fputs(to, f);
+        s = p + strlen(from);
+    }
+    fputs(s, f);
+    fclose(f);
+    return out;
+}
+
+/* Collects the queries of a dashboard: every string under "expr", and the
+ * template variables' "query" / "definition". */
+static void collect_queries(json_t *j, const char *key, struct names *exprs)
+{
+    const char *k;
+    json_t *v;
+    size_t i;
+
+    if (json_is_object(j)) {
+        json_object_foreach(j, k, v) collect_queries(v, k, exprs);
+    } else if (json_is_array(j)) {
+        json_array_foreach(j, i, v) collect_queries(v, key, exprs);
+    } else if (json_is_string(j) && key &&
+               (!strcmp(key, "expr") || !strcmp(key, "query") || !strcmp(key, "definition"))) {
+        const char *s = json_string_value(j);
+        if (strstr(s, "sluice_"))
+            names_add(exprs, s, strlen(s));
+    }
+}
+
+static void need_promtool(void)
+{
+    cr_assert_eq(h_sh("command -v promtool >/dev/null 2>&1"), 0,
+                 "promtool not found: it ships in Debian's prometheus package, "
+                 "which scripts/deps.sh installs (apt-get install prometheus)");
+}
+
+/* Runs promtool with args; fails the test with its output unless it exits
+ * 0 (and, when quiet, prints nothing). */
+static void promtool(bool quiet, const char *args)
+{
+    char *out, *text;
+    int rc;
+
+    need_promtool();
+    cr_assert(asprintf(&out, "%s/promtool.out", sl.dir) > 0);
+    rc = h_sh("promtool %s > %s 2>&1", args, out);
+    text = tu_read_file(out, NULL);
+    cr_expect_eq(rc, 0, "promtool %s: exit %d\n%s", args, rc, text ? text : "");
+    if (quiet)
+        cr_expect(!text || !*text, "promtool %s complains:\n%s", args, text);
+    free(text);
+    free(out);
+}
+
+static void live_families(struct expo *e)
+{
+    char *text;
+
+    drive_all();
+    text = scrape_settled(TOTAL_ANSWERS, 0, e);
+    free(text);
+}
+
+Test(metrics, dashboard_queries_live_families)
+{
+    static const char *const panels_need[] = {
+        "sluice_requests_total", "sluice_upstream_responses_total",
+        "sluice_permit_wait_seconds_bucket", "sluice_upstream_duration_seconds_bucket",
+        "sluice_requeue_delay_seconds_bucket", "sluice_queue_age_seconds_bucket",
+        "sluice_bucket_tokens", "sluice_inflight", "sluice_cooldown_seconds",
+        "sluice_leases_active", "sluice_store_records", "sluice_config_reloads_total",
+        "sluice_store_errors_total",
+    };
+    struct names exprs = {0}, used = {0};
+    json_error_t jerr;
+    json_t *d = json_load_file(DASHBOARD, 0, &jerr), *v, *panel;
+    struct expo e;
+    bool ds = false, route = false, policy = false;
+    size_t i, n_targets = 0;
+    int ids[128] = {0};
+    FILE *rf;
+    char *rules_path;
+
+    cr_assert_not_null(d, "%s:%d: %s", DASHBOARD, jerr.line, jerr.text);
+    cr_expect(json_integer_value(json_object_get(d, "schemaVersion")) >= 36 &&
+              json_integer_value(json_object_get(d, "schemaVersion")) <= 39);
+    json_array_foreach(json_object_get(json_object_get(d, "templating"), "list"), i, v) {
+        const char *name = json_string_value(json_object_get(v, "name"));
+        const char *type = json_string_value(json_object_get(v, "type"));
+        const char *def = json_string_value(json_object_get(v, "definition"));
+
+        if (!name || !type)
+            continue;
+        if (!strcmp(name, "datasource"))
+            ds = !strcmp(type, "datasource") &&
+                 json_is_string(json_object_get(v, "query")) &&
+                 !strcmp(json_string_value(json_object_get(v, "query")), "prometheus");
+        if (!strcmp(name, "route"))
+            route = !strcmp(type, "query") && def && strstr(def, "label_values(") &&
+                    strstr(def, ", route)");
+        if (!strcmp(name, "policy"))
+            policy = !strcmp(type, "query") && def && strstr(def, "label_values(") &&
+                     strstr(def, ", policy)");
+    }
+    cr_expect(ds, "no datasource variable of type prometheus");
+    cr_expect(route, "no route variable from label_values");
+    cr_expect(policy, "no policy variable from label_values");
+    json_array_foreach(json_object_get(d, "panels"), i, panel) {
+        json_int_t id = json_integer_value(json_object_get(panel, "id"));
+        const char *type = json_string_value(json_object_get(panel, "type"));
+        json_t *t;
+        size_t k;
+
+        cr_expect(id > 0 && id < 128 && !ids[id], "panel id %lld missing or repeated",
+                  (long long)id);
+        if (id > 0 && id < 128)
+            ids[id] = 1;
+        cr_expect(json_is_object(json_object_get(panel, "gridPos")));
+        if (type && !strcmp(type, "row"))
+            continue;
+        cr_expect_str_eq(json_string_value(json_object_get(json_object_get(panel, "datasource"),
+                                                           "uid")) ?: "", "${datasource}",
+                         "panel %lld does not use the datasource variable", (long long)id);
+        cr_expect_gt(json_array_size(json_object_get(panel, "targets")), 0,
+                     "panel %lld has no query", (long long)id);
+        json_array_foreach(json_object_get(panel, "targets"), k, t) {
+            cr_expect(json_string_length(json_object_get(t, "expr")) > 0);
+            cr_expect(json_string_length(json_object_get(t, "refId")) > 0);
+            n_targets++;
+        }
+    }
+    cr_expect_geq(n_targets, 20);
+    collect_queries(d, NULL, &exprs);
+    json_decref(d);
+
+    live_families(&e);
+    for (i = 0; i < exprs.n; i++)
+        scan_names(exprs.v[i], &used);
+    for (i = 0; i < used.n; i++)
+        cr_expect(live_name(&e, used.v[i]), "the dashboard queries %s, not in /metrics",
+                  used.v[i]);
+    for (i = 0; i < sizeof panels_need / sizeof *panels_need; i++) {
+        bool found = false;
+        for (size_t k = 0; k < used.n; k++)
+            found |= !strcmp(used.v[k], panels_need[i]);
+        cr_expect(found, "no panel queries %s", panels_need[i]);
+    }
+    expo_free(&e);
+
+    /* The queries are valid PromQL: promtool parses them as recording rules,
+     * with Grafana's variables replaced. */
+    cr_assert(asprintf(&rules_path, "%s/dashboard-rules.yaml", sl.dir) > 0);
+    rf = fopen(rules_path, "w");
+    cr_assert_not_null(rf);
+    fputs("groups:\n  - name: dashboard\n    rules:\n", rf);
+    for (i = 0; i < exprs.n; i++) {
+        char *a = replace_all(exprs.v[i], "$__rate_interval", "5m");
+        char *b = replace_all(a, "$route", ".*");
+        char *c = replace_all(b, "$policy", ".*");
+        char *q = replace_all(c, "\n", "\n          ");
+
+        if (strstr(q, "label_values(")) { /* a variable query, not PromQL */
+            free(a), free(b), free(c), free(q);
+            continue;
+        }
+        cr_expect(!strchr(q, '$'), "a Grafana variable left in: %s", q);
+        fprintf(rf, "      - record: dashboard:query_%zu\n        expr: |\n          %s\n", i, q);
+        free(a), free(b), free(c), free(q);
+    }
+    fclose(rf);
+    {
+        char *args;
+        cr_assert(asprintf(&args, "check rules %s", rules_path) > 0);
+        promtool(false, args);
+        free(args);
+    }
+    free(rules_path);
+    names_free(&exprs);
+    names_free(&used);
+}
+
+Test(metrics, rules_query_live_families_and_pass_promtool)
+{
+    static const char *const alerts[] = {
+        "SluiceOldestMessageAgeHigh", "SluiceDeadLetters", "SluiceCooldownSustained",
+        "SluiceStoreErrors", "SluiceNotReady", "SluiceConfigReloadFailed",
+        "SluiceRateLimitedShareHigh",
+    };
+    char *text = tu_read_file(RULES, NULL), *p;
+    struct names used = {0};
+    struct expo e;
+    int n_alerts = 0, n_severity = 0;
+
+    cr_assert_not_null(text, "cannot read %s", RULES);
+    for (size_t i = 0; i < sizeof alerts / sizeof *alerts; i++) {
+        char want[96];
+        snprintf(want, sizeof want, "- alert: %s\n", alerts[i]);
+        cr_expect(strstr(text, want), "no alert %s", alerts[i]);
+    }
+    for (p = text; (p = strstr(p, "- alert: ")); p++)
+        n_alerts++;
+    for (p = text; (p = strstr(p, "severity: ")); p++)
+        n_severity++;
+    cr_expect_eq(n_alerts, n_severity, "%d alerts, %d severity labels", n_alerts, n_severity);
+    scan_names(text, &used);
+    free(text);
+
+    live_families(&e);
+    cr_expect_geq(used.n, 8);
+    for (size_t i = 0; i < used.n; i++)
+        cr_expect(live_name(&e, used.v[i]), "the rules query %s, not in /metrics", used.v[i]);
+    expo_free(&e);
+    names_free(&used);
+
+    promtool(false, "check rules " RULES);
+    /* The alerts fire (and stay quiet) on series shaped like sluice's. */
+    promtool(false, "test rules " RULES_TEST);
+}
+
+Test(metrics, promtool_lints_live_metrics)
+{
+    struct expo e;
+    char *text, *path, *args;
+
+    drive_all();
+    text = scrape_settled(TOTAL_ANSWERS, 0, &e);
+    expo_free(&e);
+    path = tu_write_file(sl.dir, "metrics.txt", text);
+    cr_assert(asprintf(&args, "check metrics < %s", path) > 0);
+    promtool(true, args);
+    free(args);
+    free(path);
+    free(text);
 }

@@ -108,18 +108,20 @@ static void *client(void *arg)
     return NULL;
 }
 
-/* 64 clients on 2 sluice threads for 3 s against 50/s burst 5: in no window
- * do more than burst + rate * t requests start, and the rate is reached. */
+/* 64 clients on 2 sluice threads for 3 s against 20/s burst 5: in no window
+ * do more than burst + rate * t requests start, and the rate is reached.
+ * (The rate is modest so that the stub's timestamps, taken after loopback and
+ * scheduling on a 2-core machine, even under ASan, jitter well below T.) */
 Test(pacing, bucket_is_exact_under_64_clients, .fini = stop, .timeout = 60)
 {
-    const double rate = 50, burst = 5;
+    const double rate = 20, burst = 5;
+    static long long at[4096];
     struct load l = {.until_ms = now_ms() + 3000};
     pthread_t t[64];
     json_t *arr;
     size_t n;
-    long long *at;
 
-    start("  paced: {rate: 50/s, burst: 5, max_wait: 10s}\n",
+    start("  paced: {rate: 20/s, burst: 5, max_wait: 10s}\n",
           "  - {prefix: /paced, upstream: stub, policy: paced}\n");
     for (int i = 0; i < 64; i++)
         pthread_create(&t[i], NULL, client, &l);
@@ -127,8 +129,8 @@ Test(pacing, bucket_is_exact_under_64_clients, .fini = stop, .timeout = 60)
         pthread_join(t[i], NULL);
     arr = stub_json("/_stub/arrivals");
     n = json_array_size(arr);
-    cr_assert_gt(n, 100, "only %zu arrivals", n);
-    at = calloc(n, sizeof *at);
+    cr_assert_gt(n, 50, "only %zu arrivals", n);
+    cr_assert_lt(n, 4096);
     for (size_t i = 0; i < n; i++)
         at[i] = json_integer_value(json_array_get(arr, i));
     json_decref(arr);
@@ -149,7 +151,6 @@ Test(pacing, bucket_is_exact_under_64_clients, .fini = stop, .timeout = 60)
         cr_expect_geq(achieved, 0.95 * rate, "achieved %.2f/s of %.0f/s", achieved, rate);
     }
     cr_expect_eq(l.other, 0, "%d requests were not 200", l.other);
-    free(at);
 }
 
 /* ---- max_wait ----------------------------------------------------------- */
