@@ -504,8 +504,9 @@ static void record_queue_age(const struct exchange *ex, struct metrics_shard *sh
     at = (double)ex->t0_wall_ms / 1000.0 - at;
     metrics_observe(sh, H_QUEUE_AGE, ids->queue_age[r], at > 0 ? at : 0);
     if (ex->w->statsd.fd >= 0) {
-        char tags[160];
-        snprintf(tags, sizeof tags, "route:%s", ex->route ? ex->route->name : "none");
+        char tags[200], route[160];
+        statsd_tag_value(ex->route ? ex->route->name : "none", route, sizeof route);
+        snprintf(tags, sizeof tags, "route:%s", route);
         statsd_timing(&ex->w->statsd, "queue_age", (at > 0 ? at : 0) * 1000, tags);
     }
 }
@@ -528,12 +529,12 @@ static void record_upstream(const struct exchange *ex, struct metrics_shard *sh,
 static void record_statsd(const struct exchange *ex, size_t r, double total_s)
 {
     struct statsd *sd = &ex->w->statsd;
-    const char *route = ex->route ? ex->route->name : "none";
     const struct up_request *u = &ex->ureq;
-    char tags[256];
+    char tags[256], route[160];
 
     if (sd->fd < 0)
         return;
+    statsd_tag_value(ex->route ? ex->route->name : "none", route, sizeof route);
     snprintf(tags, sizeof tags, "route:%s", route);
     statsd_timing(sd, "request_duration", total_s * 1000, tags);
     if (!ex->route)

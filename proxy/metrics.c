@@ -463,7 +463,9 @@ static void render_family(FILE *f, struct metrics *m, const struct family *fam)
         }
         /* Zero series are left out: most outcome x reason pairs never occur. */
         v = metrics_sum(m, s->slot);
-        if (v || !strcmp(fam->name, "sluice_config_reloads_total"))
+        /* Label-less counters and reloads are always listed, so increase()
+         * sees their first event. */
+        if (v || !s->labels[0] || !strcmp(fam->name, "sluice_config_reloads_total"))
             fprintf(f, "%s%s%s%s %llu\n", s->name, s->labels[0] ? "{" : "",
                     s->labels, s->labels[0] ? "}" : "", (unsigned long long)v);
     }

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,15 @@ void statsd_line(struct statsd *s, const char *line, size_t len)
     s->len += len;
 }
 
+void statsd_tag_value(const char *in, char *out, size_t len)
+{
+    size_t i = 0;
+
+    for (; *in && i + 1 < len; in++)
+        out[i++] = strchr(",|#:\"\\\n", *in) ? '_' : *in;
+    out[i] = '\0';
+}
+
 void statsd_timing(struct statsd *s, const char *name, double ms, const char *tags)
 {
     char line[512];
@@ -59,11 +69,21 @@ static void counter_line(void *arg, const char *name, const char *labels,
     size_t t = 0, nlen = strlen(name);
     int n;
 
-    for (const char *p = labels; *p && t + 2 < sizeof tags; p++)
-        if (*p == '=')
-            tags[t++] = ':';
-        else if (*p != '"')
-            tags[t++] = *p;
+    bool quoted = false;
+
+    /* route="a,b" → route:a_b: DogStatsD gives , | # : a meaning in tags. */
+    for (const char *p = labels; *p && t + 2 < sizeof tags; p++) {
+        if (*p == '"') {
+            quoted = !quoted;
+        } else if (quoted && *p == '\\' && p[1]) {
+            p++;
+            tags[t++] = strchr(",|#:", *p) || *p == 'n' ? '_' : *p;
+        } else if (quoted) {
+            tags[t++] = strchr(",|#:", *p) ? '_' : *p;
+        } else {
+            tags[t++] = *p == '=' ? ':' : *p;
+        }
+    }
     tags[t] = '\0';
     if (nlen > 6 && !strcmp(name + nlen - 6, "_total"))
         nlen -= 6;

@@ -41,6 +41,10 @@ void statsd_close(struct statsd *s);
 void statsd_timing(struct statsd *s, const char *name, double ms,
                    const char *tags);
 
+/* Copies a tag value with the characters DogStatsD reserves (, | # :) and
+ * quotes, backslashes and newlines replaced by '_'. */
+void statsd_tag_value(const char *in, char *out, size_t len);
+
 /* Sends counter deltas and whatever is buffered now. */
 void statsd_flush(struct statsd *s);
 

@@ -36,6 +36,9 @@ say() { printf '%s\n' "$*" >&2; }
 die() { say "rate.sh: $*"; exit 1; }
 scaled() { awk -v s="$1" -v k="$DURATION_SCALE" 'BEGIN { v = int(s * k + 0.5); print (v < 1 ? 1 : v) }'; }
 rps_of() { awk '/^Requests\/sec:/ { print $2 }' "$1"; }
+cpu_ns() {   # CPU time of all threads of PID so far, in ns (schedstat: on-CPU time first)
+    cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ t += $1 } END { printf "%.0f\n", t }'
+}
 
 # ---- dependencies and build --------------------------------------------------
 sh "$REPO/scripts/deps.sh" --bench
@@ -289,12 +292,18 @@ EOF
     for t in $order; do   # fill pools and caches; not recorded
         run_wrk "$d/warmup-$t.txt" "$COST_CONNS" 1 "$warm" "${url[$t]}"
     done
+    local pid c0 c1
     for rep in $(seq "$COST_REPS"); do
         for t in $order; do
             out=$d/wrk-$t-$rep.txt
+            pid=$SLUICE_PID
+            [ "${t#nginx}" = "$t" ] || pid=$NGINX_PID
+            c0=$(cpu_ns "$pid")
             run_wrk "$out" "$COST_CONNS" 1 "$secs" "${url[$t]}"
-            echo "$t $rep $out" >>"$COST_RUNS"
-            say "  $(printf '%-16s rep %s: %9s req/s' "$t" "$rep" "$(rps_of "$out")")"
+            c1=$(cpu_ns "$pid")
+            echo "$t $rep $out $(( c1 - c0 ))" >>"$COST_RUNS"
+            say "  $(printf '%-16s rep %s: %9s req/s, proxy CPU %5.2f s' "$t" "$rep" \
+                "$(rps_of "$out")" "$(awk -v n=$(( c1 - c0 )) 'BEGIN { print n / 1e9 }')")"
         done
     done
     stop_pid "$NGINX_PID"

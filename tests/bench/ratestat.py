@@ -270,38 +270,50 @@ def table_cost(runs_path, secs, conns):
     runs, order = {}, []
     for line in open(runs_path):
         f = line.split()
-        if len(f) < 3:
+        if len(f) < 4:
             continue
-        target, rep, path = f[0], int(f[1]), f[2]
+        target, rep, path, cpu_ns = f[0], int(f[1]), f[2], int(f[3])
         if target not in runs:
             runs[target] = {}
             order.append(target)
-        runs[target][rep] = parse_wrk(path)
+        w = parse_wrk(path)
+        runs[target][rep] = w + (cpu_ns / 1e3 / w[3] if w[3] else float("nan"),)
     if not runs:
         return
     pairs = {"sluice-policy": "sluice-nopolicy", "nginx-limit_req": "nginx-plain"}
     print(f"Cost of the bucket: wrk -t1 -c{conns} -d{secs}s, stub --body-size 2, sluice "
-          "threads: 1, nginx 1 worker; the four targets interleaved in every rep. Cost = "
-          "throughput lost against the same server without the limit, median of the per-rep "
-          "ratios (negative = faster with the limit, i.e. noise).")
+          "threads: 1, nginx 1 worker (master_process off); the four targets interleaved in "
+          "every rep. CPU/req = the proxy process's on-CPU time (all threads, "
+          "/proc/PID/task/*/schedstat) / requests answered: less sensitive than req/s to "
+          "other load on the machine. Costs: the median over reps of the per-rep ratio "
+          "against the same server without the limit (negative = faster with the limit, "
+          "i.e. noise).")
     print()
-    print("| target | req/s per rep | median req/s | p50 latency (median) | p99 latency (median) "
-          "| errors | cost of the limit |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| target | req/s per rep | median req/s | p50 latency | p99 latency "
+          "| CPU/req per rep (µs) | median CPU/req (µs) | errors | cost in req/s | cost in CPU/req |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t in order:
         reps = runs[t]
-        rps = [reps[k][0] for k in sorted(reps)]
-        p50 = statistics.median(reps[k][1] for k in reps)
-        p99 = statistics.median(reps[k][2] for k in reps)
-        errs = sum(reps[k][4] + reps[k][5] + reps[k][6] for k in reps)
-        cost = ""
+        ks = sorted(reps)
+        rps = [reps[k][0] for k in ks]
+        cpu = [reps[k][7] for k in ks]
+        p50 = statistics.median(reps[k][1] for k in ks)
+        p99 = statistics.median(reps[k][2] for k in ks)
+        errs = sum(reps[k][4] + reps[k][5] + reps[k][6] for k in ks)
         base = runs.get(pairs.get(t, ""), {})
-        ratios = [1 - reps[k][0] / base[k][0] for k in sorted(reps) if k in base]
-        if ratios:
-            cost = (f"{statistics.median(ratios) * 100:+.1f} % "
-                    f"(per rep: {', '.join(f'{x * 100:+.1f}' for x in ratios)})")
+        cost_rps = cost_cpu = ""
+        both = [k for k in ks if k in base]
+        if both:
+            r = [1 - reps[k][0] / base[k][0] for k in both]
+            c = [reps[k][7] / base[k][7] - 1 for k in both]
+            cost_rps = (f"{statistics.median(r) * 100:+.1f} % "
+                        f"({', '.join(f'{x * 100:+.0f}' for x in r)})")
+            cost_cpu = (f"{statistics.median(c) * 100:+.1f} % "
+                        f"({', '.join(f'{x * 100:+.0f}' for x in c)})")
         print(f"| {t} | {' / '.join(f'{x:.0f}' for x in rps)} | {statistics.median(rps):.0f} "
-              f"| {p50 / 1e3:.2f} ms | {p99 / 1e3:.2f} ms | {errs} | {cost} |")
+              f"| {p50 / 1e3:.2f} ms | {p99 / 1e3:.2f} ms "
+              f"| {' / '.join(f'{x:.1f}' for x in cpu)} | {statistics.median(cpu):.1f} "
+              f"| {errs} | {cost_rps} | {cost_cpu} |")
 
 
 def main(argv):

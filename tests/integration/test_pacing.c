@@ -108,39 +108,66 @@ static void *client(void *arg)
     return NULL;
 }
 
-/* 64 clients on 2 sluice threads for 3 s against 20/s burst 5: in no window
+static void *warm_one(void *arg)
+{
+    struct h_resp r;
+
+    (void)arg;
+    h_http(sl.port, "GET", "/warm", "X-Stub-Delay-Ms: 300\r\n", NULL, 0, &r);
+    h_resp_free(&r);
+    return NULL;
+}
+
+static void warm_pool(void)
+{
+    pthread_t t[64];
+    struct h_resp r;
+
+    for (int i = 0; i < 64; i++)
+        pthread_create(&t[i], NULL, warm_one, NULL);
+    for (int i = 0; i < 64; i++)
+        pthread_join(t[i], NULL);
+    cr_assert_eq(h_http(stub.port, "POST", "/_stub/reset", NULL, "", 0, &r), 0);
+    h_resp_free(&r);
+}
+
+/* 64 clients on 2 sluice threads for 3 s against 10/s burst 5: in no window
  * do more than burst + rate * t requests start, and the rate is reached.
- * (The rate is modest so that the stub's timestamps, taken after loopback and
- * scheduling on a 2-core machine, even under ASan, jitter well below T.) */
+ * The stub timestamps arrivals after connect, loopback and scheduling on a
+ * 2-core machine shared with 64 client threads (under ASan too), which can
+ * bunch two arrivals by tens of ms; windows get 0.6 T = 60 ms of slack, still
+ * short of the whole T = 100 ms an extra start would need. */
 Test(pacing, bucket_is_exact_under_64_clients, .fini = stop, .timeout = 60)
 {
-    const double rate = 20, burst = 5;
+    const double rate = 10, burst = 5;
     static long long at[4096];
     struct load l = {.until_ms = now_ms() + 3000};
     pthread_t t[64];
     json_t *arr;
     size_t n;
 
-    start("  paced: {rate: 20/s, burst: 5, max_wait: 10s}\n",
-          "  - {prefix: /paced, upstream: stub, policy: paced}\n");
+    start("  paced: {rate: 10/s, burst: 5, max_wait: 10s}\n",
+          "  - {prefix: /paced, upstream: stub, policy: paced}\n"
+          "  - {prefix: /warm, upstream: stub}\n");
+    /* Warm the keep-alive pool, so connects do not delay the first writes:
+     * the bound holds where sluice sends, and the stub sees it after TCP. */
+    warm_pool();
+    l.until_ms = now_ms() + 3000;
     for (int i = 0; i < 64; i++)
         pthread_create(&t[i], NULL, client, &l);
     for (int i = 0; i < 64; i++)
         pthread_join(t[i], NULL);
     arr = stub_json("/_stub/arrivals");
     n = json_array_size(arr);
-    cr_assert_gt(n, 50, "only %zu arrivals", n);
+    cr_assert_gt(n, 25, "only %zu arrivals", n);
     cr_assert_lt(n, 4096);
     for (size_t i = 0; i < n; i++)
         at[i] = json_integer_value(json_array_get(arr, i));
     json_decref(arr);
-    /* Every window [at[i], at[j]]: starts <= burst + rate * t. Arrival times
-     * at the stub carry scheduling jitter (64 client threads share 2 cores
-     * with sluice and the stub), so windows get 0.4 T of slack: still less
-     * than the one whole interval an extra start would need. */
+    /* Every window [at[i], at[j]]: starts <= burst + rate * t. */
     for (size_t i = 0; i < n; i++)
         for (size_t j = i + 1; j < n && j < i + 400; j++) {
-            double t_s = (double)(at[j] - at[i]) / 1e9 + 0.4 / rate;
+            double t_s = (double)(at[j] - at[i]) / 1e9 + 0.6 / rate;
             double allowed = burst + rate * t_s;
             cr_assert_leq((double)(j - i + 1), allowed,
                           "%zu starts in %.4f s (allowed %.2f)", j - i + 1, t_s, allowed);
