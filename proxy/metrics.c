@@ -386,7 +386,10 @@ void metrics_counter_deltas(struct metrics *m, unsigned shard, uint64_t **last,
 {
     struct metrics_shard *sh = &m->shards[shard];
 
-    pthread_mutex_lock(&m->mu);
+    /* A loop never waits for a scrape: if one holds the registry, the
+     * deltas simply go out with the next flush. */
+    if (pthread_mutex_trylock(&m->mu) != 0)
+        return;
     if (*n_last < m->n_slots) {
         uint64_t *n = realloc(*last, m->n_slots * sizeof *n);
         if (!n) {

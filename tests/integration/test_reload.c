@@ -3,6 +3,7 @@
  * carries over, and requests in flight finish on their config. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -192,4 +193,34 @@ Test(reload, in_flight_requests_finish_on_their_config)
     pthread_join(t, &ok);
     cr_expect(ok != NULL, "the request that started on the old config completed");
     free(b);
+}
+
+/* Every invalid config of tests/config/invalid, offered as a reload, is
+ * refused with 400 and changes nothing. */
+Test(reload, every_invalid_case_keeps_serving, .timeout = 120)
+{
+    const char *base = SLUICE_SOURCE_DIR "/tests/config/invalid";
+    DIR *d = opendir(base);
+    struct dirent *e;
+    int cases = 0;
+
+    cr_assert_not_null(d);
+    while ((e = readdir(d))) {
+        char path[1024], *text, *msg;
+
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "%s/%s/input.yaml", base, e->d_name);
+        text = tu_read_file(path, NULL);
+        if (!text)
+            continue;
+        free(tu_write_file(sl.dir, "sidecar.yaml", text));
+        free(text);
+        cr_expect_eq(reload(&msg), 400, "%s: %s", e->d_name, msg);
+        free(msg);
+        cases++;
+    }
+    closedir(d);
+    cr_expect_gt(cases, 25);
+    cr_expect_eq(status_of(sl.port, "GET", "/slow"), 200, "still serving the first config");
 }
