@@ -119,21 +119,29 @@ static enum MHD_Result queue(struct exchange *ex, struct MHD_Response *resp)
     return rc;
 }
 
-static enum MHD_Result answer_problem(struct exchange *ex)
+/* A response owning a malloc'd JSON body (freed with it); NULL on failure,
+ * the body then freed here. */
+static struct MHD_Response *json_response(char *body, size_t len, const char *type)
 {
-    size_t len;
-    char *body = problem_json(ex->status, ex->reason, ex->detail, &len);
     struct MHD_Response *resp;
 
     if (!body)
-        return MHD_NO;
+        return NULL;
     resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (!resp) {
         free(body);
-        return MHD_NO;
+        return NULL;
     }
-    MHD_add_response_header(resp, "Content-Type", "application/problem+json");
-    return queue(ex, resp);
+    MHD_add_response_header(resp, "Content-Type", type);
+    return resp;
+}
+
+static enum MHD_Result answer_problem(struct exchange *ex)
+{
+    size_t len = 0;
+    char *body = problem_json(ex->status, ex->reason, ex->detail, &len);
+
+    return queue(ex, json_response(body, len, "application/problem+json"));
 }
 
 static void add_upstream_headers(struct MHD_Response *resp,
@@ -196,18 +204,12 @@ void ex_instruct(struct exchange *ex, enum outcome o, enum reason r,
 
 static enum MHD_Result answer_instruction(struct exchange *ex)
 {
-    size_t len;
+    size_t len = 0;
     char *body = instruction_json(&ex->instr, &len), num[32];
-    struct MHD_Response *resp;
+    struct MHD_Response *resp = json_response(body, len, "application/json");
 
-    if (!body)
+    if (!resp)
         return MHD_NO;
-    resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
-    if (!resp) {
-        free(body);
-        return MHD_NO;
-    }
-    MHD_add_response_header(resp, "Content-Type", "application/json");
     if (ex->outcome == OUT_REQUEUE) {
         snprintf(num, sizeof num, "%llu", (unsigned long long)
                  instruction_delay_seconds(ex->instr.delay_ms));

@@ -77,8 +77,8 @@ def table(runs_path, rss_path):
             (rps, p50, p99, proxy_cpu, stub_cpu, errs, others))
     rss = {}
     for line in open(rss_path):
-        size, who, idle, peak, after = line.split()
-        rss.setdefault(size, {})[who] = (int(idle), int(peak), int(after))
+        size, who, *kb = line.split()
+        rss.setdefault(size, {})[who] = tuple(int(x) for x in kb)
 
     med = lambda rows, i: statistics.median(r[i] for r in rows)
     for size, by_target in runs.items():
@@ -105,16 +105,19 @@ def table(runs_path, rss_path):
             verdict = lambda r, t: "ok" if r <= t else f"MISS by {(r / t - 1) * 100:.0f} %"
             print(f"sluice/nginx: CPU/req {rc:.2f} (target <= 1.2: {verdict(rc, 1.2)}), "
                   f"p99 {rp:.2f} (target <= 1.5: {verdict(rp, 1.5)})")
-        for who, (idle, peak, after) in sorted(rss.get(size, {}).items(), reverse=True):
+        for who, (idle, idle_anon, peak, after, after_anon) in sorted(rss.get(size, {}).items(),
+                                                                     reverse=True):
             note = ""
             if who == "sluice":
                 note = ("  (target idle < 16 MiB: ok)" if idle < 16 * 1024
                         else f"  (target idle < 16 MiB: MISS by {idle / 1024 - 16:.1f} MiB)")
-            print(f"{who} RSS: idle {idle / 1024:.1f} MiB, peak {peak / 1024:.1f} MiB, "
-                  f"after load {after / 1024:.1f} MiB{note}")
+            print(f"{who} RSS: idle {idle / 1024:.1f} MiB (anon {idle_anon / 1024:.1f}), "
+                  f"peak {peak / 1024:.1f} MiB, after load {after / 1024:.1f} MiB "
+                  f"(anon {after_anon / 1024:.1f}){note}")
     print("\nCPU/req = utime + stime of the proxy (nginx: its worker) or the stub over the run, per "
           "request wrk completed.\nothers = CPU (in cores) used meanwhile by everything but wrk, "
-          "the stub and the proxy: above ~0.1 the\nmachine was shared and the figures are noisy.")
+          "the stub and the proxy: above ~0.1 the\nmachine was shared and the figures are noisy. "
+          "RSS = VmRSS (VmHWM for peak); anon = RssAnon, the part not backed by files (libraries).")
 
 
 if __name__ == "__main__":

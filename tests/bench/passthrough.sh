@@ -228,10 +228,10 @@ for size in $SIZES; do
     start_stub "$size"
     start_nginx "$NGINX_PORT"
     start_sluice "$SLUICE_PORT" "$ADMIN_PORT"
-    sluice_idle=$(status_kb "$SLUICE_PID" VmRSS)
-    nginx_idle=$(status_kb "$NGINX_WORKER" VmRSS)
+    sluice_idle="$(status_kb "$SLUICE_PID" VmRSS) $(status_kb "$SLUICE_PID" RssAnon)"
+    nginx_idle="$(status_kb "$NGINX_WORKER" VmRSS) $(status_kb "$NGINX_WORKER" RssAnon)"
     say "body $size B: stub :$STUB_PORT (pid $STUB_PID), nginx :$NGINX_PORT (worker pid $NGINX_WORKER)," \
-        "sluice :$SLUICE_PORT (pid $SLUICE_PID); idle RSS sluice $sluice_idle kB, nginx $nginx_idle kB"
+        "sluice :$SLUICE_PORT (pid $SLUICE_PID); idle RSS (anon) sluice ${sluice_idle% *} (${sluice_idle#* }) kB, nginx ${nginx_idle% *} (${nginx_idle#* }) kB"
 
     if [ "$WARMUP" -gt 0 ]; then   # fill pools and caches; not recorded
         for p in "$STUB_PORT" "$NGINX_PORT" "$SLUICE_PORT"; do
@@ -244,8 +244,12 @@ for size in $SIZES; do
         measure "$size" sluice "$rep" "$SLUICE_PORT" "$SLUICE_PID"
     done
 
-    echo "$size sluice $sluice_idle $(status_kb "$SLUICE_PID" VmHWM) $(status_kb "$SLUICE_PID" VmRSS)" >>"$RSS"
-    echo "$size nginx $nginx_idle $(status_kb "$NGINX_WORKER" VmHWM) $(status_kb "$NGINX_WORKER" VmRSS)" >>"$RSS"
+    # size who idle_rss idle_anon peak_rss after_rss after_anon (kB)
+    # shellcheck disable=SC2086
+    for w in "sluice $SLUICE_PID $sluice_idle" "nginx $NGINX_WORKER $nginx_idle"; do
+        set -- $w   # word splitting wanted
+        echo "$size $1 $3 $4 $(status_kb "$2" VmHWM) $(status_kb "$2" VmRSS) $(status_kb "$2" RssAnon)" >>"$RSS"
+    done
     stop_pid "$SLUICE_PID"
     [ "$STOP_RC" -eq 0 ] ||
         say "warning: sluice exited with status $STOP_RC on SIGTERM (see $TMP/sluice-$SIZE/stderr)"
