@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""Helper for store.sh and metrics.sh (standard library only; not meant to be run alone).
+
+  smstat.py ports N                  N free loopback TCP ports, one a line
+  smstat.py record TSV HZ NCPU LABEL REP WRKFILE PROC WRK BUSY TOTAL STUB
+                                     parse `wrk --latency` output, append one row to TSV (tick
+                                     counts are CPU deltas over the run), print a progress line
+  smstat.py hist BEFORE AFTER ROUTE  from two /metrics scrapes: "within_1ms count" of
+                                     sluice_request_duration_seconds{route=ROUTE} in between
+  smstat.py store-report DIR         store.sh's tables, from the files it wrote in DIR
+  smstat.py metrics-report DIR       metrics.sh's tables, from the files it wrote in DIR
+"""
+import os
+import re
+import statistics
+import sys
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchstat import fmt_us, parse_wrk, ports  # noqa: E402  (passthrough.sh's helper)
+
+MIB = 1024 * 1024
+
+
+def record(tsv, hz, ncpu, label, rep, wrk_path, proc, wrk_t, busy, total, stub):
+    rps, p50, p99, reqs, errors = parse_wrk(wrk_path)
+    proc, wrk_t, busy, total, stub, hz, ncpu = (int(x) for x in (proc, wrk_t, busy, total, stub,
+                                                                   hz, ncpu))
+    with open(tsv, "a") as f:
+        print(label, rep, f"{rps:.0f} {p50:.0f} {p99:.0f}", reqs, errors, proc, wrk_t, busy,
+              total, stub, hz, ncpu, file=f)
+    others = max(busy - proc - wrk_t - stub, 0) / (total / ncpu) if total else 0
+    print(f"  {label:16} rep {rep}: {rps:7.0f} req/s  p50 {fmt_us(p50):>8}  p99 {fmt_us(p99):>8}"
+          f"  sluice {proc / hz * 1e6 / max(reqs, 1):5.1f} µs/req  others {others:.2f} cores"
+          f"  errors {errors}")
+
+
+def read_runs(tsv):
+    """label -> list of dicts, one per repetition."""
+    runs = {}
+    for line in open(tsv):
+        f = line.split()
+        label = f[0]
+        rps, p50, p99, reqs, errs, proc, wrk_t, busy, total, stub, hz, ncpu = (
+            float(x) for x in f[2:])
+        runs.setdefault(label, []).append({
+            "rps": rps, "p50": p50, "p99": p99, "reqs": reqs, "errors": errs,
+            "cpu": proc / hz * 1e6 / reqs,
+            "stub_cpu": stub / hz * 1e6 / reqs,
+            "others": max(busy - proc - wrk_t - stub, 0) / (total / ncpu) if total else 0,
+        })
+    return runs
+
+
+def med(rows, key):
+    return statistics.median(r[key] for r in rows)
+
+
+def spread(rows, key):
+    """(min, max) over the repetitions."""
+    return min(r[key] for r in rows), max(r[key] for r in rows)
+
+
+def metric_values(path, name, labels):
+    """{le or '': value} of a histogram's series with the given label text."""
+    out = {}
+    for line in open(path):
+        if not line.startswith(name) or labels not in line:
+            continue
+        m = re.match(r'(\S+?)(?:\{(.*)\})? (\S+)$', line.strip())
+        if not m:
+            continue
+        le = re.search(r'le="([^"]+)"', m.group(2) or "")
+        out[(m.group(1), le.group(1) if le else "")] = float(m.group(3))
+    return out
+
+
+def hist(before, after, route):
+    name = "sluice_request_duration_seconds"
+    lab = f'route="{route}"'
+    b, a = metric_values(before, name, lab), metric_values(after, name, lab)
+    key_le = (name + "_bucket", "0.001")
+    key_n = (name + "_count", "")
+    within = a.get(key_le, 0) - b.get(key_le, 0)
+    count = a.get(key_n, 0) - b.get(key_n, 0)
+    print(f"{within:.0f} {count:.0f}")
+
+
+def kv(line):
+    return dict(p.split("=", 1) for p in line.split()[1:])
+
+
+def verdict(ok, miss):
+    return "**met**" if ok else f"**missed** ({miss})"
+
+
+# ---- store.sh ------------------------------------------------------------------
+
+def store_report(d):
+    runs = read_runs(os.path.join(d, "runs.tsv")) if os.path.exists(os.path.join(d, "runs.tsv")) else {}
+    rss = {}
+    if os.path.exists(os.path.join(d, "rss.tsv")):
+        for line in open(os.path.join(d, "rss.tsv")):
+            keys, idle, hwm, after, du, within, count, stub_hits = line.split()
+            rss[keys] = (int(idle), int(hwm), int(after), int(du), int(within), int(count),
+                         int(stub_hits))
+    targets = []
+
+    if rss:
+        print("\n#### Replays from the store vs pass-through (sluice `threads: 1`)\n")
+        print("| keys | route | conns | req/s | p50 | p99 | sluice CPU/req | stub CPU/req | "
+              "others | errors |")
+        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for keys in rss:
+            for conns in sorted({lab.split("-")[2] for lab in runs if lab.split("-")[1] == keys},
+                                key=lambda c: -int(c[1:])):
+                for kind in ("replay", "pass"):
+                    rows = runs.get(f"{kind}-{keys}-{conns}")
+                    if not rows:
+                        continue
+                    lo, hi = spread(rows, "rps")
+                    print(f"| {int(keys):,} | {kind} | {conns[1:]} | {med(rows, 'rps'):,.0f} "
+                          f"({lo:,.0f}–{hi:,.0f}) | {fmt_us(med(rows, 'p50'))} | "
+                          f"{fmt_us(med(rows, 'p99'))} | {med(rows, 'cpu'):.1f} µs | "
+                          f"{med(rows, 'stub_cpu'):.1f} µs | {med(rows, 'others'):.2f} | "
+                          f"{sum(r['errors'] for r in rows):.0f} |")
+        print("\n| keys | replay/pass req/s (c64) | replay/pass sluice CPU/req | "
+              "replays ≤ 1 ms inside sluice (c1 runs) | sluice RSS idle / peak / after | "
+              "store on disk | replays that reached the stub |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for keys, (idle, hwm, after, du, within, count, stub_hits) in rss.items():
+            rep, pas = runs.get(f"replay-{keys}-c64"), runs.get(f"pass-{keys}-c64")
+            ratio = med(rep, "rps") / med(pas, "rps") if rep and pas else float("nan")
+            cpu_ratio = med(rep, "cpu") / med(pas, "cpu") if rep and pas else float("nan")
+            share = f"{within / count * 100:.2f} % of {count:,}" if count else "-"
+            print(f"| {int(keys):,} | {ratio:.2f} | {cpu_ratio:.2f} | {share} | "
+                  f"{idle / 1024:.1f} / {hwm / 1024:.1f} / {after / 1024:.1f} MiB | "
+                  f"{du / MIB:.1f} MiB | {stub_hits} |")
+        top = max(rss, key=int)
+        idle, hwm, after, du, within, count, stub_hits = rss[top]
+        rep, pas = runs.get(f"replay-{top}-c64"), runs.get(f"pass-{top}-c64")
+        lat = runs.get(f"replay-{top}-c1")
+        for keys in rss:
+            r, p = runs.get(f"replay-{keys}-c64"), runs.get(f"pass-{keys}-c64")
+            if r and p:
+                x = med(r, "rps") / med(p, "rps")
+                targets.append(f"replays at least as fast as pass-through, {int(keys):,} keys: "
+                               f"{x:.2f}× — " + verdict(x >= 1, f"{(1 - x) * 100:.0f} % slower"))
+        if lat:
+            p99 = med(lat, "p99")
+            targets.append(f"p99 replay latency under 1 ms at {int(top):,} keys (wrk -c1): "
+                           f"{fmt_us(p99)} — " + verdict(p99 < 1000, f"by {fmt_us(p99 - 1000)}"))
+        targets.append(f"RSS under 64 MiB at {int(top):,} keys (VmHWM): {hwm / 1024:.1f} MiB — " +
+                       verdict(hwm < 64 * 1024, f"by {hwm / 1024 - 64:.1f} MiB"))
+
+    fills = [kv(l) for l in open(os.path.join(d, "fill.txt"))
+             if l.startswith("fill ")] if os.path.exists(os.path.join(d, "fill.txt")) else []
+    lease = os.path.join(d, "lease.txt")
+    if os.path.exists(lease):
+        by = {}
+        for line in open(lease):
+            if line.startswith("lease "):
+                r = kv(line)
+                by.setdefault((r["sync"], r["threads"]), []).append(r)
+        print("\n#### Lease acquire + complete on fresh keys (storebench, no HTTP)\n")
+        print("| sync | threads | pairs/s | p50 pair | p99 pair | max pair | runs |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for (sync, threads), rows in sorted(by.items()):
+            ps = [float(r["pairs_per_s"]) for r in rows]
+            m = lambda k: statistics.median(float(r[k]) for r in rows)
+            print(f"| {'true' if sync == '1' else 'false'} | {threads} | "
+                  f"{statistics.median(ps):,.0f} ({min(ps):,.0f}–{max(ps):,.0f}) | "
+                  f"{fmt_us(m('p50_us'))} | {fmt_us(m('p99_us'))} | {fmt_us(m('max_us'))} | "
+                  f"{len(rows)} |")
+        for f in fills:
+            print(f"| false (fill of {int(f['count']):,} keys) | 1 | "
+                  f"{float(f['pairs_per_s']):,.0f} | | | | 1 |")
+
+    exp = os.path.join(d, "expire.txt")
+    if os.path.exists(exp):
+        sizes, sweep, compacts, count, fill = {}, None, {}, None, None
+        for path in (exp, os.path.join(d, "expire-compact.txt")):
+            if not os.path.exists(path):
+                continue
+            tag = "c" if path.endswith("compact.txt") else "s"
+            for line in open(path):
+                if line.startswith("size "):
+                    r = kv(line)
+                    sizes[(tag, r["phase"])] = (int(r["apparent"]), int(r["alloc"]))
+                elif line.startswith("sweep "):
+                    sweep = kv(line)
+                elif line.startswith("compact "):
+                    r = kv(line)
+                    compacts[(tag, r["phase"])] = float(r["seconds"])
+                elif line.startswith("fill ") and tag == "s":
+                    fill = kv(line)
+                    count = int(fill["count"])
+        print(f"\n#### Store size on disk, {count:,} records, before and after their ttl expiry\n")
+        print("| step | size (apparent, `du -sb`) | size (allocated, `du -s`) | time |")
+        print("|---|---:|---:|---:|")
+        rows = [
+            ("s", "written", "written (sync: false), store open", f"{float(fill['seconds']):.1f} s"),
+            ("s", "before_expiry", "closed and reopened (memtable flushed): **before expiry**", ""),
+            ("s", "swept", f"expired; swept in batches of {sweep['batch'] if sweep else '?'}, "
+                           "store open", f"{float(sweep['seconds']):.1f} s" if sweep else ""),
+            ("s", "swept_closed", "swept, closed and reopened (flushed)", ""),
+            ("s", "swept_compacted", "then `store_rocksdb_compact`, store open",
+             f"{compacts.get(('s', 'swept_compacted'), 0):.2f} s"),
+            ("s", "closed", "then closed: **after expiry, sweep + compaction**", ""),
+            ("c", "before_expiry", "second store, same fill: before expiry", ""),
+            ("c", "compacted", "expired; no sweep, only `store_rocksdb_compact`, store open",
+             f"{compacts.get(('c', 'compacted'), 0):.2f} s"),
+            ("c", "closed", "then closed: **after expiry, compaction only**", ""),
+        ]
+        for tag, phase, text, t in rows:
+            if (tag, phase) in sizes:
+                a, b = sizes[(tag, phase)]
+                print(f"| {text} | {a / MIB:.2f} MiB | {b / MIB:.2f} MiB | {t} |")
+        if sweep:
+            b = int(sweep["batches"])
+            print(f"\nSweep: {int(sweep['removed']):,} records removed in {b} calls of "
+                  f"`store_sweep(max={sweep['batch']})`, {float(sweep['seconds']):.1f} s back to "
+                  f"back; one call took {float(sweep['batch_median_ms']):.1f} ms (median), "
+                  f"{float(sweep['batch_max_ms']):.1f} ms (max). sluice makes one such call a "
+                  f"second on its main thread, so it needs about {b} s "
+                  f"({b / 60:.1f} min) to reclaim {int(sweep['removed']):,} expired records.")
+
+    if targets:
+        print("\n#### Targets\n")
+        for t in targets:
+            print(f"- {t}")
+
+
+# ---- metrics.sh ----------------------------------------------------------------
+
+def quantile(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def metrics_report(d):
+    runs = read_runs(os.path.join(d, "runs.tsv"))
+    on, off = runs.get("metrics-on"), runs.get("metrics-off")
+    print("\n#### Pass-through with metrics on vs off (sluice `threads: 1`, no policy)\n")
+    print("| build | req/s | p50 | p99 | sluice CPU/req | stub CPU/req | others | errors | runs |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, rows in (("metrics on (normal)", on), ("metrics off (`SLUICE_METRICS_OFF`)", off)):
+        lo, hi = spread(rows, "rps")
+        clo, chi = spread(rows, "cpu")
+        print(f"| {name} | {med(rows, 'rps'):,.0f} ({lo:,.0f}–{hi:,.0f}) | "
+              f"{fmt_us(med(rows, 'p50'))} | {fmt_us(med(rows, 'p99'))} | "
+              f"{med(rows, 'cpu'):.2f} µs ({clo:.2f}–{chi:.2f}) | {med(rows, 'stub_cpu'):.2f} µs | "
+              f"{med(rows, 'others'):.2f} | {sum(r['errors'] for r in rows):.0f} | {len(rows)} |")
+    drps = (med(off, "rps") / med(on, "rps") - 1) * 100
+    dcpu = (med(on, "cpu") / med(off, "cpu") - 1) * 100
+    # paired differences: run i of one build against run i of the other (they are adjacent)
+    pairs = list(zip(on, off))
+    prps = [(b["rps"] / a["rps"] - 1) * 100 for a, b in pairs]
+    pcpu = [(a["cpu"] / b["cpu"] - 1) * 100 for a, b in pairs]
+    print(f"\nmetrics off vs on: req/s {drps:+.1f} % (paired runs: median "
+          f"{statistics.median(prps):+.1f} %, range {min(prps):+.1f} … {max(prps):+.1f} %); "
+          f"sluice CPU/req with metrics {dcpu:+.1f} % (paired: median "
+          f"{statistics.median(pcpu):+.1f} %, range {min(pcpu):+.1f} … {max(pcpu):+.1f} %).")
+
+    scrapes = []
+    for name, path in (("idle", "scrape-idle.txt"), ("under load", "scrape-load.txt")):
+        p = os.path.join(d, path)
+        if not os.path.exists(p):
+            continue
+        rows = [l.split() for l in open(p) if l.strip()]
+        t = [float(r[0]) * 1e3 for r in rows]
+        size = int(rows[-1][1])
+        scrapes.append((name, t, size))
+    info = {}
+    if os.path.exists(os.path.join(d, "scrape-info.txt")):
+        info = kv("x " + open(os.path.join(d, "scrape-info.txt")).read().strip())
+    print(f"\n#### One scrape of `GET /metrics`: {info.get('routes', '?')} routes, "
+          f"{info.get('policies', '?')} policies\n")
+    print("| sluice state | scrapes | median | p99 | max | output |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, t, size in scrapes:
+        print(f"| {name} | {len(t)} | {statistics.median(t):.2f} ms | {quantile(t, 0.99):.2f} ms | "
+              f"{max(t):.2f} ms | {size / 1024:.0f} KiB, {info.get('lines', '?')} lines "
+              f"({info.get('series', '?')} samples) |")
+
+    print("\n#### Targets\n")
+    worst = max(abs(drps), abs(dcpu))
+    print(f"- pass-through with metrics on vs off under 3 % apart: req/s {drps:+.1f} %, "
+          f"CPU/req {dcpu:+.1f} % — " +
+          verdict(worst < 3, f"by {worst - 3:.1f} points"))
+    for name, t, size in scrapes:
+        m, p99 = statistics.median(t), quantile(t, 0.99)
+        print(f"- one scrape under 5 ms ({name}): median {m:.2f} ms, p99 {p99:.2f} ms — " +
+              verdict(p99 < 5, f"p99 by {p99 - 5:.2f} ms" if m < 5 else f"median by {m - 5:.2f} ms"))
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1] if len(sys.argv) > 1 else ""
+    if cmd == "ports":
+        ports(int(sys.argv[2]))
+    elif cmd == "record" and len(sys.argv) == 13:
+        record(*sys.argv[2:])
+    elif cmd == "hist" and len(sys.argv) == 5:
+        hist(*sys.argv[2:])
+    elif cmd == "store-report" and len(sys.argv) == 3:
+        store_report(sys.argv[2])
+    elif cmd == "metrics-report" and len(sys.argv) == 3:
+        metrics_report(sys.argv[2])
+    else:
+        sys.exit(__doc__)
