@@ -188,7 +188,8 @@ static char *gauges(struct app *app)
     gauge_head(f, "sluice_connections", "Open worker connections.");
     fprintf(f, "sluice_connections %ld\n", atomic_load(&app->conns));
     gauge_head(f, "sluice_ready", "1 when /readyz answers 200.");
-    fprintf(f, "sluice_ready %d\n", atomic_load(&app->ready) && !atomic_load(&app->draining));
+    fprintf(f, "sluice_ready %d\n", atomic_load(&app->ready) && !atomic_load(&app->draining) &&
+                                     store_healthy(app->store));
     if (fclose(f) != 0) {
         free(buf);
         return NULL;
@@ -226,11 +227,13 @@ static enum MHD_Result route_admin(struct app *app, struct MHD_Connection *c,
     if (strcmp(url, "/healthz") == 0 && get)
         return reply(c, 200, "text/plain", "ok\n", false);
     if (strcmp(url, "/readyz") == 0 && get) {
-        if (atomic_load(&app->ready) && !atomic_load(&app->draining))
+        if (atomic_load(&app->ready) && !atomic_load(&app->draining) &&
+            store_healthy(app->store))
             return reply(c, 200, "text/plain", "ready\n", false);
         return reply(c, 503, "text/plain",
-                     atomic_load(&app->draining) ? "draining\n" : "not ready\n",
-                     false);
+                     atomic_load(&app->draining) ? "draining\n"
+                     : !store_healthy(app->store) ? "idempotency store failing: see the log\n"
+                     : "not ready\n", false);
     }
     if (strcmp(url, "/config") == 0 && get)
         return get_config(app, c);

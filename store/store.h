@@ -109,6 +109,10 @@ int store_forget(struct store *st, const char *scope, const char *key,
 int store_sweep(struct store *st, uint64_t now_ms, size_t max, size_t *removed,
                 struct sc_error *err);
 
+/* False once a write has failed (a full disk, an I/O error): from then on
+ * every write is refused until the process restarts; reads still work. */
+bool store_healthy(struct store *st);
+
 /* Live records, estimated (for the sluice_store_records gauge). */
 uint64_t store_count(struct store *st);
 

@@ -5,6 +5,11 @@
 #include "store/store.h"
 
 #include <errno.h>
+#include <stdio.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +48,11 @@ struct store {
     pthread_mutex_t sweep_lock;         /* guards cursor */
     char cursor[CURSOR_MAX];            /* where the next sweep starts */
     size_t cursor_len;                  /* 0: at the beginning */
+    atomic_bool failed;                 /* a write failed: see write_refused */
+    char *path;
+    _Atomic uint64_t space_checked_ms;  /* when free space was last read */
+    _Atomic uint64_t space_free;        /* bytes free then */
+    char failure[256];                  /* the first failure, for messages */
 };
 
 /* ---- small helpers ---- */
@@ -133,6 +143,72 @@ static int load_live(struct store *st, const struct record_key *k,
     return rc;
 }
 
+/* After one failed write (a full disk, an I/O error) RocksDB's writer is in
+ * an error state, and writing again trips an assertion in Debian's build
+ * (WritableFileWriter, "sync_without_flush_called_"), killing the process.
+ * So the first failure is sticky: later writes are refused here with the
+ * original reason, the store reports itself unhealthy (/readyz), and a
+ * restart, after the operator has made room, clears it. */
+static bool write_refused(struct store *st, const struct record_key *k,
+                          struct sc_error *err)
+{
+    if (!atomic_load(&st->failed))
+        return false;
+    key_error(err, k, st->failure);
+    return true;
+}
+
+static int write_failed(struct store *st, struct sc_error *err, const char *op,
+                        const struct record_key *k, char *msg)
+{
+    if (!atomic_exchange(&st->failed, true))
+        snprintf(st->failure, sizeof st->failure,
+                 "writes refused since a %s failed: %s", op, msg);
+    return db_error(err, op, k, msg);
+}
+
+/* Free space below this is left to RocksDB: its preallocated WAL files,
+ * memtable flushes and compactions (which briefly need their inputs' size
+ * again) must always fit, or a full disk reaches RocksDB's writer (see
+ * write_refused). */
+#define SPACE_RESERVE ((uint64_t)64 << 20)
+#define SPACE_CHECK_MS 100
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Refuses a write while the disk is nearly full; looks at most every 100 ms,
+ * so the cost is one statvfs per interval, not per write. Not sticky: once
+ * room is made, writes go on. */
+static bool low_space(struct store *st, const struct record_key *k,
+                      struct sc_error *err)
+{
+    uint64_t now = mono_ms(), free_b;
+    struct statvfs v;
+
+    if (now - atomic_load(&st->space_checked_ms) >= SPACE_CHECK_MS &&
+        statvfs(st->path, &v) == 0) {
+        atomic_store(&st->space_free, (uint64_t)v.f_bavail * v.f_frsize);
+        atomic_store(&st->space_checked_ms, now);
+    }
+    free_b = atomic_load(&st->space_free);
+    if (free_b >= SPACE_RESERVE)
+        return false;
+    key_error(err, k, free_b < (1u << 20) ? "the disk is full"
+                                          : "less than 64 MiB free on the store's disk");
+    return true;
+}
+
+bool store_healthy(struct store *st)
+{
+    return st && !atomic_load(&st->failed);
+}
+
 static int save(struct store *st, const struct record_key *k,
                 const struct store_record *rec, struct sc_error *err)
 {
@@ -141,11 +217,23 @@ static int save(struct store *st, const struct record_key *k,
     size_t len;
     int rc;
 
+    if (write_refused(st, k, err) || low_space(st, k, err))
+        return -ENOSPC;
     if ((rc = record_encode(rec, &buf, &len, err)) != 0)
         return rc;
     rocksdb_put(st->db, st->wo, k->buf, k->len, (const char *)buf, len, &msg);
     free(buf);
-    return msg ? db_error(err, "write", k, msg) : 0;
+    if (msg)
+        return write_failed(st, err, "write", k, msg);
+    /* Until the next look at the disk, count what this write will take (in
+     * the WAL, then in a table file), so a burst cannot run past the reserve. */
+    {
+        uint64_t cur = atomic_load(&st->space_free), use = 2 * (uint64_t)len;
+        while (!atomic_compare_exchange_weak(&st->space_free, &cur,
+                                             cur > use ? cur - use : 0))
+            ;
+    }
+    return 0;
 }
 
 /* ---- open and close ---- */
@@ -273,6 +361,13 @@ int store_open(const char *path, bool sync, struct store **out,
         pthread_mutex_init(&st->stripes[i], NULL);
     pthread_mutex_init(&st->sweep_lock, NULL);
     make_options(st, sync);
+    st->path = strdup(path);
+    atomic_store(&st->space_free, UINT64_MAX);
+    if (!st->path) {
+        rc = -ENOMEM;
+        sc_error_set(err, "store: out of memory");
+        goto fail;
+    }
     if ((rc = open_db(st, path, err)) != 0)
         goto fail;
     *out = st;
@@ -286,7 +381,7 @@ void store_close(struct store *st)
 {
     if (!st)
         return;
-    if (st->db) {
+    if (st->db && !atomic_load(&st->failed)) {
         rocksdb_flushoptions_t *fo = rocksdb_flushoptions_create();
         char *msg = NULL;
 
@@ -296,13 +391,17 @@ void store_close(struct store *st)
         rocksdb_flush(st->db, fo, &msg);
         rocksdb_free(msg);
         rocksdb_flushoptions_destroy(fo);
-        rocksdb_close(st->db);
     }
+    /* After a failed write no flush is tried (see write_refused); the WAL
+     * holds what was acknowledged. */
+    if (st->db)
+        rocksdb_close(st->db);
     rocksdb_readoptions_destroy(st->ro_scan);
     rocksdb_readoptions_destroy(st->ro);
     rocksdb_writeoptions_destroy(st->wo_sweep);
     rocksdb_writeoptions_destroy(st->wo);
     rocksdb_options_destroy(st->opts);
+    free(st->path);
     rocksdb_compactionfilter_destroy(st->filter);
     for (size_t i = 0; i < STRIPES; i++)
         pthread_mutex_destroy(&st->stripes[i]);
@@ -544,8 +643,10 @@ static int forget_locked(struct store *st, const struct record_key *k,
     if (rc == -ENOENT)
         return rc; /* an answer: err untouched, as in release */
     rocksdb_free(val);
+    if (write_refused(st, k, err))
+        return -EIO;
     rocksdb_delete(st->db, st->wo, k->buf, k->len, &msg);
-    return msg ? db_error(err, "delete", k, msg) : 0;
+    return msg ? write_failed(st, err, "delete", k, msg) : 0;
 }
 
 int store_forget(struct store *st, const char *scope, const char *key,
@@ -595,10 +696,13 @@ static int sweep_one(struct store *st, const char *key, size_t klen,
 
     pthread_mutex_lock(lock);
     rc = db_get(st, key, klen, &val, &len, &msg);
-    if (rc == 0 && expired_value(val, len, sw->now_ms)) {
+    if (rc == 0 && expired_value(val, len, sw->now_ms) && !atomic_load(&st->failed)) {
         rocksdb_delete(st->db, st->wo_sweep, key, klen, &msg);
         if (!msg)
             sw->removed++;
+        else if (!atomic_exchange(&st->failed, true))
+            snprintf(st->failure, sizeof st->failure,
+                     "writes refused since a sweep delete failed: %s", msg);
     }
     pthread_mutex_unlock(lock);
     rocksdb_free(val);

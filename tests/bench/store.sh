@@ -6,18 +6,18 @@
 #     sluice's RSS at each size;
 #  2. store_acquire + store_complete pairs on fresh keys, sync false / true, 1 and 2 threads
 #     (storebench, straight on the store API);
-#  3. the store's size on disk before and after the ttl expiry of EXPIRE_COUNT records, with
-#     sluice's sweep (bounded batches) and with a compaction.
+#  3. the store's size on disk before and after the ttl expiry of its records (part 1's store,
+#     the largest KEYS), reclaimed by sluice's sweep (bounded batches), or by a compaction alone.
 # Environment:
 #   QUICK=1          a fast run (~1 min): KEYS="10000 100000", DURATION=2, LAT_DURATION=2,
-#                    REPS=1, LEASE_SECONDS=1, LEASE_REPS=1, EXPIRE_COUNT=100000
+#                    REPS=1, LEASE_SECONDS=1, LEASE_REPS=1
 #   KEYS             stored keys, ascending (default "100000 1000000"); the store is filled
 #                    up to each size in turn and sluice restarted on it
 #   DURATION         seconds per -c64 wrk run (default 10); LAT_DURATION per -c1 run (default 5)
 #   REPS             repetitions of the interleaved replay / pass pairs (default 3)
 #   CONNECTIONS      wrk connections of the throughput runs (default 64)
 #   LEASE_SECONDS    per lease run (default 3); LEASE_REPS (default 3)
-#   EXPIRE_COUNT     records for part 3 (default 1000000); EXPIRE_TTL_MS (default 86400000)
+#   EXPIRE_COUNT     records for part 3 when part 1 is skipped (default 1000000)
 #   SWEEP_BATCH      records per store_sweep call (default 2000, sluice's SWEEP_MAX)
 #   SKIP_REPLAY=1 / SKIP_LEASE=1 / SKIP_EXPIRE=1   leave a part out
 #   BUILD_DIR        default build-bench-sm/ ; NO_BUILD=1 uses what is there (storebench is
@@ -37,7 +37,6 @@ CONNECTIONS=${CONNECTIONS:-64}
 LEASE_SECONDS=${LEASE_SECONDS:-3}
 LEASE_REPS=${LEASE_REPS:-3}
 EXPIRE_COUNT=${EXPIRE_COUNT:-1000000}
-EXPIRE_TTL_MS=${EXPIRE_TTL_MS:-86400000}
 SWEEP_BATCH=${SWEEP_BATCH:-2000}
 WARMUP=${WARMUP:-1}
 
@@ -166,19 +165,31 @@ EOF
     done
     stop_pid "$STUB_PID"
     unset STUB_PID
-    rm -rf "$d/data"
 fi
 
 # ---- part 3: size on disk before and after expiry --------------------------------
+# The store part 1 left (the largest KEYS, written with ttl 1h), or a fresh one of EXPIRE_COUNT
+# records when part 1 was skipped; a copy of it for the compaction-only case.
 if [ "${SKIP_EXPIRE:-0}" != 1 ]; then
-    say "expiry: $EXPIRE_COUNT records, ttl ${EXPIRE_TTL_MS} ms, then sweep (batches of $SWEEP_BATCH)"
-    "$BENCH" expire "$TMP/expire" "$EXPIRE_COUNT" "$EXPIRE_TTL_MS" "$SWEEP_BATCH" |
-        tee "$TMP/expire.txt" >&2 || die "storebench expire failed"
-    rm -rf "$TMP/expire"
-    say "expiry: the same, reclaimed by a compaction alone"
-    "$BENCH" expire-compact "$TMP/expire2" "$EXPIRE_COUNT" "$EXPIRE_TTL_MS" |
-        tee "$TMP/expire-compact.txt" >&2 || die "storebench expire-compact failed"
-    rm -rf "$TMP/expire2"
+    d=$TMP/expire
+    mkdir -p "$d"
+    if [ -d "$TMP/replay/data" ]; then
+        mv "$TMP/replay/data" "$d/sweep"
+        count=$filled
+    else
+        say "filling a store with $EXPIRE_COUNT keys (ttl 1h)"
+        "$BENCH" fill "$d/sweep" expire 0 "$EXPIRE_COUNT" 3600000 /replay '{}' |
+            tee -a "$TMP/fill.txt" >&2 || die "storebench fill failed"
+        count=$EXPIRE_COUNT
+    fi
+    cp -a "$d/sweep" "$d/compact"
+    say "expiry of $count records: swept in batches of $SWEEP_BATCH, then compacted"
+    { echo "records count=$count"; "$BENCH" sweep "$d/sweep" 3600000 "$SWEEP_BATCH"; } |
+        tee "$TMP/expire.txt" >&2 || die "storebench sweep failed"
+    say "expiry of $count records: a compaction alone (its filter drops expired records)"
+    "$BENCH" compact "$d/compact" 3600000 | tee "$TMP/expire-compact.txt" >&2 ||
+        die "storebench compact failed"
+    rm -rf "$d"
 fi
 
 say "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -16,17 +16,19 @@
  *       for SECONDS, store opened with sync SYNC (0/1). Prints pairs, pairs/s
  *       and the p50 / p99 / max time of one pair.
  *
- *   storebench expire DIR COUNT TTL_MS BATCH
- *       writes COUNT records with ttl TTL_MS (acquire + complete, sync false),
- *       measures the directory, moves the store's clock forward by TTL_MS + 1 s
- *       (see clock_wall_ms below: no waiting), then sweeps in batches
- *       of BATCH (store_sweep, as sluice's main loop does once a second) until
- *       a batch removes nothing; measures again; closes and reopens (flush);
- *       measures; compacts (store_rocksdb_compact); measures.
+ *   storebench sweep DIR TTL_MS BATCH
+ *       on an existing store (written with ttl TTL_MS, e.g. by fill): measures
+ *       it, then sweeps it as if TTL_MS + 1 s had passed (store_sweep in
+ *       batches of BATCH, as sluice's main loop does once a second, back to
+ *       back here) until a batch removes nothing; measures; closes and reopens
+ *       (flush); measures; compacts (store_rocksdb_compact); measures. Only the
+ *       sweep sees the later time: RocksDB's expiry compaction filter keeps
+ *       reading the real clock, so the sweep alone finds the records expired.
  *
- *   storebench expire-compact DIR COUNT TTL_MS
- *       as expire, but without any sweep: only the compaction (whose filter
- *       drops expired records) reclaims the space.
+ *   storebench compact DIR TTL_MS
+ *       on an existing store: measures it, moves the store's clock (which the
+ *       compaction filter reads) forward by TTL_MS + 1 s, compacts, measures.
+ *       No sweep: the compaction filter alone drops the expired records.
  *
  * Output: one "key=value ..." line per phase on stdout, for store.sh.
  * Sizes: "apparent" = sum of st_size (du -sb), "alloc" = st_blocks * 512
@@ -40,7 +42,6 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "policies/config.h"
 #include "policies/idemkey.h"
@@ -51,9 +52,9 @@
 #define LEASE_MS 60000ull
 
 /* The store's clock (util/clock.h), defined here so that util/clock.o is not
- * linked: the expire commands move wall time forward by the ttl after the
- * fill instead of waiting for it. The store's RocksDB compaction filter,
- * which runs in RocksDB's threads, reads this clock too. */
+ * linked: the compact command moves wall time forward by the ttl instead of
+ * waiting for it. The store's RocksDB compaction filter, which runs in
+ * RocksDB's threads, reads this clock. */
 static _Atomic uint64_t wall_offset_ms;
 
 uint64_t clock_mono_ns(void)
@@ -276,39 +277,23 @@ static int cmd_lease(int argc, char **argv)
 
 /* ---- expiry ---- */
 
-static struct store *expire_fill(const char *dir, unsigned long count, uint64_t ttl_ms)
-{
-    uint8_t fp[STORE_FP_LEN] = {1};
-    struct store *st = open_store(dir, false);
-    double secs = fill(st, "expire", 0, count, ttl_ms, fp);
-    double tc;
-
-    printf("fill count=%lu seconds=%.2f pairs_per_s=%.0f hwm_kb=%ld\n", count, secs,
-           count / secs, hwm_kb());
-    print_size("written", dir);
-    tc = mono_s();
-    store_close(st);
-    printf("reopen phase=written close_s=%.2f\n", mono_s() - tc);
-    print_size("before_expiry", dir);
-    return open_store(dir, false);
-}
-
-/* Every record written so far expired: the clock jumps by ttl + 1 s. */
-static void time_travel(uint64_t ttl_ms)
-{
-    wall_offset_ms += ttl_ms + 1000;
-}
-
-static void compact(struct store **st, const char *dir, const char *phase)
+static struct store *reopen(struct store *st, const char *dir, const char *phase)
 {
     double t0 = mono_s();
 
-    store_rocksdb_compact(*st);
+    store_close(st);
+    printf("close phase=%s seconds=%.2f\n", phase, mono_s() - t0);
+    print_size(phase, dir);
+    return open_store(dir, false);
+}
+
+static void compact(struct store *st, const char *dir, const char *phase)
+{
+    double t0 = mono_s();
+
+    store_rocksdb_compact(st);
     printf("compact phase=%s seconds=%.2f\n", phase, mono_s() - t0);
     print_size(phase, dir);
-    store_close(*st);
-    print_size("closed", dir);
-    *st = NULL;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -318,69 +303,62 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static int cmd_expire(int argc, char **argv)
+static int cmd_sweep(int argc, char **argv)
 {
     const char *dir = argv[2];
-    unsigned long count = strtoul(argv[3], NULL, 10);
-    uint64_t ttl_ms = strtoull(argv[4], NULL, 10);
-    size_t batch = strtoul(argv[5], NULL, 10);
-    double t0, tb, worst = 0, tc;
-    unsigned long removed_total = 0, batches = 0;
+    uint64_t ttl_ms = strtoull(argv[3], NULL, 10);
+    size_t batch = strtoul(argv[4], NULL, 10), n = 0, cap = 1024;
+    unsigned long removed_total = 0;
+    double t0, *bt = malloc(cap * sizeof *bt);
     struct sc_error err = {0};
-    struct store *st = expire_fill(dir, count, ttl_ms);
-    double *bt = malloc((count / (batch ? batch : 1) + 16) * sizeof *bt);
+    struct store *st;
 
     if (!bt || !batch)
         die("batch", NULL);
-    time_travel(ttl_ms);
-    printf("count phase=expired estimate=%llu\n", (unsigned long long)store_count(st));
+    print_size("before_expiry", dir);
+    st = open_store(dir, false);
+    printf("count phase=before_expiry estimate=%llu\n", (unsigned long long)store_count(st));
     t0 = mono_s();
     for (;;) {
         size_t removed = 0;
+        double tb = mono_s();
 
-        tb = mono_s();
-        if (store_sweep(st, clock_wall_ms(), batch, &removed, &err) != 0)
+        if (store_sweep(st, clock_wall_ms() + ttl_ms + 1000, batch, &removed, &err) != 0)
             die("sweep", &err);
-        tb = mono_s() - tb;
-        if (batches < count / batch + 16)
-            bt[batches] = tb;
-        batches++;
-        if (tb > worst)
-            worst = tb;
+        if (n == cap && !(bt = realloc(bt, (cap *= 2) * sizeof *bt)))
+            die("realloc", NULL);
+        bt[n++] = mono_s() - tb;
         removed_total += removed;
         if (removed == 0)
             break;
     }
     t0 = mono_s() - t0;
-    {
-        unsigned long n = batches < count / batch + 16 ? batches : count / batch + 16;
-
-        qsort(bt, n, sizeof *bt, cmp_double);
-        printf("sweep batch=%zu removed=%lu batches=%lu seconds=%.2f batch_median_ms=%.2f "
-               "batch_max_ms=%.2f hwm_kb=%ld\n",
-               batch, removed_total, batches, t0, n ? bt[n / 2] * 1e3 : 0, worst * 1e3,
-               hwm_kb());
-    }
+    qsort(bt, n, sizeof *bt, cmp_double);
+    printf("sweep batch=%zu removed=%lu batches=%zu seconds=%.2f batch_median_ms=%.2f "
+           "batch_p99_ms=%.2f batch_max_ms=%.2f hwm_kb=%ld\n",
+           batch, removed_total, n, t0, bt[n / 2] * 1e3, bt[(size_t)(n * 0.99)] * 1e3,
+           bt[n - 1] * 1e3, hwm_kb());
     free(bt);
     print_size("swept", dir);
-    tc = mono_s();
+    st = reopen(st, dir, "swept_closed");
+    compact(st, dir, "swept_compacted");
     store_close(st);
-    printf("reopen phase=swept close_s=%.2f\n", mono_s() - tc);
-    print_size("swept_closed", dir);
-    st = open_store(dir, false);
-    compact(&st, dir, "swept_compacted");
+    print_size("swept_compacted_closed", dir);
     return 0;
 }
 
-static int cmd_expire_compact(int argc, char **argv)
+static int cmd_compact(int argc, char **argv)
 {
     const char *dir = argv[2];
-    unsigned long count = strtoul(argv[3], NULL, 10);
-    uint64_t ttl_ms = strtoull(argv[4], NULL, 10);
-    struct store *st = expire_fill(dir, count, ttl_ms);
+    uint64_t ttl_ms = strtoull(argv[3], NULL, 10);
+    struct store *st;
 
-    time_travel(ttl_ms);
-    compact(&st, dir, "compacted");
+    print_size("before_expiry", dir);
+    st = open_store(dir, false);
+    wall_offset_ms += ttl_ms + 1000; /* every record written so far has expired */
+    compact(st, dir, "compacted");
+    store_close(st);
+    print_size("compacted_closed", dir);
     return 0;
 }
 
@@ -391,13 +369,13 @@ int main(int argc, char **argv)
         return cmd_fill(argc, argv);
     if (argc == 6 && strcmp(argv[1], "lease") == 0)
         return cmd_lease(argc, argv);
-    if (argc == 6 && strcmp(argv[1], "expire") == 0)
-        return cmd_expire(argc, argv);
-    if (argc == 5 && strcmp(argv[1], "expire-compact") == 0)
-        return cmd_expire_compact(argc, argv);
+    if (argc == 5 && strcmp(argv[1], "sweep") == 0)
+        return cmd_sweep(argc, argv);
+    if (argc == 4 && strcmp(argv[1], "compact") == 0)
+        return cmd_compact(argc, argv);
     fprintf(stderr, "usage: storebench fill DIR SCOPE FIRST COUNT TTL_MS TARGET BODY\n"
                     "       storebench lease DIR SYNC THREADS SECONDS\n"
-                    "       storebench expire DIR COUNT TTL_MS BATCH\n"
-                    "       storebench expire-compact DIR COUNT TTL_MS\n");
+                    "       storebench sweep DIR TTL_MS BATCH\n"
+                    "       storebench compact DIR TTL_MS\n");
     return 2;
 }
