@@ -98,6 +98,9 @@ void ex_finish(struct exchange *ex);
 /* exchange_pace.c */
 void ex_pace(struct exchange *ex);          /* bucket, then slot, then upstream */
 void ex_pace_release(struct exchange *ex);  /* frees the slot, stops the timer */
+/* False when the send-side bucket says "not yet": a timer calls
+ * ex_send_upstream again when it will. */
+bool ex_pace_may_send(struct exchange *ex);
 void ex_pace_abort(struct exchange *ex);    /* drain deadline while waiting */
 /* RateLimit-Policy / RateLimit header values for the exchange's policy. */
 void ex_rate_headers(const struct exchange *ex, char *policy, size_t plen,

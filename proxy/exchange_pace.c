@@ -221,6 +221,32 @@ void ex_pace(struct exchange *ex)
     evtimer_add(ex->timer, &tv);
 }
 
+/* ---- the moment of sending ---------------------------------------------- */
+
+static void on_send_retry(evutil_socket_t fd, short what, void *arg)
+{
+    struct exchange *ex = arg;
+
+    ex->state = EX_UPSTREAM;
+    ex_send_upstream(ex);
+}
+
+bool ex_pace_may_send(struct exchange *ex)
+{
+    uint64_t now = clock_mono_ns(), at;
+    struct timeval tv;
+
+    if (!ex->bucket || ex->pol->mode == SC_MODE_SHADOW ||
+        gcra_reserve(&ex->bucket->sent, now, 0, &at))
+        return true;
+    /* Not yet: wait (holding the slot) until the send-side bucket allows. */
+    ex->state = EX_PERMIT;
+    tv = ns_to_tv(at - now);
+    evtimer_assign(ex->timer, ex->w->base, on_send_retry, ex);
+    evtimer_add(ex->timer, &tv);
+    return false;
+}
+
 void ex_pace_release(struct exchange *ex)
 {
     if (ex->timer && evtimer_pending(ex->timer, NULL))

@@ -204,6 +204,8 @@ static void on_upstream_done(struct up_request *req, void *arg)
 
 void ex_send_upstream(struct exchange *ex)
 {
+    if (!ex_pace_may_send(ex))
+        return;
     if (!ex_idem_lease(ex)) {
         ex_pace_release(ex);
         ex_finish(ex);

@@ -38,8 +38,10 @@ static struct policy_state *state_new(const struct sc_policy *p)
     ps->concurrency = p->concurrency;
     ps->partition_max = p->partition_max;
     ps->has_bucket = p->has_rate;
-    if (p->has_rate)
+    if (p->has_rate) {
         gcra_init(&ps->bucket.g, p->rate, p->burst);
+        gcra_init(&ps->bucket.sent, p->rate, p->burst);
+    }
     pthread_mutex_init(&ps->mu, NULL);
     TAILQ_INIT(&ps->waiters);
     TAILQ_INIT(&ps->lru);
@@ -200,8 +202,11 @@ static struct bucket *partition_get(struct policy_state *ps, const char *name,
      * an eviction and starts empty: an evicted partition that comes back is
      * never full, so churning names cannot grant bursts. */
     gcra_init(&p->b.g, ps->rate, ps->burst);
-    if (evicted)
+    gcra_init(&p->b.sent, ps->rate, ps->burst);
+    if (evicted) {
         gcra_set_empty(&p->b.g, now);
+        gcra_set_empty(&p->b.sent, now);
+    }
     atomic_store(&p->b.cooldown_until, 0);
     p->next = ps->table[slot];
     ps->table[slot] = p;

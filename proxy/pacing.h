@@ -16,9 +16,16 @@
 
 struct event;
 
-/* A bucket and the cooldown an upstream imposed on it. */
+/* A bucket and the cooldown an upstream imposed on it. `g` reserves start
+ * times in arrival order (and decides max_wait); `sent`, with the same
+ * numbers, is checked again at the moment a request is really handed to the
+ * upstream: timers that fire late and together (a starved CPU) would
+ * otherwise send late and on-time requests back to back, and the bound
+ * burst + rate x t must hold where requests leave, not only where they are
+ * scheduled. */
 struct bucket {
     struct gcra g;
+    struct gcra sent;
     _Atomic uint64_t cooldown_until; /* monotonic ns; 0 = none */
 };
 

@@ -4,6 +4,13 @@
 
 HELPER="python3 $HERE/smstat.py"
 HZ=$(getconf CLK_TCK)
+# PIN=1: sluice on CPU 1, the stub and wrk on CPU 0 (taskset), so that the scheduler does not
+# move the three busy processes around two cores; the sluice CPU/req figures vary less.
+PIN_SLUICE="" PIN_LOAD=""
+if [ "${PIN:-0}" = 1 ]; then
+    [ "$(nproc)" -ge 2 ] || { echo "PIN=1 needs 2 cores" >&2; exit 1; }
+    PIN_SLUICE="taskset -c 1" PIN_LOAD="taskset -c 0"
+fi
 
 say() { printf '%s\n' "$*" >&2; }
 die() { say "$NAME: $*"; exit 1; }
@@ -95,7 +102,7 @@ wait_http() {   # wait_http URL PID: until URL answers 200, at most 20 s
 
 # ---- servers -----------------------------------------------------------------
 start_stub() {   # start_stub STUB_BINARY -> STUB_PID, STUB_PORT (body: 2 bytes)
-    "$1" --listen 127.0.0.1:0 --body-size 2 >"$TMP/stub.out" 2>"$TMP/stub.err" &
+    $PIN_LOAD "$1" --listen 127.0.0.1:0 --body-size 2 >"$TMP/stub.out" 2>"$TMP/stub.err" &
     STUB_PID=$!
     PIDS="$PIDS $STUB_PID"
     local _
@@ -109,7 +116,7 @@ start_stub() {   # start_stub STUB_BINARY -> STUB_PID, STUB_PORT (body: 2 bytes)
 }
 
 start_sluice() {   # start_sluice BINARY DIR ADMIN_PORT (config in DIR/sluice.yaml) -> SLUICE_PID
-    "$1" -c "$2/sluice.yaml" >"$2/stdout" 2>"$2/stderr" &
+    $PIN_SLUICE "$1" -c "$2/sluice.yaml" >"$2/stdout" 2>"$2/stderr" &
     SLUICE_PID=$!
     PIDS="$PIDS $SLUICE_PID"
     wait_http "http://127.0.0.1:$3/readyz" "$SLUICE_PID"
@@ -144,7 +151,7 @@ measure() {
     [ -z "${STUB_PID:-}" ] || s0=$(cpu_ticks "$STUB_PID")
     m0=$(sys_ticks)
     times >"$TMP/times0"   # a builtin: no fork, so only wrk is reaped in between
-    timeout $(( secs + 30 )) wrk -t1 -c"$conns" -d"$secs"s --latency "$@" >"$out" 2>&1 ||
+    timeout $(( secs + 30 )) $PIN_LOAD wrk -t1 -c"$conns" -d"$secs"s --latency "$@" >"$out" 2>&1 ||
         die "wrk failed: $(cat "$out")"
     times >"$TMP/times1"
     m1=$(sys_ticks)

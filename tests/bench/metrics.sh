@@ -17,6 +17,10 @@
 #   NOMETRICS_DIR  -DSLUICE_METRICS_OFF=ON build, default build-bench-nometrics/
 #   NO_BUILD=1     use the binaries already there
 #   SKIP_THROUGHPUT=1 / SKIP_SCRAPE=1   leave a part out
+#   PERF           1: also profile one more run of each build with `perf record` and report the
+#                  share of sluice's CPU samples spent where requests record metrics (a figure
+#                  the machine's noise hardly moves); 0: not; default: 1 when perf works
+#   PIN=1          sluice on CPU 1, stub and wrk on CPU 0 (taskset)
 #   KEEP=1         keep the temp dir (configs, logs, raw wrk output, scrape output)
 set -euo pipefail
 
@@ -41,6 +45,10 @@ TMP_PREFIX=sluice-metrics
 . "$HERE/benchlib.sh"
 
 deps
+if [ "${PERF:-auto}" = auto ]; then
+    PERF=0
+    command -v perf >/dev/null && perf record -q -o /dev/null -- true >/dev/null 2>&1 && PERF=1
+fi
 build "$BUILD_DIR"
 build "$NOMETRICS_DIR" -DSLUICE_METRICS_OFF=ON
 grep -q 'SLUICE_METRICS_OFF:BOOL=ON' "$NOMETRICS_DIR/CMakeCache.txt" ||
@@ -103,6 +111,22 @@ EOF
                 "http://127.0.0.1:$port/bench"
         done
     done
+    if [ "$PERF" = 1 ]; then
+        for which in on off; do
+            if [ $which = on ]; then pid=$ON_PID port=$ON_PORT; else pid=$OFF_PID port=$OFF_PORT; fi
+            $PIN_LOAD wrk -t1 -c"$CONNECTIONS" -d$((DURATION + 2))s "http://127.0.0.1:$port/bench" \
+                >"$TMP/wrk-perf-$which.txt" 2>&1 &
+            WRK_PID=$!
+            PIDS="$PIDS $WRK_PID"
+            sleep 1
+            perf record -q -F 1999 -p "$pid" -o "$TMP/perf-$which.data" -- sleep "$DURATION" \
+                >"$TMP/perf-$which.log" 2>&1 || die "perf record failed: $(cat "$TMP/perf-$which.log")"
+            stop_pid "$WRK_PID"   # it ends by itself about now
+            perf report -i "$TMP/perf-$which.data" --stdio --no-children --sort symbol \
+                >"$TMP/perf-$which.txt" 2>/dev/null || die "perf report failed"
+            say "  perf, metrics $which: $($HELPER perfshare "$TMP/perf-$which.txt")"
+        done
+    fi
     # The off build must really have recorded nothing.
     curl -sf "http://127.0.0.1:$OFF_ADMIN/metrics" >"$TMP/off-metrics.txt" || die "scrape failed"
     ! grep -q '^sluice_requests_total{' "$TMP/off-metrics.txt" ||

@@ -7,6 +7,7 @@
                                      counts are CPU deltas over the run), print a progress line
   smstat.py hist BEFORE AFTER ROUTE  from two /metrics scrapes: "within_1ms count" of
                                      sluice_request_duration_seconds{route=ROUTE} in between
+  smstat.py perfshare FILE           share of samples in metric recording, from `perf report`
   smstat.py store-report DIR         store.sh's tables, from the files it wrote in DIR
   smstat.py metrics-report DIR       metrics.sh's tables, from the files it wrote in DIR
 """
@@ -232,6 +233,30 @@ def store_report(d):
 
 # ---- metrics.sh ----------------------------------------------------------------
 
+# Where a request records its metrics: exchange_completed (record_metrics, record_statsd and
+# record_upstream are static and inlined into it at -O2) and the metrics_* calls it makes.
+METRIC_SYMBOLS = re.compile(r"^(exchange_completed|record_metrics|record_statsd|record_upstream|"
+                            r"record_queue_age|metrics_add|metrics_observe|statsd_\w+)$")
+
+
+def perf_shares(path):
+    """{symbol: percent} of the recording symbols, and the total sample count."""
+    shares, samples = {}, 0
+    for line in open(path):
+        m = re.match(r"^# Samples: ([\d.]+)([KM]?)", line)
+        if m:
+            samples += int(float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6}[m.group(2)])
+        m = re.match(r"^\s+([\d.]+)%\s+\[\.\]\s+(\S+)", line)
+        if m and METRIC_SYMBOLS.match(m.group(2)):
+            shares[m.group(2)] = shares.get(m.group(2), 0) + float(m.group(1))
+    return shares, samples
+
+
+def perfshare(path):
+    shares, samples = perf_shares(path)
+    parts = ", ".join(f"{k} {v:.2f} %" for k, v in sorted(shares.items(), key=lambda kv: -kv[1]))
+    print(f"{sum(shares.values()):.2f} % of {samples} samples ({parts or 'none'})")
+
 def quantile(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -240,26 +265,43 @@ def quantile(xs, q):
 def metrics_report(d):
     runs = read_runs(os.path.join(d, "runs.tsv"))
     on, off = runs.get("metrics-on"), runs.get("metrics-off")
-    print("\n#### Pass-through with metrics on vs off (sluice `threads: 1`, no policy)\n")
-    print("| build | req/s | p50 | p99 | sluice CPU/req | stub CPU/req | others | errors | runs |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name, rows in (("metrics on (normal)", on), ("metrics off (`SLUICE_METRICS_OFF`)", off)):
-        lo, hi = spread(rows, "rps")
-        clo, chi = spread(rows, "cpu")
-        print(f"| {name} | {med(rows, 'rps'):,.0f} ({lo:,.0f}–{hi:,.0f}) | "
-              f"{fmt_us(med(rows, 'p50'))} | {fmt_us(med(rows, 'p99'))} | "
-              f"{med(rows, 'cpu'):.2f} µs ({clo:.2f}–{chi:.2f}) | {med(rows, 'stub_cpu'):.2f} µs | "
-              f"{med(rows, 'others'):.2f} | {sum(r['errors'] for r in rows):.0f} | {len(rows)} |")
-    drps = (med(off, "rps") / med(on, "rps") - 1) * 100
-    dcpu = (med(on, "cpu") / med(off, "cpu") - 1) * 100
-    # paired differences: run i of one build against run i of the other (they are adjacent)
-    pairs = list(zip(on, off))
-    prps = [(b["rps"] / a["rps"] - 1) * 100 for a, b in pairs]
-    pcpu = [(a["cpu"] / b["cpu"] - 1) * 100 for a, b in pairs]
-    print(f"\nmetrics off vs on: req/s {drps:+.1f} % (paired runs: median "
-          f"{statistics.median(prps):+.1f} %, range {min(prps):+.1f} … {max(prps):+.1f} %); "
-          f"sluice CPU/req with metrics {dcpu:+.1f} % (paired: median "
-          f"{statistics.median(pcpu):+.1f} %, range {min(pcpu):+.1f} … {max(pcpu):+.1f} %).")
+    drps = dcpu = None
+    if on and off:
+        print("\n#### Pass-through with metrics on vs off (sluice `threads: 1`, no policy)\n")
+        print("| build | req/s | p50 | p99 | sluice CPU/req | stub CPU/req | others | errors | runs |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for name, rows in (("metrics on (normal)", on), ("metrics off (`SLUICE_METRICS_OFF`)", off)):
+            lo, hi = spread(rows, "rps")
+            clo, chi = spread(rows, "cpu")
+            print(f"| {name} | {med(rows, 'rps'):,.0f} ({lo:,.0f}–{hi:,.0f}) | "
+                  f"{fmt_us(med(rows, 'p50'))} | {fmt_us(med(rows, 'p99'))} | "
+                  f"{med(rows, 'cpu'):.2f} µs ({clo:.2f}–{chi:.2f}) | "
+                  f"{med(rows, 'stub_cpu'):.2f} µs | {med(rows, 'others'):.2f} | "
+                  f"{sum(r['errors'] for r in rows):.0f} | {len(rows)} |")
+        drps = (med(off, "rps") / med(on, "rps") - 1) * 100
+        dcpu = (med(on, "cpu") / med(off, "cpu") - 1) * 100
+        # paired differences: run i of one build against run i of the other (adjacent runs)
+        pairs = list(zip(on, off))
+        prps = [(b["rps"] / a["rps"] - 1) * 100 for a, b in pairs]
+        pcpu = [(a["cpu"] / b["cpu"] - 1) * 100 for a, b in pairs]
+        print(f"\nmetrics off vs on: req/s {drps:+.1f} % (paired runs: median "
+              f"{statistics.median(prps):+.1f} %, range {min(prps):+.1f} … {max(prps):+.1f} %); "
+              f"sluice CPU/req with metrics {dcpu:+.1f} % (paired: median "
+              f"{statistics.median(pcpu):+.1f} %, range {min(pcpu):+.1f} … {max(pcpu):+.1f} %).")
+
+    pon, poff = os.path.join(d, "perf-on.txt"), os.path.join(d, "perf-off.txt")
+    perf_delta = None
+    if os.path.exists(pon) and os.path.exists(poff):
+        son, non = perf_shares(pon)
+        soff, noff = perf_shares(poff)
+        perf_delta = sum(son.values()) - sum(soff.values())
+        fmt = lambda sh: ", ".join(f"`{k}` {v:.2f} %" for k, v in
+                                   sorted(sh.items(), key=lambda kv: -kv[1])) or "none"
+        print(f"\n`perf record -F 1999` on sluice during one more run of each build: share of "
+              f"its CPU samples in the symbols where a request records metrics — metrics on: "
+              f"{sum(son.values()):.2f} % of {non} samples ({fmt(son)}); metrics off: "
+              f"{sum(soff.values()):.2f} % of {noff} samples ({fmt(soff)}). Difference: "
+              f"**{perf_delta:.2f} %** of sluice's CPU.")
 
     scrapes = []
     for name, path in (("idle", "scrape-idle.txt"), ("under load", "scrape-load.txt")):
@@ -273,22 +315,27 @@ def metrics_report(d):
     info = {}
     if os.path.exists(os.path.join(d, "scrape-info.txt")):
         info = kv("x " + open(os.path.join(d, "scrape-info.txt")).read().strip())
-    print(f"\n#### One scrape of `GET /metrics`: {info.get('routes', '?')} routes, "
-          f"{info.get('policies', '?')} policies\n")
-    print("| sluice state | scrapes | median | p99 | max | output |")
-    print("|---|---:|---:|---:|---:|---:|")
+    if scrapes:
+        print(f"\n#### One scrape of `GET /metrics`: {info.get('routes', '?')} routes, "
+              f"{info.get('policies', '?')} policies\n")
+        print("| sluice state | scrapes | median | p99 | max | output |")
+        print("|---|---:|---:|---:|---:|---:|")
     for name, t, size in scrapes:
         print(f"| {name} | {len(t)} | {statistics.median(t):.2f} ms | {quantile(t, 0.99):.2f} ms | "
               f"{max(t):.2f} ms | {size / 1024:.0f} KiB, {info.get('lines', '?')} lines "
               f"({info.get('series', '?')} samples) |")
 
     print("\n#### Targets\n")
-    print(f"- pass-through throughput with metrics on vs off under 3 % apart: off/on req/s "
-          f"{drps:+.1f} % (medians; paired runs {statistics.median(prps):+.1f} %) — " +
-          verdict(abs(drps) < 3, f"by {abs(drps) - 3:.1f} points"))
-    print(f"- the same in sluice CPU per request (the steadier figure): on/off {dcpu:+.1f} % "
-          f"(paired runs {statistics.median(pcpu):+.1f} %) — " +
-          verdict(abs(dcpu) < 3, f"by {abs(dcpu) - 3:.1f} points"))
+    if drps is not None:
+        print(f"- pass-through throughput with metrics on vs off under 3 % apart: off/on req/s "
+              f"{drps:+.1f} % (medians; paired runs {statistics.median(prps):+.1f} %) — " +
+              verdict(abs(drps) < 3, f"by {abs(drps) - 3:.1f} points"))
+        print(f"- the same in sluice CPU per request (the steadier figure): on/off {dcpu:+.1f} % "
+              f"(paired runs {statistics.median(pcpu):+.1f} %) — " +
+              verdict(abs(dcpu) < 3, f"by {abs(dcpu) - 3:.1f} points"))
+    if perf_delta is not None:
+        print(f"- the same from the profiles: metric recording takes {perf_delta:.2f} % of "
+              f"sluice's CPU — " + verdict(perf_delta < 3, f"by {perf_delta - 3:.1f} points"))
     for name, t, size in scrapes:
         m, p99 = statistics.median(t), quantile(t, 0.99)
         print(f"- one scrape under 5 ms ({name}): median {m:.2f} ms, p99 {p99:.2f} ms — " +
@@ -301,6 +348,8 @@ if __name__ == "__main__":
         ports(int(sys.argv[2]))
     elif cmd == "record" and len(sys.argv) == 13:
         record(*sys.argv[2:])
+    elif cmd == "perfshare" and len(sys.argv) == 3:
+        perfshare(sys.argv[2])
     elif cmd == "hist" and len(sys.argv) == 5:
         hist(*sys.argv[2:])
     elif cmd == "store-report" and len(sys.argv) == 3:
