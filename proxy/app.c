@@ -87,8 +87,11 @@ static int workers_start(struct app *app, struct sc_error *err)
 
 /* ---- the idempotency store ---------------------------------------------- */
 
-#define SWEEP_EVERY_MS 1000
-#define SWEEP_MAX 2000
+/* 200 records every 100 ms: the same 2000/s as one big call a second, in
+ * bursts of ~1.5 ms instead of ~15 ms (a store of 10^6 live keys makes a
+ * call scan 16 x max records), which showed as a p99 tail on 2 cores. */
+#define SWEEP_EVERY_MS 100
+#define SWEEP_MAX 200
 
 /* Bounded work per tick on the main thread: never a stall of the loops. */
 static void on_sweep(evutil_socket_t fd, short what, void *arg)

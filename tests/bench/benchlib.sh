@@ -1,6 +1,9 @@
+# shellcheck shell=bash
 # Shell helpers shared by store.sh and metrics.sh (sourced, not run). Same conventions as
 # passthrough.sh: every process started is recorded in PIDS and stopped by its pid on exit;
 # nothing is looked up by name. The sourcing script sets HERE, REPO, TMP_PREFIX and NAME.
+# $PIN_SLUICE and $PIN_LOAD are left unquoted on purpose: empty, or "taskset -c N".
+# shellcheck disable=SC2086
 
 HELPER="python3 $HERE/smstat.py"
 HZ=$(getconf CLK_TCK)
@@ -25,7 +28,9 @@ build() {   # build DIR [extra cmake args...]: sluice and sluice-stub, RelWithDe
     local dir=$1
     shift
     if [ "${NO_BUILD:-0}" = 1 ]; then
-        [ -x "$dir/sluice" ] && [ -x "$dir/sluice-stub" ] || die "NO_BUILD=1 but no binaries in $dir"
+        if [ ! -x "$dir/sluice" ] || [ ! -x "$dir/sluice-stub" ]; then
+            die "NO_BUILD=1 but no binaries in $dir"
+        fi
         return 0
     fi
     say "building sluice and sluice-stub in $dir $*"

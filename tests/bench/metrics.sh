@@ -20,7 +20,8 @@
 #   PERF           1: also profile one more run of each build with `perf record` and report the
 #                  share of sluice's CPU samples spent where requests record metrics (a figure
 #                  the machine's noise hardly moves); 0: not; default: 1 when perf works
-#   PIN=1          sluice on CPU 1, stub and wrk on CPU 0 (taskset)
+#   PIN            1 (default): in part 1, sluice on CPU 1, the stub and wrk on CPU 0 (taskset):
+#                  runs vary less; 0: let the scheduler place them (as passthrough.sh does)
 #   KEEP=1         keep the temp dir (configs, logs, raw wrk output, scrape output)
 set -euo pipefail
 
@@ -39,9 +40,10 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 BUILD_DIR=${BUILD_DIR:-$REPO/build-bench-sm}
 NOMETRICS_DIR=${NOMETRICS_DIR:-$REPO/build-bench-nometrics}
-NAME=metrics.sh
-TMP_PREFIX=sluice-metrics
-# shellcheck source=tests/bench/benchlib.sh
+# shellcheck disable=SC2034  # NAME and TMP_PREFIX are read by benchlib.sh
+NAME=metrics.sh TMP_PREFIX=sluice-metrics
+[ "$(nproc)" -ge 2 ] && PIN=${PIN:-1}
+# shellcheck source-path=SCRIPTDIR source=benchlib.sh
 . "$HERE/benchlib.sh"
 
 deps
@@ -81,7 +83,7 @@ if [ "${SKIP_THROUGHPUT:-0}" != 1 ]; then
     set -- $($HELPER ports 4)
     ON_PORT=$1 ON_ADMIN=$2 OFF_PORT=$3 OFF_ADMIN=$4
     for which in on off; do
-        if [ $which = on ]; then
+        if [ "$which" = on ]; then
             d=$(sluice_dir on "$ON_PORT" "$ON_ADMIN" "threads: 1") bin=$BUILD_DIR/sluice admin=$ON_ADMIN
         else
             d=$(sluice_dir off "$OFF_PORT" "$OFF_ADMIN" "threads: 1") bin=$NOMETRICS_DIR/sluice admin=$OFF_ADMIN
@@ -93,27 +95,27 @@ routes:
   - {name: pass, prefix: /, upstream: stub}
 EOF
         start_sluice "$bin" "$d" "$admin"
-        if [ $which = on ]; then ON_PID=$SLUICE_PID; else OFF_PID=$SLUICE_PID; fi
+        if [ "$which" = on ]; then ON_PID=$SLUICE_PID; else OFF_PID=$SLUICE_PID; fi
     done
     say "stub :$STUB_PORT (pid $STUB_PID); metrics on: sluice :$ON_PORT (pid $ON_PID);" \
         "metrics off: sluice :$OFF_PORT (pid $OFF_PID)"
     if [ "$WARMUP" -gt 0 ]; then
         for p in "$ON_PORT" "$OFF_PORT"; do
-            wrk -t1 -c"$CONNECTIONS" -d"$WARMUP"s "http://127.0.0.1:$p/bench" >"$TMP/warmup.txt" 2>&1 ||
+            $PIN_LOAD wrk -t1 -c"$CONNECTIONS" -d"$WARMUP"s "http://127.0.0.1:$p/bench" >"$TMP/warmup.txt" 2>&1 ||
                 die "wrk warm-up failed: $(cat "$TMP/warmup.txt")"
         done
     fi
     for rep in $(seq "$REPS"); do
         if [ $((rep % 2)) = 1 ]; then order="on off"; else order="off on"; fi
         for which in $order; do
-            if [ $which = on ]; then pid=$ON_PID port=$ON_PORT; else pid=$OFF_PID port=$OFF_PORT; fi
+            if [ "$which" = on ]; then pid=$ON_PID port=$ON_PORT; else pid=$OFF_PID port=$OFF_PORT; fi
             measure "$TMP/runs.tsv" "metrics-$which" "$rep" "$pid" "$CONNECTIONS" "$DURATION" \
                 "http://127.0.0.1:$port/bench"
         done
     done
     if [ "$PERF" = 1 ]; then
         for which in on off; do
-            if [ $which = on ]; then pid=$ON_PID port=$ON_PORT; else pid=$OFF_PID port=$OFF_PORT; fi
+            if [ "$which" = on ]; then pid=$ON_PID port=$ON_PORT; else pid=$OFF_PID port=$OFF_PORT; fi
             $PIN_LOAD wrk -t1 -c"$CONNECTIONS" -d$((DURATION + 2))s "http://127.0.0.1:$port/bench" \
                 >"$TMP/wrk-perf-$which.txt" 2>&1 &
             WRK_PID=$!
@@ -144,6 +146,8 @@ if [ "${SKIP_SCRAPE:-0}" != 1 ]; then
     set -- $($HELPER ports 2)
     PORT=$1 ADMIN=$2
     d=$(sluice_dir scrape "$PORT" "$ADMIN" "threads: 0   # one loop per core")
+    # shellcheck disable=SC2034  # read by start_sluice
+    PIN_SLUICE=""   # its loops and the admin thread may use every core
     {
         echo "upstreams:"
         for u in 0 1 2 3 4; do
@@ -189,7 +193,7 @@ if [ "${SKIP_SCRAPE:-0}" != 1 ]; then
     # Under load: wrk on a route without a policy for the time of the scrapes, plus 1 s before
     # and about 2 s after.
     secs=$(awk -v n="$SCRAPES" 'BEGIN { s = int(n * 0.01 + 0.999) + 3; print s }')
-    wrk -t1 -c"$CONNECTIONS" -d"$secs"s "http://127.0.0.1:$PORT/r4/x" >"$TMP/wrk-scrape.txt" 2>&1 &
+    $PIN_LOAD wrk -t1 -c"$CONNECTIONS" -d"$secs"s "http://127.0.0.1:$PORT/r4/x" >"$TMP/wrk-scrape.txt" 2>&1 &
     WRK_PID=$!
     PIDS="$PIDS $WRK_PID"
     sleep 1
@@ -201,7 +205,9 @@ if [ "${SKIP_SCRAPE:-0}" != 1 ]; then
 fi
 
 say "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "metrics.sh — started $STARTED, $(nproc) cores ($(uname -m)); sluice threads: 1 (part 1)," \
+pinned=""
+[ -z "$PIN_LOAD" ] || pinned=" (part 1 pinned: sluice on CPU 1, stub and wrk on CPU 0)"
+echo "metrics.sh — started $STARTED, $(nproc) cores ($(uname -m)); sluice threads: 1 (part 1)$pinned," \
     "threads: 0 = $(nproc) loops (scrapes); wrk -t1 -c$CONNECTIONS -d${DURATION}s, $REPS run(s) per build;" \
     "CPU from /proc/PID/stat (CLK_TCK $HZ)"
 $HELPER metrics-report "$TMP"

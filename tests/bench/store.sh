@@ -2,8 +2,8 @@
 # Idempotency store benchmark (see tests/bench/README.md, "store.sh"):
 #  1. replays from the store vs pass-through, with KEYS stored records: wrk POSTs with a random
 #     stored Idempotency-Key (replayed by sluice) against the same POSTs on a route without a
-#     policy (forwarded to the stub), interleaved, wrk -c64 for throughput and -c1 for latency;
-#     sluice's RSS at each size;
+#     policy (forwarded to the stub), interleaved, wrk -c64 for throughput and -c1 for latency
+#     (with the stub alone at -c1 as the machine's floor); sluice's RSS at each size;
 #  2. store_acquire + store_complete pairs on fresh keys, sync false / true, 1 and 2 threads
 #     (storebench, straight on the store API);
 #  3. the store's size on disk before and after the ttl expiry of its records (part 1's store,
@@ -22,6 +22,7 @@
 #   SKIP_REPLAY=1 / SKIP_LEASE=1 / SKIP_EXPIRE=1   leave a part out
 #   BUILD_DIR        default build-bench-sm/ ; NO_BUILD=1 uses what is there (storebench is
 #                    always recompiled: it takes a second)
+#   PIN=1            sluice on CPU 1, the stub and wrk on CPU 0 (taskset); default 0
 #   KEEP=1           keep the temp dir (configs, logs, raw wrk output, storebench output)
 set -euo pipefail
 
@@ -43,9 +44,9 @@ WARMUP=${WARMUP:-1}
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 BUILD_DIR=${BUILD_DIR:-$REPO/build-bench-sm}
-NAME=store.sh
-TMP_PREFIX=sluice-store
-# shellcheck source=tests/bench/benchlib.sh
+# shellcheck disable=SC2034  # NAME and TMP_PREFIX are read by benchlib.sh
+NAME=store.sh TMP_PREFIX=sluice-store
+# shellcheck source-path=SCRIPTDIR source=benchlib.sh
 . "$HERE/benchlib.sh"
 
 deps
@@ -122,12 +123,13 @@ routes:
 EOF
         start_sluice "$SLUICE" "$d" "$ADMIN_PORT"
         idle=$(status_kb "$SLUICE_PID" VmRSS)
+        idle_hwm=$(status_kb "$SLUICE_PID" VmHWM)
         say "$keys keys: sluice :$SLUICE_PORT (pid $SLUICE_PID), idle RSS $idle kB; stub :$STUB_PORT"
         base=http://127.0.0.1:$SLUICE_PORT
         lua=(-s "$HERE/idemkey.lua")
         if [ "$WARMUP" -gt 0 ]; then   # pools, page cache; not recorded
             for path in replay pass; do
-                wrk -t1 -c"$CONNECTIONS" -d"$WARMUP"s "${lua[@]}" "$base/$path" -- "$keys" 7 \
+                $PIN_LOAD wrk -t1 -c"$CONNECTIONS" -d"$WARMUP"s "${lua[@]}" "$base/$path" -- "$keys" 7 \
                     >"$TMP/warmup.txt" 2>&1 || die "wrk warm-up failed: $(cat "$TMP/warmup.txt")"
             done
         fi
@@ -155,9 +157,15 @@ EOF
             within=$((within + $1)) count=$((count + $2))
             measure "$TMP/runs.tsv" "pass-$keys-c1" "$rep" "$SLUICE_PID" 1 "$LAT_DURATION" \
                 "${lua[@]}" "$base/pass" -- "$keys" $((rep + 100))
+            # The machine's floor: the same requests straight to the stub (CPU/req is the stub's).
+            stub_pid=$STUB_PID
+            STUB_PID=""
+            measure "$TMP/runs.tsv" "direct-$keys-c1" "$rep" "$stub_pid" 1 "$LAT_DURATION" \
+                "${lua[@]}" "http://127.0.0.1:$STUB_PORT/replay" -- "$keys" $((rep + 100))
+            STUB_PID=$stub_pid
         done
         scrape "$TMP/metrics-$keys.txt"
-        echo "$keys $idle $(status_kb "$SLUICE_PID" VmHWM) $(status_kb "$SLUICE_PID" VmRSS)" \
+        echo "$keys $idle $idle_hwm $(status_kb "$SLUICE_PID" VmHWM) $(status_kb "$SLUICE_PID" VmRSS)" \
             "$(du -sb "$d/data" | cut -f1) $within $count $stub_hits" >>"$TMP/rss.tsv"
         stop_sluice "$SLUICE_PID" "$d"
         say "  stub requests during the whole $keys-key round: $(( $(stub_requests) - stub0 ))" \

@@ -18,7 +18,8 @@
  *
  *   storebench sweep DIR TTL_MS BATCH
  *       on an existing store (written with ttl TTL_MS, e.g. by fill): measures
- *       it, then sweeps it as if TTL_MS + 1 s had passed (store_sweep in
+ *       it, times 20 sweep calls at the real time (nothing expired: the cost
+ *       sluice pays every second), then sweeps it as if TTL_MS + 1 s had passed (store_sweep in
  *       batches of BATCH, as sluice's main loop does once a second, back to
  *       back here) until a batch removes nothing; measures; closes and reopens
  *       (flush); measures; compacts (store_rocksdb_compact); measures. Only the
@@ -50,6 +51,7 @@
 #include "util/clock.h"
 
 #define LEASE_MS 60000ull
+#define IDLE_SWEEPS 20
 
 /* The store's clock (util/clock.h), defined here so that util/clock.o is not
  * linked: the compact command moves wall time forward by the ttl instead of
@@ -318,6 +320,21 @@ static int cmd_sweep(int argc, char **argv)
     print_size("before_expiry", dir);
     st = open_store(dir, false);
     printf("count phase=before_expiry estimate=%llu\n", (unsigned long long)store_count(st));
+    /* What sluice pays every second while nothing has expired: a call scans up to
+     * 16 x batch live records and deletes none. */
+    for (int i = 0; i < IDLE_SWEEPS; i++) {
+        size_t removed = 0;
+        double tb = mono_s();
+
+        if (store_sweep(st, clock_wall_ms(), batch, &removed, &err) != 0)
+            die("sweep", &err);
+        bt[i] = mono_s() - tb;
+        if (removed)
+            die("idle sweep removed records", NULL);
+    }
+    qsort(bt, IDLE_SWEEPS, sizeof *bt, cmp_double);
+    printf("idle_sweep batch=%zu calls=%d median_ms=%.2f max_ms=%.2f\n", batch, IDLE_SWEEPS,
+           bt[IDLE_SWEEPS / 2] * 1e3, bt[IDLE_SWEEPS - 1] * 1e3);
     t0 = mono_s();
     for (;;) {
         size_t removed = 0;
