@@ -1,8 +1,8 @@
 #!/bin/bash
 # Pass-through benchmark: wrk -> {stub | nginx -> stub | sluice -> stub}.
 # See tests/bench/README.md. Environment: DURATION (s, default 10), REPS (default 3),
-# CONNECTIONS (default 64), SIZES (default "2 4096"), BUILD_DIR (default build-bench/),
-# KEEP=1 keeps the temp dir (configs, logs, raw wrk output).
+# CONNECTIONS (default 64), SIZES (default "2 4096"), WARMUP (s per target, default 1),
+# BUILD_DIR (default build-bench/), KEEP=1 keeps the temp dir (configs, logs, raw wrk output).
 set -euo pipefail
 
 DURATION=${DURATION:-10}
