@@ -187,16 +187,23 @@ int h_sluice_rewrite(struct h_sluice *s, const char *body)
 
 int h_sluice_start(struct h_sluice *s, const char *body)
 {
-    int port = h_free_port(), admin = h_free_port(), rc;
-    char *yaml;
+    int rc = -1;
 
     if (!s->dir)
         s->dir = tu_mkdtemp("it");
-    yaml = full_config(s, port, admin, body);
-    if (!yaml)
-        return -1;
-    rc = h_sluice_start_raw(s, yaml, port, admin);
-    free(yaml);
+    /* A port found free can be taken before sluice binds it (by another
+     * test's outgoing connections, say): then try again with new ports. */
+    for (int attempt = 0; attempt < 5 && rc != 0; attempt++) {
+        int port = h_free_port(), admin = h_free_port();
+        char *yaml = full_config(s, port, admin, body);
+
+        if (!yaml)
+            return -1;
+        rc = h_sluice_start_raw(s, yaml, port, admin);
+        free(yaml);
+        if (rc != 0 && !(s->log_path && h_file_contains(s->log_path, "already in use")))
+            break;
+    }
     return rc;
 }
 
