@@ -147,19 +147,11 @@ static enum MHD_Result answer_problem(struct exchange *ex)
 static void add_upstream_headers(struct MHD_Response *resp,
                                  const struct up_response *ur)
 {
-    struct hdr_conn_tokens tok = {0};
+    const struct up_header *keep[UP_MAX_HEADERS];
+    size_t n = up_response_end_to_end(ur, keep);
 
-    for (size_t i = 0; i < ur->n_headers; i++)
-        if (strcasecmp(ur->headers[i].name, "Connection") == 0)
-            hdr_conn_tokens_add(&tok, ur->headers[i].value);
-    for (size_t i = 0; i < ur->n_headers; i++) {
-        const struct up_header *h = &ur->headers[i];
-
-        if (hdr_skip_response(h->name, &tok) ||
-            strncasecmp(h->name, "Sluice-", 7) == 0)
-            continue;
-        MHD_add_response_header(resp, h->name, h->value);
-    }
+    for (size_t i = 0; i < n; i++)
+        MHD_add_response_header(resp, keep[i]->name, keep[i]->value);
 }
 
 static void free_evbuffer(void *cls)

@@ -8,14 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include <event2/buffer.h>
 
 #include "policies/idemkey.h"
 #include "proxy/app.h"
 #include "proxy/exchange_internal.h"
-#include "proxy/headers.h"
 #include "proxy/log.h"
 #include "proxy/server.h"
 #include "util/clock.h"
@@ -203,19 +201,12 @@ static bool replayable(const struct exchange *ex)
 /* The end-to-end headers, as the worker gets them. */
 static size_t stored_headers(const struct up_response *r, struct store_header *h)
 {
-    struct hdr_conn_tokens tok = {0};
-    size_t n = 0;
+    const struct up_header *keep[UP_MAX_HEADERS];
+    size_t n = up_response_end_to_end(r, keep);
 
-    for (size_t i = 0; i < r->n_headers; i++)
-        if (strcasecmp(r->headers[i].name, "Connection") == 0)
-            hdr_conn_tokens_add(&tok, r->headers[i].value);
-    for (size_t i = 0; i < r->n_headers; i++) {
-        if (hdr_skip_response(r->headers[i].name, &tok) ||
-            strncasecmp(r->headers[i].name, "Sluice-", 7) == 0)
-            continue;
-        h[n].name = r->headers[i].name;
-        h[n].value = r->headers[i].value;
-        n++;
+    for (size_t i = 0; i < n; i++) {
+        h[i].name = keep[i]->name;
+        h[i].value = keep[i]->value;
     }
     return n;
 }

@@ -17,11 +17,11 @@
 #include <openssl/err.h>
 #include <openssl/x509v3.h>
 
+#include "proxy/headers.h"
 #include "util/clock.h"
 
 /* Upper bounds on what an upstream may make us hold for one response. */
 #define UP_MAX_HEADER_BYTES (64 * 1024)
-#define UP_MAX_HEADERS 256
 #define UP_MAX_BODY_BYTES ((size_t)256 * 1024 * 1024)
 
 enum conn_state { C_CONNECTING, C_IDLE, C_BUSY };
@@ -144,6 +144,25 @@ const char *up_response_header(const struct up_response *resp,
         if (strcasecmp(resp->headers[i].name, name) == 0)
             return resp->headers[i].value;
     return NULL;
+}
+
+size_t up_response_end_to_end(const struct up_response *resp,
+                              const struct up_header **keep)
+{
+    struct hdr_conn_tokens tok = {0};
+    size_t n = 0;
+
+    for (size_t i = 0; i < resp->n_headers; i++)
+        if (strcasecmp(resp->headers[i].name, "Connection") == 0)
+            hdr_conn_tokens_add(&tok, resp->headers[i].value);
+    for (size_t i = 0; i < resp->n_headers; i++) {
+        const struct up_header *h = &resp->headers[i];
+
+        /* Sluice-* is sluice's own namespace toward the worker. */
+        if (!hdr_skip_response(h->name, &tok) && strncasecmp(h->name, "Sluice-", 7))
+            keep[n++] = h;
+    }
+    return n;
 }
 
 static void response_reset_headers(struct up_response *resp)

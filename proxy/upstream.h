@@ -34,6 +34,9 @@ struct up_header {
     char *name, *value;     /* owned */
 };
 
+/* Most headers one response may carry. */
+#define UP_MAX_HEADERS 256
+
 struct up_response {
     enum up_result result;
     int status;             /* 0 when no status line was received */
@@ -90,6 +93,13 @@ void up_response_clear(struct up_response *resp);
 /* The first header with this name (case-insensitive), or NULL. */
 const char *up_response_header(const struct up_response *resp,
                                const char *name);
+
+/* The end-to-end headers of a response, as the worker gets them (and as a
+ * replay returns them): hop-by-hop ones (with those Connection names),
+ * Content-Length and Sluice-* are left out. keep must hold n_headers
+ * pointers; returns how many were kept, in order. */
+size_t up_response_end_to_end(const struct up_response *resp,
+                              const struct up_header **keep);
 
 /* Counts for the pool (tests, metrics). */
 size_t up_pool_conns(const struct up_pool *pool);
