@@ -160,13 +160,19 @@ static const char *partition_of(const struct exchange *ex)
                                        ex->pol->partition_header);
 }
 
+/* Only a request that may wait (an enforced bucket or concurrency limit)
+ * needs a timer; the others, most pass-through traffic, allocate nothing. */
 static bool events_init(struct exchange *ex)
 {
-    ex->timer = evtimer_new(ex->w->base, on_permit, ex);
-    if (ex->pol->concurrency && ex->pol->mode != SC_MODE_SHADOW)
-        ex->slot.granted_ev = event_new(ex->w->base, -1, 0, on_slot_granted, ex);
-    return ex->timer && (!ex->pol->concurrency || ex->pol->mode == SC_MODE_SHADOW ||
-                         ex->slot.granted_ev);
+    bool enforce = ex->pol->mode != SC_MODE_SHADOW;
+
+    if (enforce && (ex->ps->has_bucket || ex->pol->concurrency) &&
+        !(ex->timer = evtimer_new(ex->w->base, on_permit, ex)))
+        return false;
+    if (enforce && ex->pol->concurrency &&
+        !(ex->slot.granted_ev = event_new(ex->w->base, -1, 0, on_slot_granted, ex)))
+        return false;
+    return true;
 }
 
 /* Shadow mode: reserve as enforce would (so the bucket tracks real demand)
@@ -268,7 +274,8 @@ void ex_pace_abort(struct exchange *ex)
         ex->has_slot = true;
         event_del(ex->slot.granted_ev);
     }
-    event_del(ex->timer);
+    if (ex->timer)
+        event_del(ex->timer);
     /* Nothing was sent: the job can simply come back when sluice does. */
     ex_instruct(ex, OUT_REQUEUE, R_RATE_LIMITED,
                 left / NS_PER_MS > 1000 ? left / NS_PER_MS : 1000,
