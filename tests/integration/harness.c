@@ -18,6 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "support/testutil.h"
 
 #define IO_TIMEOUT_MS 10000
@@ -100,6 +102,21 @@ void h_stub_stop(struct h_stub *s)
         waitpid(s->pid, NULL, 0);
         s->pid = 0;
     }
+}
+
+long long h_stub_stat(const struct h_stub *s, const char *name)
+{
+    struct h_resp r;
+    json_t *j = NULL, *v;
+    long long n = -1;
+
+    if (h_http(s->port, "GET", "/_stub/stats", NULL, NULL, 0, &r) == 0)
+        j = json_loads(r.body ? r.body : "", 0, NULL);
+    h_resp_free(&r);
+    if (j && json_is_integer(v = json_object_get(j, name)))
+        n = json_integer_value(v);
+    json_decref(j);
+    return n;
 }
 
 /* ---- sluice ------------------------------------------------------------- */

@@ -34,6 +34,9 @@ int h_free_port(void);
 /* Starts the stub with extra args (NULL-terminated, may be NULL). */
 int h_stub_start(struct h_stub *s, const char *const *args);
 void h_stub_stop(struct h_stub *s);
+/* One number of the stub's GET /_stub/stats ("requests", "in_flight_max"
+ * ...), or -1 when it cannot be read. */
+long long h_stub_stat(const struct h_stub *s, const char *name);
 
 /* Writes a config (listen/admin/threads/store are added in front of `body`)
  * and starts sluice; waits until /readyz answers 200. */

@@ -60,20 +60,6 @@ static long long side_effects(const char *key)
     return n;
 }
 
-static long long stub_requests(void)
-{
-    struct h_resp r;
-    json_t *j;
-    long long n;
-
-    cr_assert_eq(h_http(stub.port, "GET", "/_stub/stats", NULL, NULL, 0, &r), 0);
-    j = json_loads(r.body, 0, NULL);
-    n = json_integer_value(json_object_get(j, "requests"));
-    json_decref(j);
-    h_resp_free(&r);
-    return n;
-}
-
 static int post(const char *key, const char *extra, const char *body,
                 struct h_resp *r)
 {
@@ -122,7 +108,7 @@ Test(idem, replay_is_byte_exact_and_takes_no_upstream_call)
     expect_header(&b, "Idempotent-Replayed", "true");
     expect_header(&b, "X-Order", "17");
     expect_header(&b, "X-Stub-Seq", "1");
-    cr_expect_eq(stub_requests(), 1);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 1);
     cr_expect_eq(side_effects("order-1"), 1);
     h_resp_free(&a);
     h_resp_free(&b);
@@ -139,7 +125,7 @@ Test(idem, different_request_same_key_is_422)
     cr_expect_eq(r.status, 422);
     expect_header(&r, "Sluice-Outcome", "rejected");
     h_resp_free(&r);
-    cr_expect_eq(stub_requests(), 1);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 1);
 }
 
 Test(idem, keys_are_checked)
@@ -164,7 +150,7 @@ Test(idem, keys_are_checked)
     cr_assert_eq(post(longkey, NULL, "x", &r), 0);
     cr_expect_eq(r.status, 400);
     h_resp_free(&r);
-    cr_expect_eq(stub_requests(), 0);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 0);
     /* A Structured-Field string is unquoted: "sf-key" is the key sf-key. */
     cr_assert_eq(post("\"sf-key\"", NULL, "x", &r), 0);
     cr_expect_eq(r.status, 200);
@@ -199,7 +185,7 @@ Test(idem, retryable_5xx_is_not_stored_and_attempts_are_counted)
         json_decref(j);
         h_resp_free(&r);
     }
-    cr_expect_eq(stub_requests(), 3);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 3);
     cr_assert_eq(post("k5xx", NULL, "x", &r), 0);
     cr_expect_eq(r.status, 200);
     h_resp_free(&r);
@@ -218,7 +204,7 @@ Test(idem, replayed_4xx_stays_permanent_error)
     expect_header(&r, "Sluice-Outcome", "permanent_error");
     expect_header(&r, "Idempotent-Replayed", "true");
     h_resp_free(&r);
-    cr_expect_eq(stub_requests(), 1);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 1);
 }
 
 Test(idem, admin_get_and_delete)
@@ -301,7 +287,7 @@ Test(idem, fifty_concurrent_duplicates_reach_the_upstream_once)
     cr_expect_eq(ok, 1, "%d requests went through", ok);
     cr_expect_eq(ok + held + replayed, 50);
     cr_expect_eq(side_effects("race-key"), 1);
-    cr_expect_eq(stub_requests(), 1);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 1);
 }
 
 /* ---- leases ------------------------------------------------------------- */
@@ -357,7 +343,7 @@ Test(lease, large_bodies_are_replayed_without_body)
     expect_header(&r, "Sluice-Body-Omitted", "true");
     expect_header(&r, "Sluice-Outcome", "replayed");
     h_resp_free(&r);
-    cr_expect_eq(stub_requests(), 1);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 1);
 }
 
 /* ---- crashes ------------------------------------------------------------ */

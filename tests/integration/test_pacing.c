@@ -57,15 +57,6 @@ static json_t *stub_json(const char *path)
     return j;
 }
 
-static long long stub_stat(const char *name)
-{
-    json_t *j = stub_json("/_stub/stats");
-    long long v = json_integer_value(json_object_get(j, name));
-
-    json_decref(j);
-    return v;
-}
-
 static json_t *body_json(const struct h_resp *r)
 {
     json_t *j = json_loads(r->body ? r->body : "", 0, NULL);
@@ -220,7 +211,7 @@ Test(pacing, beyond_max_wait_is_requeued_at_once, .fini = stop, .timeout = 30)
     cr_expect(h && strstr(h, "\"slow\";r=0;t=1"), "RateLimit %s", h ? h : "");
     free(h);
     h_resp_free(&r);
-    cr_expect_eq(stub_stat("requests"), 1, "the refused request reached the stub");
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 1, "the refused request reached the stub");
 }
 
 Test(pacing, within_max_wait_waits_in_order, .fini = stop, .timeout = 30)
@@ -266,8 +257,8 @@ Test(pacing, concurrency_bound_seen_at_stub, .fini = stop, .timeout = 30)
         pthread_join(t[i], &ok);
         cr_expect(ok != NULL, "client %d failed", i);
     }
-    cr_expect_eq(stub_stat("in_flight_max"), 2);
-    cr_expect_eq(stub_stat("requests"), 8);
+    cr_expect_eq(h_stub_stat(&stub, "in_flight_max"), 2);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 8);
 }
 
 Test(pacing, no_slot_within_max_wait_is_rate_limited, .fini = stop, .timeout = 30)
@@ -385,7 +376,7 @@ Test(pacing, cooldown_refuses_what_cannot_wait, .fini = stop, .timeout = 30)
     cr_expect(jint(j, "delay_ms") > 2000 && jint(j, "delay_ms") <= 3000, "%lld", jint(j, "delay_ms"));
     json_decref(j);
     h_resp_free(&r);
-    cr_expect_eq(stub_stat("requests"), 1);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 1);
 }
 
 /* ---- instructions ------------------------------------------------------- */
@@ -497,7 +488,7 @@ Test(instructions, bad_attempt_header_is_400)
     cr_assert_eq(h_http(sl.port, "POST", "/f", "Sluice-Attempt: 0\r\n", "x", 1, &r), 0);
     cr_expect_eq(r.status, 400);
     h_resp_free(&r);
-    cr_expect_eq(stub_stat("requests"), 0);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 0);
 }
 
 Test(instructions, default_policy_backoff_is_jittered_and_bounded)
@@ -548,7 +539,7 @@ Test(pacing, shadow_forwards_everything_and_says_what_enforce_would_do,
         cr_expect_eq(r.status, 200);
         h_resp_free(&r);
     }
-    cr_expect_eq(stub_stat("requests"), 5);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 5);
     usleep(100000);
     cr_expect(h_file_contains(sl.log_path, "\"shadow\":\"permit_wait\""));
     cr_expect(h_file_contains(sl.log_path, "\"shadow\":\"rate_limited\""));

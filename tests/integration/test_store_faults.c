@@ -54,20 +54,6 @@ static void stop(void)
 
 TestSuite(store_faults, .init = start, .fini = stop, .timeout = 120);
 
-static long long stub_requests(void)
-{
-    struct h_resp r;
-    json_t *j;
-    long long n;
-
-    cr_assert_eq(h_http(stub.port, "GET", "/_stub/stats", NULL, NULL, 0, &r), 0);
-    j = json_loads(r.body, 0, NULL);
-    n = json_integer_value(json_object_get(j, "requests"));
-    json_decref(j);
-    h_resp_free(&r);
-    return n;
-}
-
 Test(store_faults, a_full_store_refuses_to_forward)
 {
     size_t big = 256 * 1024;
@@ -79,7 +65,7 @@ Test(store_faults, a_full_store_refuses_to_forward)
     srand(42);
     for (int i = 0; i < 600 && !refused; i++) {
         struct h_resp r;
-        long long before = stub_requests();
+        long long before = h_stub_stat(&stub, "requests");
 
         for (size_t b = 0; b < big; b++)
             body[b] = (char)(rand() & 0xff);
@@ -90,7 +76,7 @@ Test(store_faults, a_full_store_refuses_to_forward)
             refused = true;
             cr_expect_str_eq(o, "requeue");
             free(o);
-            cr_expect_eq(stub_requests(), before, "nothing was forwarded");
+            cr_expect_eq(h_stub_stat(&stub, "requests"), before, "nothing was forwarded");
         }
         h_resp_free(&r);
     }
