@@ -121,7 +121,11 @@ struct stub {
     struct counters n;
     uint64_t tat_ns;                /* GCRA theoretical arrival time of the --max-rate bucket */
     struct keymap keys;
+    struct keymap calls;            /* Idempotency-Key -> plain requests received, any answer */
     struct script script;
+    struct answer window;           /* POST /_stub/window: the answer to everything until... */
+    uint64_t window_until_ns;       /* ...this CLOCK_MONOTONIC time (0 = no window) */
+    uint64_t window_hits;
     uint64_t *arrivals;
     size_t n_arrivals, cap_arrivals;
     bool warned_oom;
@@ -655,6 +659,19 @@ static void stub_admit(struct stub *st, struct req *r)
     pthread_mutex_unlock(&st->lock);
 }
 
+/* A scripted (or window) answer replaces the plan's status, delay, Retry-After and drop. */
+static void apply_answer(struct req *r, const struct answer *a)
+{
+    struct plan *p = &r->plan;
+
+    p->status = a->status;
+    p->delay_ms = a->delay_ms;
+    p->drop = a->drop;
+    memcpy(r->ra, a->retry_after, sizeof r->ra);
+    p->retry_after = r->ra[0] ? r->ra : NULL;
+    p->retry_after_len = strlen(r->ra);
+}
+
 /* The request is complete and its plan made: a scripted answer replaces the plan's status, delay,
  * Retry-After and drop; then the side effect, if any, is counted. The work "happens" here: a delay
  * only postpones the answer, so a client that gives up during it still leaves a side effect. */
@@ -664,13 +681,12 @@ static void stub_commit(struct stub *st, struct req *r, const char *key, size_t 
     struct answer a;
 
     pthread_mutex_lock(&st->lock);
-    if (script_pop(&st->script, &a)) {
-        p->status = a.status;
-        p->delay_ms = a.delay_ms;
-        p->drop = a.drop;
-        memcpy(r->ra, a.retry_after, sizeof r->ra);
-        p->retry_after = r->ra[0] ? r->ra : NULL;
-        p->retry_after_len = strlen(r->ra);
+    if (st->window_until_ns && now_ns() < st->window_until_ns) {
+        a = st->window;             /* a window outranks the script and leaves it untouched */
+        st->window_hits++;
+        apply_answer(r, &a);
+    } else if (script_pop(&st->script, &a)) {
+        apply_answer(r, &a);
     }
     if (p->status < 400 || p->drop != DROP_NONE) {
         st->n.side_effects++;
@@ -695,7 +711,9 @@ static void stub_reset(struct stub *st)
 {
     pthread_mutex_lock(&st->lock);
     keymap_clear(&st->keys);
+    keymap_clear(&st->calls);
     script_clear(&st->script);
+    st->window_until_ns = st->window_hits = 0;
     free(st->arrivals);
     st->arrivals = NULL;
     st->n_arrivals = st->cap_arrivals = 0;
@@ -1098,11 +1116,12 @@ static int ctl_stats(struct conn *c, struct evbuffer *out)
                         "{\"requests\":%llu,\"accepted\":%llu,\"rejected\":%llu,"
                         "\"side_effects\":%llu,\"keys\":%zu,\"max_per_key\":%u,\"duplicates\":%llu,"
                         "\"in_flight\":%ld,\"in_flight_max\":%ld,\"script_pending\":%zu,"
-                        "\"arrivals\":%zu}",
+                        "\"arrivals\":%zu,\"max_calls_per_key\":%u,\"window_hits\":%llu}",
                         (unsigned long long)st->n.requests, (unsigned long long)st->n.accepted,
                         (unsigned long long)st->n.rejected, (unsigned long long)st->n.side_effects,
                         st->keys.used, st->keys.max_count, (unsigned long long)st->keys.duplicates,
-                        st->n.in_flight, st->n.in_flight_max, st->script.len, st->n_arrivals);
+                        st->n.in_flight, st->n.in_flight_max, st->script.len, st->n_arrivals,
+                        st->calls.max_count, (unsigned long long)st->window_hits);
     pthread_mutex_unlock(&st->lock);
     return 200;
 }
@@ -1138,15 +1157,18 @@ static int ctl_key(struct conn *c, struct evbuffer *out)
     char *key = r->buf + plen;
     char *q = memchr(r->buf, '?', r->url_len);
     size_t n = pct_decode(key, (size_t)((q ? q : r->buf + r->url_len) - key));
-    uint32_t count;
+    uint32_t count, calls;
 
     pthread_mutex_lock(&st->lock);
     count = keymap_count(&st->keys, key, n);
+    calls = keymap_count(&st->calls, key, n);
     pthread_mutex_unlock(&st->lock);
     put(out, "{\"key\":");
     put_json_str(out, key, n);
     put(out, ",\"side_effects\":");
     put_u(out, count);
+    put(out, ",\"calls\":");
+    put_u(out, calls);
     put(out, "}");
     return 200;
 }
@@ -1221,6 +1243,37 @@ cleanup:
     return status;
 }
 
+/* POST /_stub/window, body "MS LINE": for the next MS milliseconds every accepted plain request
+ * gets the answer LINE (script syntax), whatever the script holds. How an experiment models an
+ * outage or a 429 burst by time rather than by request count. "0" alone ends a window. */
+static int ctl_window(struct conn *c, struct evbuffer *out)
+{
+    struct stub *st = c->w->st;
+    size_t len = evbuffer_get_length(c->req.body);
+    const char *s = len ? (const char *)evbuffer_pullup(c->req.body, -1) : "", *end = s + len;
+    const char *t, *err = NULL;
+    struct answer a = {0};
+    uint64_t ms = 0;
+    size_t n;
+
+    while (end > s && (end[-1] == '\n' || end[-1] == '\r' || end[-1] == ' '))
+        end--;
+    if (!next_token(&s, end, &t, &n) || !parse_uint(t, n, MAX_DELAY_MS, &ms))
+        err = "MS must be a number of milliseconds up to 3600000";
+    else if (ms > 0)
+        err = script_parse_line(s, end, &a);
+    if (err) {
+        evbuffer_add_printf(out, "{\"error\":\"%s\"}", err);
+        return 400;
+    }
+    pthread_mutex_lock(&st->lock);
+    st->window = a;
+    st->window_until_ns = ms ? now_ns() + ms * 1000000ull : 0;
+    pthread_mutex_unlock(&st->lock);
+    evbuffer_add_printf(out, "{\"window_ms\":%llu}", (unsigned long long)ms);
+    return 200;
+}
+
 static int ctl_reset(struct conn *c, struct evbuffer *out)
 {
     stub_reset(c->w->st);
@@ -1238,6 +1291,7 @@ static const struct {
     {HTTP_GET, "/_stub/keys/", true, ctl_key},
     {HTTP_GET, "/_stub/arrivals", false, ctl_arrivals},
     {HTTP_POST, "/_stub/script", false, ctl_script},
+    {HTTP_POST, "/_stub/window", false, ctl_window},
     {HTTP_POST, "/_stub/reset", false, ctl_reset},
 };
 
@@ -1287,10 +1341,28 @@ static void send_rejected(struct conn *c)
     answer_done(c);
 }
 
+/* Every plain request with a key counts as a call of that key, whatever its answer: how an
+ * experiment sees the most attempts one job used. */
+static void count_call(struct conn *c)
+{
+    struct stub *st = c->w->st;
+    const char *key;
+    size_t n;
+
+    if (!hval(&c->req, H_IKEY, &key, &n) || n == 0)
+        return;
+    pthread_mutex_lock(&st->lock);
+    if (keymap_bump(&st->calls, key, n) < 0)
+        warn_oom(st, "calls per key");
+    pthread_mutex_unlock(&st->lock);
+}
+
 static void handle_request(struct conn *c)
 {
     struct req *r = &c->req;
 
+    if (!r->control)
+        count_call(c);
     if (r->control) {
         ctl_dispatch(c);
     } else if (!r->accepted) {
@@ -1980,6 +2052,7 @@ cleanup:
         worker_free(&st.workers[i]);
     free(st.workers);
     keymap_clear(&st.keys);
+    keymap_clear(&st.calls);
     script_clear(&st.script);
     free(st.arrivals);
     SSL_CTX_free(st.tls);

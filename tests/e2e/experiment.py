@@ -1,0 +1,408 @@
+#!/usr/bin/python3
+"""The burst-and-restart experiment (../../README.md, "Run the experiment").
+
+A fixed batch of jobs on a real Redis delayed queue, a pool of workers that call a rate-limited
+downstream (the stub) through sluice and follow its instructions, and the failures of the seed
+documents: a 429 burst to everyone at once, kill -9 of sluice during the delay window that follows,
+kill -9 of half the workers, and an outage. The same batch then runs through the baseline (workers
+that call the downstream directly and sleep on 429). Prints one table and exits 1 when a pass
+condition of the sluice run fails: the batch drains, zero duplicate side effects, no job past its
+attempt budget, nothing dead-lettered, every delay within the queue's limit.
+
+Everything runs on loopback and stops by itself; processes are stopped by pid.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import redis
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+import queues  # noqa: E402  (tests/e2e/queues.py)
+
+PY = "/usr/bin/python3"
+
+
+# ---- processes -----------------------------------------------------------------------------
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(url, method="GET", data=None, timeout=5):
+    req = urllib.request.Request(url, method=method, data=data)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def wait_until(pred, timeout, what):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if pred():
+                return
+        except (OSError, redis.RedisError):
+            pass
+        time.sleep(0.02)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+class Procs:
+    """Every process the experiment starts, so that each is stopped by its pid."""
+
+    def __init__(self, logdir):
+        self.logdir, self.live = logdir, []
+
+    def start(self, name, argv, env=None, stdout=None):
+        log = open(os.path.join(self.logdir, name + ".log"), "ab")
+        p = subprocess.Popen(argv, env=env, stdout=stdout or log, stderr=log,
+                             start_new_session=True)
+        self.live.append(p)
+        return p
+
+    def kill9(self, p):
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        self.live.remove(p)
+
+    def stop(self, p, timeout=15):
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+        if p in self.live:
+            self.live.remove(p)
+
+    def stop_all(self):
+        for p in list(self.live):
+            self.stop(p, timeout=5)
+
+
+def start_redis(procs, d):
+    port = free_port()
+    p = procs.start("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                              "--save", "", "--appendonly", "no", "--dir", d])
+    r = redis.Redis(host="127.0.0.1", port=port)
+    wait_until(lambda: r.ping(), 10, "redis-server")
+    return p, port
+
+
+def start_stub(procs, stub_bin, rate, burst):
+    p = procs.start("stub", [stub_bin, "--listen", "127.0.0.1:0", "--max-rate", str(rate),
+                             "--burst", str(burst)], stdout=subprocess.PIPE)
+    line = p.stdout.readline().decode()
+    if not line.startswith("listening "):
+        raise RuntimeError(f"stub did not start: {line!r}")
+    return p, "http://" + line.split()[1]
+
+
+SLUICE_YAML = """\
+listen: 127.0.0.1:{port}
+admin: 127.0.0.1:{admin}
+threads: 2
+store: {{path: {store}}}
+log: {{level: warn, access: false}}
+upstreams:
+  partner: {{url: "{stub}", timeout: 5s, max_connections: 64}}
+policies:
+  writes:
+    rate: {rate}/s
+    burst: {burst}
+    max_wait: {max_wait}ms
+    retry: {{base: 1s, multiplier: 2, cap: 60s, max_attempts: {attempts}, max_delay: {max_delay}s}}
+    idempotency: {{lease: 15s}}
+routes:
+  - {{name: grades, prefix: /v1, upstream: partner, policy: writes}}
+"""
+
+
+class Sluice:
+    def __init__(self, procs, bin_, d, stub, args):
+        self.procs, self.bin = procs, bin_
+        self.port, self.admin = free_port(), free_port()
+        self.cfg = os.path.join(d, "sidecar.yaml")
+        with open(self.cfg, "w") as f:
+            f.write(SLUICE_YAML.format(port=self.port, admin=self.admin, stub=stub,
+                                       store=os.path.join(d, "store"), rate=args.rate,
+                                       burst=args.sluice_burst, attempts=args.max_attempts,
+                                       max_delay=args.queue_max_delay,
+                                       max_wait=args.max_wait_ms))
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.permit_wait_s = 0.0    # summed over the process lives that are gone
+        self.p = None
+
+    def start(self):
+        self.p = self.procs.start("sluice", [self.bin, "-c", self.cfg])
+        wait_until(lambda: http(f"http://127.0.0.1:{self.admin}/readyz", timeout=1)[0] == 200,
+                   20, "sluice /readyz")
+
+    def permit_wait(self):
+        """sluice_permit_wait_seconds_sum of the live process."""
+        try:
+            _, body = http(f"http://127.0.0.1:{self.admin}/metrics", timeout=2)
+        except OSError:
+            return 0.0
+        for line in body.decode().splitlines():
+            if line.startswith("sluice_permit_wait_seconds_sum"):
+                return float(line.split()[-1])
+        return 0.0
+
+    def kill9_and_restart(self):
+        self.permit_wait_s += self.permit_wait()
+        t = time.monotonic()
+        self.procs.kill9(self.p)
+        self.start()
+        return time.monotonic() - t
+
+
+# ---- one arm -------------------------------------------------------------------------------
+
+def worker_argv(kind, args):
+    if kind == "python":
+        return [PY, os.path.join(ROOT, "deploy/examples/python/worker.py")]
+    if kind == "baseline":
+        return [PY, os.path.join(HERE, "baseline_worker.py")]
+    if kind == "go":
+        return [args.go_worker]
+    if kind == "typescript":
+        return ["node", os.path.join(args.ts_dir, "dist", "worker.js")]
+    raise ValueError(kind)
+
+
+class Pool:
+    """W worker slots as W/threads processes of `threads` slots each."""
+
+    def __init__(self, procs, kind, args, env):
+        self.procs, self.argv, self.env = procs, worker_argv(kind, args), env
+        n = max(1, args.workers // args.threads)
+        self.ids = [f"w{i}" for i in range(n)]
+        self.p = {}
+
+    def start(self, wid):
+        env = dict(self.env, WORKER_ID=wid)
+        self.p[wid] = self.procs.start(f"worker-{wid}", self.argv, env=env)
+
+    def kill9(self, wids):
+        for wid in wids:
+            self.procs.kill9(self.p[wid])
+
+    def stop(self):
+        for p in self.p.values():
+            self.procs.stop(p, timeout=30)
+
+
+def plan(args):
+    """Event times in seconds from the start, as fractions of the batch's time at full rate."""
+    t = args.jobs / args.rate
+    return {"burst": 0.25 * t, "kill_sluice": 0.25 * t + args.burst_ms / 1000,
+            "kill_workers": 0.5 * t, "outage": 0.7 * t}
+
+
+def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin):
+    stub_p, stub = start_stub(procs, stub_bin, args.rate, args.stub_burst)
+    sluice = None
+    if arm == "sluice":
+        sluice = Sluice(procs, sluice_bin, d, stub, args)
+        sluice.start()
+    prefix = f"{arm}-{kind}"
+    q = queues.make(kind, redis.Redis(host="127.0.0.1", port=rport), prefix, args)
+    q.enqueue([{"id": f"job-{i:06d}", "key": f"{prefix}:job-{i:06d}", "method": "POST",
+                "path": f"/v1/grades/job-{i:06d}", "body": {"job": i, "score": i % 100},
+                "enqueued_at": time.time()} for i in range(args.jobs)])
+    env = dict(os.environ, REDIS_ADDR=f"127.0.0.1:{rport}", QUEUE=q.name,
+               CONCURRENCY=str(args.threads), AFTER_CALL_MS=str(args.after_call_ms),
+               MAX_ATTEMPTS=str(args.max_attempts), HTTP_TIMEOUT="30",
+               LOCK_MS="5000", STALLED_MS="1000")
+    env["SLUICE_URL" if sluice else "PARTNER_URL"] = sluice.url if sluice else stub
+    pool = Pool(procs, kind, args, env)
+    events = sorted(plan(args).items(), key=lambda e: e[1])
+    bound = args.jobs / args.rate + (args.burst_ms + args.outage_ms) / 1000
+    deadline = max(60.0, args.timeout_factor * bound)
+    res = {"arm": arm, "worker": kind, "jobs": args.jobs, "bound_s": bound, "peak_held": 0,
+           "slot_s_held": 0.0, "max_delay_s": 0.0, "sluice_down_s": None, "drain_s": None}
+
+    t0 = time.monotonic()
+    for wid in pool.ids:
+        pool.start(wid)
+    last, restarts = t0, []
+    while True:
+        now = time.monotonic()
+        while events and now - t0 >= events[0][1]:
+            name, _ = events.pop(0)
+            if name == "burst":      # every request at the downstream gets a 429 for a while
+                http(stub + "/_stub/window", "POST",
+                     f"{args.burst_ms} 429 0 retry-after={max(1, args.burst_ms // 1000)}".encode())
+            elif name == "kill_sluice" and sluice:
+                res["sluice_down_s"] = sluice.kill9_and_restart()
+            elif name == "kill_workers":
+                victims = pool.ids[::2]
+                pool.kill9(victims)
+                restarts.append((now + 0.5, victims))
+            elif name == "outage":
+                http(stub + "/_stub/window", "POST", f"{args.outage_ms} 503".encode())
+        for when, victims in list(restarts):
+            if now >= when:
+                for wid in victims:
+                    pool.start(wid)
+                restarts.remove((when, victims))
+        s = q.sample()
+        res["peak_held"] = max(res["peak_held"], s["held"])
+        res["slot_s_held"] += s["held"] * (now - last)
+        res["max_delay_s"] = max(res["max_delay_s"], s["max_delay_ms"] / 1000)
+        last = now
+        if not events and not restarts and s["done"] + s["dlq"] >= args.jobs and \
+                s["ready"] == s["delayed"] == s["held"] == 0:
+            res["drain_s"] = now - t0
+            break
+        if now - t0 > deadline:
+            break
+        time.sleep(0.05)
+
+    pool.stop()
+    st = json.loads(http(stub + "/_stub/stats")[1])
+    end = q.sample()
+    res.update(done=end["done"], dlq=end["dlq"], provider_calls=st["requests"],
+               side_effects=st["side_effects"], duplicates=st["duplicates"],
+               max_attempts_used=st["max_calls_per_key"], asleep_s=q.asleep(),
+               left=end["ready"] + end["delayed"] + end["held"], window_hits=st["window_hits"])
+    res["ratio"] = res["drain_s"] / bound if res["drain_s"] else None
+    res["permit_wait_s"] = (sluice.permit_wait_s + sluice.permit_wait()) if sluice else 0.0
+    if sluice:
+        procs.stop(sluice.p)
+    procs.stop(stub_p)
+    return res
+
+
+# ---- report --------------------------------------------------------------------------------
+
+ROWS = [
+    ("jobs", "jobs", "{}"),
+    ("time to drain (s)", "drain_s", "{:.2f}"),
+    ("lower bound (s): jobs/rate + outage", "bound_s", "{:.2f}"),
+    ("drain / bound", "ratio", "{:.3f}"),
+    ("jobs done", "done", "{}"),
+    ("jobs in DLQ", "dlq", "{}"),
+    ("jobs left in the queue", "left", "{}"),
+    ("provider calls", "provider_calls", "{}"),
+    ("side effects", "side_effects", "{}"),
+    ("duplicate side effects", "duplicates", "{}"),
+    ("max attempts used by a job", "max_attempts_used", "{}"),
+    ("peak in-flight worker slots", "peak_held", "{}"),
+    ("worker slot-seconds holding a job", "slot_s_held", "{:.1f}"),
+    ("slot-seconds asleep after 429/5xx", "asleep_s", "{:.1f}"),
+    ("slot-seconds waiting for a permit", "permit_wait_s", "{:.1f}"),
+    ("longest delay asked of the queue (s)", "max_delay_s", "{:.1f}"),
+    ("sluice down after kill -9 (s)", "sluice_down_s", "{:.2f}"),
+]
+
+
+def table(results):
+    heads = [f"{r['arm']} ({r['worker']})" for r in results]
+    w0 = max(len(r[0]) for r in ROWS)
+    out = [f"{'':{w0}}  " + "  ".join(f"{h:>18}" for h in heads)]
+    for label, key, fmt in ROWS:
+        cells = []
+        for r in results:
+            v = r.get(key)
+            cells.append(f"{'—' if v is None else fmt.format(v):>18}")
+        out.append(f"{label:{w0}}  " + "  ".join(cells))
+    return "\n".join(out)
+
+
+def failures(r, args):
+    f = []
+    if not r["window_hits"]:
+        f.append("neither the 429 burst nor the outage reached a request: nothing was tested")
+    if r["sluice_down_s"] is None:
+        f.append("sluice was not killed and restarted")
+    if r["drain_s"] is None:
+        f.append(f"the batch did not drain ({r['done']} done, {r['dlq']} dead, {r['left']} left)")
+    if r["duplicates"]:
+        f.append(f"{r['duplicates']} job(s) had a duplicate side effect")
+    if r["max_attempts_used"] > args.max_attempts:
+        f.append(f"a job used {r['max_attempts_used']} attempts (budget {args.max_attempts})")
+    if r["dlq"]:
+        f.append(f"{r['dlq']} job(s) dead-lettered")
+    if r["max_delay_s"] > args.queue_max_delay:
+        f.append(f"a delay of {r['max_delay_s']:.0f} s exceeds the queue's {args.queue_max_delay} s")
+    if args.max_ratio and r["ratio"] and r["ratio"] > args.max_ratio:
+        f.append(f"drain took {r['ratio']:.2f}x the bound (limit {args.max_ratio})")
+    return f
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--jobs", type=int, default=600)
+    ap.add_argument("--workers", type=int, default=16, help="worker slots in all")
+    ap.add_argument("--threads", type=int, default=4, help="slots per worker process")
+    ap.add_argument("--rate", type=int, default=100, help="downstream accepted rate, per s")
+    ap.add_argument("--stub-burst", type=int, default=20)
+    ap.add_argument("--sluice-burst", type=int, default=5)
+    ap.add_argument("--max-attempts", type=int, default=8)
+    ap.add_argument("--queue-max-delay", type=int, default=900, help="queue's delay limit, s")
+    ap.add_argument("--burst-ms", type=int, default=1000, help="length of the 429 burst")
+    ap.add_argument("--outage-ms", type=int, default=2000, help="length of the 503 outage")
+    ap.add_argument("--max-wait-ms", type=int, default=2000, help="sluice's max_wait")
+    ap.add_argument("--after-call-ms", type=int, default=20, help="work after the API call")
+    ap.add_argument("--worker", default="python", choices=["python", "go", "typescript"])
+    ap.add_argument("--arms", default="sluice,baseline")
+    ap.add_argument("--max-ratio", type=float, default=0, help="fail above this drain/bound")
+    ap.add_argument("--timeout-factor", type=float, default=6, help="give up at this x bound")
+    ap.add_argument("--go-worker", help="the built Go example worker")
+    ap.add_argument("--ts-dir", default=os.path.join(ROOT, "deploy/examples/typescript"))
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
+    args = ap.parse_args()
+
+    sluice_bin = os.environ.get("SLUICE_BIN", os.path.join(args.build, "sluice"))
+    stub_bin = os.environ.get("SLUICE_STUB", os.path.join(args.build, "sluice-stub"))
+    d = tempfile.mkdtemp(prefix="sluice-e2e-")
+    procs = Procs(d)
+    results = []
+    try:
+        _, rport = start_redis(procs, d)
+        for arm in args.arms.split(","):
+            kind = "baseline" if arm == "baseline" else args.worker
+            print(f"running {arm} ({kind}): {args.jobs} jobs, {args.workers} slots, "
+                  f"{args.rate}/s ...", file=sys.stderr, flush=True)
+            results.append(run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin))
+    finally:
+        procs.stop_all()
+    print(table(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    bad = [(r, failures(r, args)) for r in results if r["arm"] == "sluice"]
+    bad = [(r, f) for r, f in bad if f]
+    for r, f in bad:
+        for why in f:
+            print(f"FAIL ({r['worker']}): {why}", file=sys.stderr)
+    if bad or args.keep:
+        print(f"logs: {d}", file=sys.stderr)
+    else:
+        shutil.rmtree(d, ignore_errors=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
