@@ -4,7 +4,13 @@
 set -eu
 PKGS="build-essential cmake pkg-config libmicrohttpd-dev libevent-dev
 librocksdb-dev libjansson-dev libyaml-dev libssl-dev libhttp-parser-dev
-libcriterion-dev openssl curl prometheus"
+libcriterion-dev openssl curl prometheus
+redis-server python3 python3-redis python3-yaml golang-go systemd"
+# The TypeScript worker example needs Node.js and npm; a machine that already
+# has them (say from NodeSource) keeps its own.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    PKGS="$PKGS nodejs npm"
+fi
 [ "${1:-}" = "--bench" ] && PKGS="$PKGS wrk nginx-light"
 
 missing=""

@@ -19,7 +19,7 @@ python)
 go)
     (cd "$root/deploy/examples/go" &&
         GOCACHE="$out/go-cache" GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0 \
-            go build -o "$out/go-worker" .)
+            sh -c 'go vet ./... && go test ./... && go build -o "$1/go-worker" .' - "$out")
     exec /usr/bin/python3 "$here/experiment.py" $small --worker go --arms sluice \
         --go-worker "$out/go-worker"
     ;;

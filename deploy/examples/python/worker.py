@@ -107,7 +107,7 @@ class Slot(threading.Thread):
     def call(self, job):
         """Returns (status, outcome, headers, JSON body or {}); raises Unreachable."""
         url = urllib.parse.urlsplit(SLUICE_URL)
-        body = json.dumps(job.get("body", {})).encode()
+        body = json.dumps(job.get("body", {}), separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json", "Idempotency-Key": job["key"],
                    "Sluice-Enqueued-At": str(job.get("enqueued_at", time.time()))}
         for tries in (1, 2):    # a kept-alive connection may have been closed: retry once

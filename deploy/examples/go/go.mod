@@ -1,0 +1,3 @@
+module sluice.example/worker
+
+go 1.19
