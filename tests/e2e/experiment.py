@@ -166,10 +166,13 @@ class Sluice:
                 return float(line.split()[-1])
         return 0.0
 
-    def kill9_and_restart(self):
+    def kill9(self):
         self.permit_wait_s += self.permit_wait()
-        t = time.monotonic()
         self.procs.kill9(self.p)
+
+    def restart(self):
+        """Seconds until the new process is ready (store reopened)."""
+        t = time.monotonic()
         self.start()
         return time.monotonic() - t
 
@@ -211,10 +214,16 @@ class Pool:
 
 
 def plan(args):
-    """Event times in seconds from the start, as fractions of the batch's time at full rate."""
+    """Event times in seconds from the start, as fractions of the batch's time at full rate.
+
+    sluice dies in the middle of the burst, while its policy cools down and the bounced jobs wait
+    in the delayed set (the seeds' "restart during the delay window"), and comes back as the
+    burst ends. Nothing is in flight to the downstream then, so the outcome does not depend on
+    where in a request the kill lands (see the README on unknown outcomes)."""
     t = args.jobs / args.rate
-    return {"burst": 0.25 * t, "kill_sluice": 0.25 * t + args.burst_ms / 1000,
-            "kill_workers": 0.5 * t, "outage": 0.7 * t}
+    burst = args.burst_ms / 1000
+    return {"burst": 0.25 * t, "kill_sluice": 0.25 * t + burst / 2,
+            "restart_sluice": 0.25 * t + burst, "kill_workers": 0.5 * t, "outage": 0.7 * t}
 
 
 def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin):
@@ -238,7 +247,7 @@ def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin):
     bound = args.jobs / args.rate + (args.burst_ms + args.outage_ms) / 1000
     deadline = max(60.0, args.timeout_factor * bound)
     res = {"arm": arm, "worker": kind, "jobs": args.jobs, "bound_s": bound, "peak_held": 0,
-           "slot_s_held": 0.0, "max_delay_s": 0.0, "sluice_down_s": None, "drain_s": None}
+           "slot_s_held": 0.0, "max_delay_s": 0.0, "sluice_restart_s": None, "drain_s": None}
 
     t0 = time.monotonic()
     for wid in pool.ids:
@@ -252,7 +261,9 @@ def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin):
                 http(stub + "/_stub/window", "POST",
                      f"{args.burst_ms} 429 0 retry-after={max(1, args.burst_ms // 1000)}".encode())
             elif name == "kill_sluice" and sluice:
-                res["sluice_down_s"] = sluice.kill9_and_restart()
+                sluice.kill9()
+            elif name == "restart_sluice" and sluice:
+                res["sluice_restart_s"] = sluice.restart()
             elif name == "kill_workers":
                 victims = pool.ids[::2]
                 pool.kill9(victims)
@@ -311,7 +322,7 @@ ROWS = [
     ("slot-seconds asleep after 429/5xx", "asleep_s", "{:.1f}"),
     ("slot-seconds waiting for a permit", "permit_wait_s", "{:.1f}"),
     ("longest delay asked of the queue (s)", "max_delay_s", "{:.1f}"),
-    ("sluice down after kill -9 (s)", "sluice_down_s", "{:.2f}"),
+    ("sluice restart to ready (s)", "sluice_restart_s", "{:.2f}"),
 ]
 
 
@@ -332,7 +343,7 @@ def failures(r, args):
     f = []
     if not r["window_hits"]:
         f.append("neither the 429 burst nor the outage reached a request: nothing was tested")
-    if r["sluice_down_s"] is None:
+    if r["sluice_restart_s"] is None:
         f.append("sluice was not killed and restarted")
     if r["drain_s"] is None:
         f.append(f"the batch did not drain ({r['done']} done, {r['dlq']} dead, {r['left']} left)")
