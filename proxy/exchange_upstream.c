@@ -16,6 +16,7 @@
 #include "proxy/headers.h"
 #include "proxy/log.h"
 #include "proxy/server.h"
+#include "store/store.h"
 #include "util/clock.h"
 #include "util/rand.h"
 
@@ -120,6 +121,22 @@ static void retryable(struct exchange *ex, enum reason r, int status,
                     ex->attempt, status);
 }
 
+/* A policy's own cooldown is written to the store, so a restart inside it
+ * (a crash, a deploy) does not send into a partner that asked for quiet.
+ * Partitions' cooldowns live in memory only. */
+static void persist_pause(struct exchange *ex, uint64_t hint_ms)
+{
+    struct sc_error err = {0};
+    uint64_t now = clock_wall_ms();
+
+    if (!ex->ps || ex->bucket != &ex->ps->bucket)
+        return;
+    if (store_pause_set(ex->w->app->store, ex->pol->name, now, now + hint_ms,
+                        &err) != 0)
+        log_warn("policy %s: cooldown not kept across restarts: %s",
+                 ex->pol->name, err.text);
+}
+
 /* Any 429 empties the bucket; one with a reset hint pauses it until then. */
 static void cool_down(struct exchange *ex, bool has_hint, uint64_t hint_ms)
 {
@@ -127,18 +144,14 @@ static void cool_down(struct exchange *ex, bool has_hint, uint64_t hint_ms)
 
     if (!ex->bucket)
         return;
-    gcra_empty(&ex->bucket->g, now);
-    if (has_hint && hint_ms > 0) {
-        uint64_t until = now + hint_ms * 1000000ull;
-        uint64_t cur = atomic_load(&ex->bucket->cooldown_until);
-
-        gcra_pause_until(&ex->bucket->g, until);
-        while (cur < until &&
-               !atomic_compare_exchange_weak(&ex->bucket->cooldown_until, &cur, until))
-            ;
-        log_info("policy %s: upstream %s asked for %llu ms of cooldown",
-                 ex->pol->name, ex->up->name, (unsigned long long)hint_ms);
+    if (!has_hint || hint_ms == 0) {
+        gcra_empty(&ex->bucket->g, now);
+        return;
     }
+    bucket_pause(ex->bucket, now, now + hint_ms * 1000000ull);
+    persist_pause(ex, hint_ms);
+    log_info("policy %s: upstream %s asked for %llu ms of cooldown",
+             ex->pol->name, ex->up->name, (unsigned long long)hint_ms);
 }
 
 static void classify_response(struct exchange *ex)

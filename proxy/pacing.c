@@ -129,6 +129,17 @@ void pacing_free(struct pacing *pc)
     memset(pc, 0, sizeof *pc);
 }
 
+void bucket_pause(struct bucket *b, uint64_t now, uint64_t until)
+{
+    uint64_t cur = atomic_load(&b->cooldown_until);
+
+    gcra_empty(&b->g, now);
+    gcra_pause_until(&b->g, until);
+    while (cur < until &&
+           !atomic_compare_exchange_weak(&b->cooldown_until, &cur, until))
+        ;
+}
+
 struct policy_state *pacing_policy(struct pacing *pc, long idx)
 {
     return idx >= 0 && (size_t)idx < pc->n ? pc->pol[idx] : pc->dflt;

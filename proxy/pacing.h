@@ -72,6 +72,11 @@ struct pacing {
 int pacing_init(struct pacing *pc, const struct sc_config *cfg,
                 const struct pacing *prev);
 void pacing_free(struct pacing *pc);
+
+/* An upstream asked for nothing before `until` (monotonic ns): the bucket is
+ * emptied and paused until then, so it resumes empty (SPEC section 4). A
+ * later moment wins over an earlier one. */
+void bucket_pause(struct bucket *b, uint64_t now, uint64_t until);
 void pacing_state_put(struct policy_state *ps);
 
 

@@ -109,6 +109,19 @@ int store_forget(struct store *st, const char *scope, const char *key,
 int store_sweep(struct store *st, uint64_t now_ms, size_t max, size_t *removed,
                 struct sc_error *err);
 
+/* A policy's pause that must outlive the process: an upstream asked the
+ * policy (scope) to send nothing before until_ms (a 429 with a reset hint,
+ * SPEC section 4, "Cooldown"). Kept beside the records under a key that no
+ * idempotency key can take, and reclaimed like a record once it has passed.
+ * A later moment replaces an earlier one, never the reverse. */
+int store_pause_set(struct store *st, const char *scope, uint64_t now_ms,
+                    uint64_t until_ms, struct sc_error *err);
+
+/* 0 and *until_ms when scope's pause still runs at now_ms; -ENOENT when it
+ * has none (err untouched); another negative code with err on a failure. */
+int store_pause_get(struct store *st, const char *scope, uint64_t now_ms,
+                    uint64_t *until_ms, struct sc_error *err);
+
 /* False once a write has failed (a full disk, an I/O error): from then on
  * every write is refused until the process restarts; reads still work. */
 bool store_healthy(struct store *st);

@@ -665,6 +665,76 @@ int store_forget(struct store *st, const char *scope, const char *key,
     return rc;
 }
 
+/* ---- pauses ---- */
+
+/* scope, '\0', then '\1' and "pause": an idempotency key is printable
+ * ASCII, so none starts with '\1'. */
+static int pause_key(struct record_key *k, const char *scope,
+                     struct sc_error *err)
+{
+    static const char tag[] = "\1pause";
+    int rc = record_key_make(k, scope, "-", err); /* checks the scope */
+
+    if (rc)
+        return rc;
+    memcpy(k->buf + k->len - 1, tag, sizeof tag - 1);
+    k->len += sizeof tag - 2;
+    return 0;
+}
+
+static int pause_set_locked(struct store *st, const struct record_key *k,
+                            uint64_t now_ms, uint64_t until_ms,
+                            struct sc_error *err)
+{
+    struct store_record rec;
+    int rc = load_live(st, k, now_ms, &rec, err);
+
+    if (rc && rc != -ENOENT)
+        return rc;
+    if (rc == 0 && rec.expires_ms >= until_ms) {
+        store_record_clear(&rec);
+        return 0;
+    }
+    store_record_clear(&rec);
+    rec.state = STORE_COMPLETED;
+    rec.status = 429;
+    rec.created_ms = rec.completed_ms = now_ms;
+    rec.expires_ms = until_ms;
+    return save(st, k, &rec, err);
+}
+
+int store_pause_set(struct store *st, const char *scope, uint64_t now_ms,
+                    uint64_t until_ms, struct sc_error *err)
+{
+    pthread_mutex_t *lock;
+    struct record_key k;
+    int rc;
+
+    if ((rc = pause_key(&k, scope, err)) != 0)
+        return rc;
+    lock = stripe_of(st, k.buf, k.len);
+    pthread_mutex_lock(lock);
+    rc = pause_set_locked(st, &k, now_ms, until_ms, err);
+    pthread_mutex_unlock(lock);
+    return rc;
+}
+
+int store_pause_get(struct store *st, const char *scope, uint64_t now_ms,
+                    uint64_t *until_ms, struct sc_error *err)
+{
+    struct store_record rec;
+    struct record_key k;
+    int rc;
+
+    if ((rc = pause_key(&k, scope, err)) != 0)
+        return rc;
+    if ((rc = load_live(st, &k, now_ms, &rec, err)) != 0)
+        return rc;
+    *until_ms = rec.expires_ms;
+    store_record_clear(&rec);
+    return 0;
+}
+
 /* ---- sweep ---- */
 
 struct sweep {

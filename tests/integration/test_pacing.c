@@ -4,12 +4,14 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/wait.h>
 
 #include "integration/harness.h"
 
@@ -377,6 +379,35 @@ Test(pacing, cooldown_refuses_what_cannot_wait, .fini = stop, .timeout = 30)
     json_decref(j);
     h_resp_free(&r);
     cr_expect_eq(h_stub_stat(&stub, "requests"), 1);
+}
+
+/* A partner's Retry-After outlives a crash of sluice: the restarted process
+ * refuses what cannot wait and sends nothing before the moment named. */
+Test(pacing, cooldown_survives_kill9, .fini = stop, .timeout = 30)
+{
+    struct h_resp r;
+    json_t *j;
+
+    start("  cool: {rate: 100/s, burst: 10, max_wait: 500ms, retry: {on: [429]}}\n",
+          "  - {prefix: /cool, upstream: stub, policy: cool}\n");
+    cr_assert_eq(h_http(sl.port, "POST", "/cool", "X-Stub-Status: 429\r\nX-Stub-Retry-After: 4\r\n",
+                        "a", 1, &r), 0);
+    cr_expect_eq(r.status, 429);
+    h_resp_free(&r);
+    kill(sl.pid, SIGKILL);
+    waitpid(sl.pid, NULL, 0);
+    sl.pid = 0;
+    cr_assert_eq(h_sluice_start_raw(&sl, NULL, sl.port, sl.admin_port), 0,
+                 "sluice did not restart on the same store");
+    cr_assert_eq(h_http(sl.port, "POST", "/cool", NULL, "b", 1, &r), 0);
+    cr_expect_eq(r.status, 429);
+    j = body_json(&r);
+    cr_expect_str_eq(jstr(j, "reason"), "upstream_cooldown");
+    cr_expect(jint(j, "delay_ms") > 1000 && jint(j, "delay_ms") <= 4000, "%lld",
+              jint(j, "delay_ms"));
+    json_decref(j);
+    h_resp_free(&r);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 1, "the restarted sluice sent into the cooldown");
 }
 
 /* ---- instructions ------------------------------------------------------- */

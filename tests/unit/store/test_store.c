@@ -938,6 +938,47 @@ static void *racer(void *arg)
     return NULL;
 }
 
+/* ---- pauses ---- */
+
+Test(store, pause_set_get_later_wins_and_expires)
+{
+    uint64_t until = 0;
+
+    cr_expect_eq(store_pause_get(st, SCOPE, t0, &until, &err), -ENOENT);
+    cr_assert_eq(store_pause_set(st, SCOPE, t0, t0 + 5000, &err), 0, "%s", err.text);
+    cr_assert_eq(store_pause_get(st, SCOPE, t0 + 1, &until, &err), 0);
+    cr_expect_eq(until, t0 + 5000);
+    /* An earlier moment never shortens a pause; a later one extends it. */
+    cr_assert_eq(store_pause_set(st, SCOPE, t0, t0 + 2000, &err), 0);
+    cr_assert_eq(store_pause_get(st, SCOPE, t0 + 1, &until, &err), 0);
+    cr_expect_eq(until, t0 + 5000);
+    cr_assert_eq(store_pause_set(st, SCOPE, t0, t0 + 9000, &err), 0);
+    cr_assert_eq(store_pause_get(st, SCOPE, t0 + 1, &until, &err), 0);
+    cr_expect_eq(until, t0 + 9000);
+    cr_expect_eq(store_pause_get(st, SCOPE, t0 + 9000, &until, &err), -ENOENT);
+    cr_expect_eq(store_pause_get(st, "other", t0, &until, &err), -ENOENT);
+    reopen();
+    cr_assert_eq(store_pause_get(st, SCOPE, t0 + 1, &until, &err), 0, "lost on reopen");
+    cr_expect_eq(until, t0 + 9000);
+}
+
+Test(store, pause_is_apart_from_every_idempotency_key)
+{
+    struct store_record r;
+    uint64_t until;
+    size_t removed;
+
+    cr_assert_eq(store_pause_set(st, SCOPE, t0, t0 + 5000, &err), 0);
+    cr_expect_eq(get("pause", t0, &r), -ENOENT);
+    cr_expect_eq(get("-", t0, &r), -ENOENT);
+    cr_expect_eq(store_forget(st, SCOPE, "pause", &err), -ENOENT);
+    cr_expect_eq(store_pause_set(st, "bad scope", t0, t0 + 1, &err), -EINVAL);
+    /* Swept like a record once it has passed. */
+    cr_assert_eq(store_sweep(st, t0 + 6000, 100, &removed, &err), 0);
+    cr_expect_eq(removed, 1);
+    cr_expect_eq(store_pause_get(st, SCOPE, t0, &until, &err), -ENOENT);
+}
+
 Test(store, concurrent_acquirers_exactly_one_wins)
 {
     for (int round = 0; round < 50; round++) {
