@@ -248,6 +248,35 @@ static void print_errors(FILE *out, const struct sc_errors *errs)
     }
 }
 
+/* Cooldowns a partner imposed still hold after a restart, and for a policy
+ * whose new numbers gave it a fresh bucket on reload: each policy's pause kept
+ * in the store is put back on its bucket (a bucket already paused is left as
+ * it is: it is empty, and the later moment wins). */
+static void restore_pauses(struct app *app, struct runtime *rt)
+{
+    struct pacing *pc = &rt->pacing;
+    uint64_t wall = clock_wall_ms(), mono = clock_mono_ns();
+
+    for (size_t i = 0; i < pc->n; i++) {
+        struct policy_state *ps = pc->pol[i];
+        struct sc_error err = {0};
+        uint64_t until;
+        int rc;
+
+        if (!ps->has_bucket)
+            continue;
+        rc = store_pause_get(app->store, ps->name, wall, &until, &err);
+        if (rc == 0) {
+            bucket_pause(&ps->bucket, mono, mono + (until - wall) * 1000000ull);
+            log_info("policy %s: %llu ms of cooldown restored from the store",
+                     ps->name, (unsigned long long)(until - wall));
+        } else if (rc != -ENOENT) {
+            log_warn("policy %s: cooldown not read from the store: %s", ps->name,
+                     err.text);
+        }
+    }
+}
+
 static void swap_in(struct app *app, struct runtime *rt)
 {
     struct runtime *old;
@@ -284,6 +313,7 @@ static int reload_locked(struct app *app, FILE *out)
         fprintf(out, "%s\n", err.text);
         return rc;
     }
+    restore_pauses(app, rt);
     log_set_level(rt->cfg->log.level);
     fprintf(out, "%s: reloaded (%zu upstreams, %zu policies, %zu routes)\n",
             rt->cfg->file, rt->cfg->n_upstreams, rt->cfg->n_policies,
@@ -317,33 +347,6 @@ int app_reload(struct app *app, char **msg)
 }
 
 /* ---- lifecycle ---------------------------------------------------------- */
-
-/* Cooldowns a partner imposed before a restart still hold after it: each
- * policy's pause kept in the store is put back on its bucket. */
-static void restore_pauses(struct app *app)
-{
-    struct pacing *pc = &app->rt->pacing;
-    uint64_t wall = clock_wall_ms(), mono = clock_mono_ns();
-
-    for (size_t i = 0; i < pc->n; i++) {
-        struct policy_state *ps = pc->pol[i];
-        struct sc_error err = {0};
-        uint64_t until;
-        int rc;
-
-        if (!ps->has_bucket)
-            continue;
-        rc = store_pause_get(app->store, ps->name, wall, &until, &err);
-        if (rc == 0) {
-            bucket_pause(&ps->bucket, mono, mono + (until - wall) * 1000000ull);
-            log_info("policy %s: cooldown of %llu ms kept from before the restart",
-                     ps->name, (unsigned long long)(until - wall));
-        } else if (rc != -ENOENT) {
-            log_warn("policy %s: cooldown not read from the store: %s", ps->name,
-                     err.text);
-        }
-    }
-}
 
 static int base_init(struct app *app, struct sc_error *err)
 {
@@ -392,7 +395,7 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
     }
     if ((rc = runtime_new(app, cfg, NULL, &app->rt, err)) != 0)
         return rc;
-    restore_pauses(app);
+    restore_pauses(app, app->rt);
     if ((rc = workers_start(app, err)) != 0)
         return rc;
     app->admin = admin_start(app, err);
