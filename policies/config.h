@@ -115,6 +115,18 @@ bool sc_idem_replays_status(const struct sc_idempotency *i, int status);
 enum sc_mode { SC_MODE_ENFORCE = 0, SC_MODE_SHADOW };
 enum sc_shared { SC_SHARED_LOCAL = 0, SC_SHARED_REDIS };
 
+/* A policy's breaker (an extension of SPEC section 4's cooldown): after
+ * `failures` upstream failures in a row (5xx, connect errors, lost
+ * connections, timeouts) the policy's bucket pauses for `pause`, doubling
+ * while the probe after each pause fails, up to `max_pause`. */
+struct sc_breaker {
+    bool enabled;             /* the block is present */
+    uint32_t failures;        /* default 5, >= 1 */
+    uint64_t pause_ms;        /* default 1s */
+    uint64_t max_pause_ms;    /* default 1m, >= pause, <= 1h */
+    struct sc_pos pos;
+};
+
 struct sc_policy {
     char *name;
     bool has_rate;            /* `rate` given: the policy has a bucket */
@@ -127,6 +139,7 @@ struct sc_policy {
     uint32_t partition_max;   /* default 10000 */
     enum sc_shared shared;
     struct sc_retry retry;
+    struct sc_breaker breaker;
     struct sc_idempotency idem;
     struct sc_pos pos;
 };

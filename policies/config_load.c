@@ -1415,7 +1415,7 @@ static void check_tls(struct cfg_loader *lc, void *obj,
 }
 
 enum { PK_RATE, PK_BURST, PK_MAX_WAIT, PK_CONCURRENCY, PK_MODE, PK_PARTITION,
-       PK_SHARED, PK_RETRY, PK_IDEMPOTENCY };
+       PK_SHARED, PK_RETRY, PK_BREAKER, PK_IDEMPOTENCY };
 
 static void check_policy(struct cfg_loader *lc, void *obj,
                          yaml_node_t *const *vals, struct sc_pos where)
@@ -1429,6 +1429,29 @@ static void check_policy(struct cfg_loader *lc, void *obj,
         lc->cfg->store.backend != SC_BACKEND_REDIS)
         err_sub(lc, pos_of(vals[PK_SHARED]), "shared", "\"redis\" needs "
                 "store.backend: redis (there is no Redis to share through)");
+    if (p->breaker.enabled && !p->has_rate)
+        err_at(lc, p->breaker.pos, "%s.breaker: needs a rate: the breaker pauses "
+               "the policy's bucket", lc->path);
+}
+
+enum { BK_FAILURES, BK_PAUSE, BK_MAX_PAUSE };
+
+static void check_breaker(struct cfg_loader *lc, void *obj,
+                          yaml_node_t *const *vals, struct sc_pos where)
+{
+    const struct sc_breaker *b = obj;
+    char pause[32], max[32];
+
+    if (b->max_pause_ms >= b->pause_ms)
+        return;
+    units_format_duration(b->pause_ms, pause, sizeof pause);
+    units_format_duration(b->max_pause_ms, max, sizeof max);
+    if (given(vals[BK_MAX_PAUSE]))
+        err_sub(lc, pos_of(vals[BK_MAX_PAUSE]), "max_pause", "%s is less than "
+                "pause (%s)", max, pause);
+    else
+        err_sub(lc, pos_of(vals[BK_PAUSE]), "pause", "%s is more than max_pause "
+                "(%s, the default)", pause, max);
 }
 
 enum { RK_ON, RK_BASE, RK_MULTIPLIER, RK_CAP, RK_MAX_ATTEMPTS, RK_MAX_DELAY,
@@ -1663,6 +1686,7 @@ static const struct cfg_block upstream_block = {
 #define CP(field) offsetof(struct sc_policy, field)
 #define CR(field) offsetof(struct sc_retry, field)
 #define CI(field) offsetof(struct sc_idempotency, field)
+#define CB(field) offsetof(struct sc_breaker, field)
 
 static bool partition_present(const void *obj)
 {
@@ -1701,6 +1725,23 @@ FITS(retry_keys);
 static const struct cfg_block retry_block = {"retry", KEYS(retry_keys),
                                              .check = check_retry};
 
+static bool breaker_present(const void *obj)
+{
+    return ((const struct sc_breaker *)obj)->enabled;
+}
+
+static const struct cfg_key breaker_keys[] = {
+    [BK_FAILURES] = {"failures", CT_U32, CB(failures), .def = "5", .min = "1"},
+    [BK_PAUSE] = {"pause", CT_DURATION, CB(pause_ms), .def = "1s", .min = "1ms",
+                  .max = "1h"},
+    [BK_MAX_PAUSE] = {"max_pause", CT_DURATION, CB(max_pause_ms), .def = "1m",
+                      .min = "1ms", .max = "1h"},
+};
+FITS(breaker_keys);
+static const struct cfg_block breaker_block = {
+    "breaker", KEYS(breaker_keys), .pos_off = CFG_OPT(CB(pos)),
+    .present = breaker_present, .check = check_breaker};
+
 static const struct cfg_key idem_keys[] = {
     {"header", CT_STRING, CI(header), .def = "Idempotency-Key",
      .valid = valid_token},
@@ -1731,6 +1772,8 @@ static const struct cfg_key policy_keys[] = {
     [PK_SHARED] = {"shared", CT_ENUM, CP(shared), .def = "local",
                    .names = shared_names},
     [PK_RETRY] = {"retry", CT_BLOCK, CP(retry), .block = &retry_block},
+    [PK_BREAKER] = {"breaker", CT_BLOCK, CP(breaker), .block = &breaker_block,
+                    .flag_off = CFG_OPT(CP(breaker.enabled))},
     [PK_IDEMPOTENCY] = {"idempotency", CT_BLOCK, CP(idem), .block = &idem_block,
                         .flag_off = CFG_OPT(CP(idem.enabled))},
 };

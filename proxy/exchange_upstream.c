@@ -154,6 +154,44 @@ static void cool_down(struct exchange *ex, bool has_hint, uint64_t hint_ms)
              ex->pol->name, ex->up->name, (unsigned long long)hint_ms);
 }
 
+/* The breaker (a policy's `breaker` block): a streak of upstream failures
+ * pauses the bucket the way a partner's Retry-After does, so that while the
+ * upstream is down requests wait or are requeued as upstream_cooldown,
+ * spending no attempt, instead of each failing on its own and burning its
+ * budget. The first request after a pause is the probe: if it fails too, the
+ * next pause is twice as long, up to max_pause. Any answer below 500 (a 429
+ * included: the upstream is up) closes it. A failure of a request sent
+ * before the pause began does not extend it. */
+static void breaker_note(struct exchange *ex, bool failed)
+{
+    const struct sc_breaker *b = &ex->pol->breaker;
+    struct policy_state *ps = ex->ps;
+    uint64_t now, pause_ms;
+    uint32_t opens;
+
+    if (!b->enabled || !ex->bucket || !ps)
+        return;
+    if (!failed) {
+        atomic_store(&ps->fail_streak, 0);
+        atomic_store(&ps->opens, 0);
+        return;
+    }
+    if (atomic_fetch_add(&ps->fail_streak, 1) + 1 < b->failures)
+        return;
+    now = clock_mono_ns();
+    if (atomic_load(&ex->bucket->cooldown_until) > now)
+        return;
+    opens = atomic_fetch_add(&ps->opens, 1);
+    pause_ms = opens < 20 ? b->pause_ms << opens : b->max_pause_ms;
+    if (pause_ms > b->max_pause_ms)
+        pause_ms = b->max_pause_ms;
+    bucket_pause(ex->bucket, now, now + pause_ms * 1000000ull);
+    persist_pause(ex, pause_ms);
+    log_warn("policy %s: %u failures in a row from upstream %s: paused for %llu ms",
+             ex->pol->name, (unsigned)atomic_load(&ps->fail_streak), ex->up->name,
+             (unsigned long long)pause_ms);
+}
+
 static void classify_response(struct exchange *ex)
 {
     const struct up_response *r = &ex->ureq.resp;
@@ -166,6 +204,7 @@ static void classify_response(struct exchange *ex)
 
     if (s == 429)
         cool_down(ex, has_hint, hint);
+    breaker_note(ex, s >= 500);
     if (sc_retry_on_status(&ex->pol->retry, s)) {
         retryable(ex, s == 429 ? R_UPSTREAM_429 : R_UPSTREAM_5XX, s, has_hint,
                   hint);
@@ -193,6 +232,7 @@ static void classify_failure(struct exchange *ex)
 
     log_warn("route %s: upstream %s: %s", ex->route->name, ex->up->name,
              r->detail);
+    breaker_note(ex, true);
     if (ex->pol->retry.on_transport & map[r->result].bit) {
         retryable(ex, reason, r->status, false, 0);
         return;

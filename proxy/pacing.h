@@ -54,6 +54,8 @@ struct policy_state {
     struct bucket bucket;         /* unpartitioned */
     pthread_mutex_t mu;           /* slots and partitions */
     _Atomic uint32_t inflight;
+    _Atomic uint32_t fail_streak;  /* breaker: upstream failures in a row */
+    _Atomic uint32_t opens;        /* breaker: pauses since the last success */
     TAILQ_HEAD(slot_waiters, slot_waiter) waiters;
     struct partition **table;     /* partitions: hash table + LRU */
     size_t table_size, n_parts;

@@ -129,7 +129,7 @@ policies:
     burst: {burst}
     max_wait: {max_wait}ms
     retry: {{base: 1s, multiplier: 2, cap: 60s, max_attempts: {attempts}, max_delay: {max_delay}s}}
-    idempotency: {{lease: 15s}}
+{breaker}    idempotency: {{lease: 15s}}
 routes:
   - {{name: grades, prefix: /v1, upstream: partner, policy: writes}}
 """
@@ -145,7 +145,9 @@ class Sluice:
                                        store=os.path.join(d, "store"), rate=args.rate,
                                        burst=args.sluice_burst, attempts=args.max_attempts,
                                        max_delay=args.queue_max_delay,
-                                       max_wait=args.max_wait_ms))
+                                       max_wait=args.max_wait_ms,
+                                       breaker="    breaker: {failures: 5, pause: 250ms, "
+                                               "max_pause: 1s}\n" if args.breaker else ""))
         self.url = f"http://127.0.0.1:{self.port}"
         self.permit_wait_s = 0.0    # summed over the process lives that are gone
         self.p = None
@@ -246,7 +248,7 @@ def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin):
     events = sorted(plan(args).items(), key=lambda e: e[1])
     bound = args.jobs / args.rate + (args.burst_ms + args.outage_ms) / 1000
     deadline = max(60.0, args.timeout_factor * bound)
-    res = {"arm": arm, "worker": kind, "jobs": args.jobs, "bound_s": bound, "peak_held": 0,
+    res = {"arm": arm, "worker": kind, "breaker": args.breaker, "jobs": args.jobs, "bound_s": bound, "peak_held": 0,
            "slot_s_held": 0.0, "max_delay_s": 0.0, "sluice_restart_s": None, "drain_s": None}
 
     t0 = time.monotonic()
@@ -328,6 +330,9 @@ ROWS = [
 
 def table(results):
     heads = [f"{r['arm']} ({r['worker']})" for r in results]
+    if len(results) == 1:
+        heads = [f"{heads[0]}{'' if r.get('breaker', True) else ', no breaker'}"
+                 for r in results]
     w0 = max(len(r[0]) for r in ROWS)
     out = [f"{'':{w0}}  " + "  ".join(f"{h:>18}" for h in heads)]
     for label, key, fmt in ROWS:
@@ -373,6 +378,8 @@ def main():
     ap.add_argument("--burst-ms", type=int, default=1000, help="length of the 429 burst")
     ap.add_argument("--outage-ms", type=int, default=2000, help="length of the 503 outage")
     ap.add_argument("--max-wait-ms", type=int, default=2000, help="sluice's max_wait")
+    ap.add_argument("--breaker", action=argparse.BooleanOptionalAction, default=True,
+                    help="sluice's breaker block (pause the policy during an outage)")
     ap.add_argument("--after-call-ms", type=int, default=20, help="work after the API call")
     ap.add_argument("--worker", default="python", choices=["python", "go", "typescript"])
     ap.add_argument("--arms", default="sluice,baseline")

@@ -410,6 +410,56 @@ Test(pacing, cooldown_survives_kill9, .fini = stop, .timeout = 30)
     cr_expect_eq(h_stub_stat(&stub, "requests"), 1, "the restarted sluice sent into the cooldown");
 }
 
+/* The breaker: three 503s in a row pause the policy; requests meanwhile are
+ * requeued as upstream_cooldown (no attempt spent, nothing sent); the probe
+ * after the pause fails, so the next pause is twice as long; a success
+ * closes it. */
+static void expect_reason(const char *headers, int status, const char *reason,
+                          long long min_delay, long long max_delay)
+{
+    struct h_resp r;
+    json_t *j;
+
+    cr_assert_eq(h_http(sl.port, "POST", "/brk", headers, "x", 1, &r), 0);
+    cr_expect_eq(r.status, status, "%d %s", r.status, r.body);
+    if (reason) {
+        j = body_json(&r);
+        cr_expect_str_eq(jstr(j, "reason"), reason);
+        if (min_delay >= 0)
+            cr_expect(jint(j, "delay_ms") >= min_delay && jint(j, "delay_ms") <= max_delay,
+                      "%s: delay %lld not in [%lld, %lld]", reason, jint(j, "delay_ms"),
+                      min_delay, max_delay);
+        json_decref(j);
+    }
+    h_resp_free(&r);
+}
+
+Test(pacing, breaker_pauses_after_a_streak_and_doubles, .fini = stop, .timeout = 30)
+{
+    const char *fail = "X-Stub-Status: 503\r\n";
+
+    start("  brk:\n"
+          "    rate: 100/s\n"
+          "    burst: 10\n"
+          "    max_wait: 0ms\n"
+          "    retry: {base: 1s, jitter: none}\n"
+          "    breaker: {failures: 3, pause: 600ms, max_pause: 5s}\n",
+          "  - {prefix: /brk, upstream: stub, policy: brk}\n");
+    for (int i = 0; i < 3; i++)
+        expect_reason(fail, 503, "upstream_5xx", -1, -1);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 3);
+    expect_reason(NULL, 429, "upstream_cooldown", 300, 600);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 3, "sent during the pause");
+    usleep(700 * 1000);
+    expect_reason(fail, 503, "upstream_5xx", -1, -1);      /* the probe fails */
+    expect_reason(NULL, 429, "upstream_cooldown", 900, 1200);   /* 2 x 600 ms */
+    usleep(1300 * 1000);
+    expect_reason(NULL, 200, NULL, -1, -1);                /* the probe succeeds */
+    expect_reason(fail, 503, "upstream_5xx", -1, -1);      /* a new streak starts at 1 */
+    expect_reason(NULL, 200, NULL, -1, -1);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 7);
+}
+
 /* ---- instructions ------------------------------------------------------- */
 
 static json_t *post_json(const char *target, const char *headers, int want_status,

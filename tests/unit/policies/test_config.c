@@ -366,6 +366,7 @@ Test(config_sidecar, commented_example_loads_when_uncommented)
     cr_expect_eq(cfg->n_routes, 2);
     cr_expect_str_eq(cfg->policies[0].partition_header, "X-Tenant");
     cr_expect_eq(cfg->policies[0].idem.enabled, true);
+    cr_expect_eq(cfg->policies[0].breaker.enabled, true);
     config_free(cfg);
     free(out);
     free(src);
@@ -755,6 +756,38 @@ Test(config_json, every_key_in_config_syntax)
     cr_expect(json_is_null(json_object_get(r1, "methods")));
     cr_expect_str_eq(json_string_value(json_object_get(r1, "name")), "/");
     cr_expect_eq(json_object_size(root), 10);
+    json_decref(root);
+    free(text);
+    config_free(cfg);
+}
+
+Test(config_json, breaker_block_defaults_values_and_json)
+{
+    struct sc_config *cfg = load_ok(
+        "upstreams: {u: {url: http://127.0.0.1:9}}\n"
+        "policies:\n"
+        "  a: {rate: 10/s, breaker: {}}\n"
+        "  b: {rate: 10/s, breaker: {failures: 2, pause: 250ms, max_pause: 10s}}\n"
+        "  c: {rate: 10/s}\n"
+        "routes: [{prefix: /, upstream: u, policy: a}]\n");
+    json_t *root, *ba;
+    char *text;
+
+    cr_expect_eq(cfg->policies[0].breaker.enabled, true);
+    cr_expect_eq(cfg->policies[0].breaker.failures, 5);
+    cr_expect_eq(cfg->policies[0].breaker.pause_ms, 1000);
+    cr_expect_eq(cfg->policies[0].breaker.max_pause_ms, 60000);
+    cr_expect_eq(cfg->policies[1].breaker.failures, 2);
+    cr_expect_eq(cfg->policies[1].breaker.pause_ms, 250);
+    cr_expect_eq(cfg->policies[1].breaker.max_pause_ms, 10000);
+    cr_expect_eq(cfg->policies[2].breaker.enabled, false);
+    cr_expect_eq(cfg->default_policy.breaker.enabled, false);
+    root = to_json(cfg, &text);
+    ba = json_object_get(json_object_get(json_object_get(root, "policies"), "a"), "breaker");
+    cr_expect_eq(json_integer_value(json_object_get(ba, "failures")), 5);
+    cr_expect_str_eq(json_string_value(json_object_get(ba, "max_pause")), "1m");
+    cr_expect(json_is_null(json_object_get(json_object_get(json_object_get(root,
+              "policies"), "c"), "breaker")));
     json_decref(root);
     free(text);
     config_free(cfg);
