@@ -74,13 +74,12 @@ struct pacing {
 int pacing_init(struct pacing *pc, const struct sc_config *cfg,
                 const struct pacing *prev);
 void pacing_free(struct pacing *pc);
+void pacing_state_put(struct policy_state *ps);
 
 /* An upstream asked for nothing before `until` (monotonic ns): the bucket is
  * emptied and paused until then, so it resumes empty (SPEC section 4). A
  * later moment wins over an earlier one. */
 void bucket_pause(struct bucket *b, uint64_t now, uint64_t until);
-void pacing_state_put(struct policy_state *ps);
-
 
 /* The state for a route's policy index (-1 = default). */
 struct policy_state *pacing_policy(struct pacing *pc, long idx);
