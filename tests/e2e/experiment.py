@@ -248,8 +248,9 @@ def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin):
     events = sorted(plan(args).items(), key=lambda e: e[1])
     bound = args.jobs / args.rate + (args.burst_ms + args.outage_ms) / 1000
     deadline = max(60.0, args.timeout_factor * bound)
-    res = {"arm": arm, "worker": kind, "breaker": args.breaker, "jobs": args.jobs, "bound_s": bound, "peak_held": 0,
-           "slot_s_held": 0.0, "max_delay_s": 0.0, "sluice_restart_s": None, "drain_s": None}
+    res = {"arm": arm, "worker": kind, "breaker": args.breaker, "jobs": args.jobs,
+           "bound_s": bound, "peak_held": 0, "slot_s_held": 0.0, "max_delay_s": 0.0,
+           "sluice_restart_s": None, "drain_s": None}
 
     t0 = time.monotonic()
     for wid in pool.ids:
