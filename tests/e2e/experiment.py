@@ -360,7 +360,8 @@ def failures(r, args):
     if r["dlq"]:
         f.append(f"{r['dlq']} job(s) dead-lettered")
     if r["max_delay_s"] > args.queue_max_delay:
-        f.append(f"a delay of {r['max_delay_s']:.0f} s exceeds the queue's {args.queue_max_delay} s")
+        f.append(f"a delay of {r['max_delay_s']:.0f} s exceeds the queue's "
+                 f"{args.queue_max_delay} s")
     if args.max_ratio and r["ratio"] and r["ratio"] > args.max_ratio:
         f.append(f"drain took {r['ratio']:.2f}x the bound (limit {args.max_ratio})")
     return f
