@@ -239,9 +239,14 @@ static void complete(struct exchange *ex)
 static void release(struct exchange *ex)
 {
     struct sc_error err = {0};
+    int rc = store_release(ex->w->app->store, scope(ex), ex->key, ex->attempt,
+                           clock_wall_ms(), ex->pol->idem.ttl_ms, &err);
 
-    if (store_release(ex->w->app->store, scope(ex), ex->key, clock_wall_ms(),
-                      ex->pol->idem.ttl_ms, &err) != 0 && err.text[0]) {
+    if (rc == -ESTALE) {
+        /* This request outlived its lease (a stalled loop) and another took
+         * the key over: its lease is not ours to end. */
+        log_warn("policy %s: lease not released: %s", scope(ex), err.text);
+    } else if (rc != 0 && err.text[0]) {
         count_store_error(ex);
         log_error("policy %s: cannot release a lease: %s", scope(ex), err.text);
     }

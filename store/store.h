@@ -94,10 +94,14 @@ int store_complete(struct store *st, const char *scope, const char *key,
                    const uint8_t *body, size_t body_len, bool body_omitted,
                    struct sc_error *err);
 
-/* Ends the lease early (a known, retryable result): lease_expires_ms = now,
- * the attempt count is kept until now + ttl_ms. -ENOENT when absent. */
+/* Ends the lease of `attempt` early (a known, retryable result):
+ * lease_expires_ms = now, the attempt count is kept until now + ttl_ms.
+ * -ENOENT when absent; -EALREADY when completed; -ESTALE (with err) when a
+ * later attempt has taken the lease over: a holder that outlived its lease
+ * must not end its successor's. */
 int store_release(struct store *st, const char *scope, const char *key,
-                  uint64_t now_ms, uint64_t ttl_ms, struct sc_error *err);
+                  uint32_t attempt, uint64_t now_ms, uint64_t ttl_ms,
+                  struct sc_error *err);
 
 /* Deletes the record (an operator unblocks a key). -ENOENT when absent. */
 int store_forget(struct store *st, const char *scope, const char *key,

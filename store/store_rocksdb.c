@@ -595,16 +595,24 @@ int store_complete(struct store *st, const char *scope, const char *key,
 }
 
 static int release_locked(struct store *st, const struct record_key *k,
-                          uint64_t now_ms, uint64_t ttl_ms,
+                          uint32_t attempt, uint64_t now_ms, uint64_t ttl_ms,
                           struct sc_error *err)
 {
     struct store_record cur;
     int rc = load_live(st, k, now_ms, &cur, err);
+    char why[64];
 
     /* -ENOENT is an answer, not a failure: err stays as it was, as for
      * store_get (the proxy logs only failures that come with a message). */
     if (rc || (rc = refuse_completed(&cur, k, err)) != 0)
         goto out;
+    if (cur.attempt != attempt) {
+        snprintf(why, sizeof why, "attempt %u holds the lease, not %u",
+                 (unsigned)cur.attempt, (unsigned)attempt);
+        key_error(err, k, why);
+        rc = -ESTALE;
+        goto out;
+    }
     cur.lease_expires_ms = now_ms;
     cur.expires_ms = add_sat(now_ms, ttl_ms);
     rc = save(st, k, &cur, err);
@@ -614,7 +622,8 @@ out:
 }
 
 int store_release(struct store *st, const char *scope, const char *key,
-                  uint64_t now_ms, uint64_t ttl_ms, struct sc_error *err)
+                  uint32_t attempt, uint64_t now_ms, uint64_t ttl_ms,
+                  struct sc_error *err)
 {
     pthread_mutex_t *lock;
     struct record_key k;
@@ -624,7 +633,7 @@ int store_release(struct store *st, const char *scope, const char *key,
         return rc;
     lock = stripe_of(st, k.buf, k.len);
     pthread_mutex_lock(lock);
-    rc = release_locked(st, &k, now_ms, ttl_ms, err);
+    rc = release_locked(st, &k, attempt, now_ms, ttl_ms, err);
     pthread_mutex_unlock(lock);
     return rc;
 }

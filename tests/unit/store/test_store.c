@@ -270,7 +270,7 @@ Test(store, release_then_acquire_is_attempt_2)
     struct store_record r;
 
     expect_acquired("k", fp_a, t0, 1);
-    cr_assert_eq(store_release(st, SCOPE, "k", t0 + 50, TTL, &err), 0, "%s",
+    cr_assert_eq(store_release(st, SCOPE, "k", 1, t0 + 50, TTL, &err), 0, "%s",
                  err.text);
     cr_assert_eq(get("k", t0 + 50, &r), 0);
     cr_expect_eq(r.state, STORE_IN_PROGRESS);
@@ -288,9 +288,9 @@ Test(store, release_then_acquire_is_attempt_2)
 Test(store, released_count_lasts_ttl)
 {
     expect_acquired("k", fp_a, t0, 1);
-    cr_assert_eq(store_release(st, SCOPE, "k", t0, 1000, &err), 0);
+    cr_assert_eq(store_release(st, SCOPE, "k", 1, t0, 1000, &err), 0);
     expect_acquired("k", fp_a, t0 + 999, 2);
-    cr_assert_eq(store_release(st, SCOPE, "k", t0 + 999, 1000, &err), 0);
+    cr_assert_eq(store_release(st, SCOPE, "k", 2, t0 + 999, 1000, &err), 0);
     expect_acquired("k", fp_a, t0 + 999 + 1000, 1);
 }
 
@@ -306,6 +306,21 @@ Test(store, lapsed_lease_is_taken_over_as_attempt_2)
     cr_expect_eq(r.created_ms, t0);
     store_record_clear(&r);
     expect_acquired("k", fp_a, t0 + 5 * LEASE, 3);
+}
+
+/* A holder that outlived its lease cannot end its successor's: releasing
+ * with the old attempt is refused and the successor still holds the key. */
+Test(store, late_holder_cannot_release_the_successors_lease)
+{
+    struct store_acquire_out out;
+
+    expect_acquired("k", fp_a, t0, 1);
+    expect_acquired("k", fp_a, t0 + LEASE, 2);
+    cr_expect_eq(store_release(st, SCOPE, "k", 1, t0 + LEASE + 1, TTL, &err), -ESTALE);
+    cr_expect(strstr(err.text, "attempt 2 holds the lease") != NULL, "%s", err.text);
+    cr_expect_eq(acquire("k", fp_a, t0 + LEASE + 2, &out), STORE_HELD);
+    cr_expect_eq(store_release(st, SCOPE, "k", 2, t0 + LEASE + 3, TTL, &err), 0);
+    expect_acquired("k", fp_a, t0 + LEASE + 3, 3);
 }
 
 Test(store, in_progress_record_expires_at_lease_plus_ttl)
@@ -331,7 +346,7 @@ Test(store, mismatch_in_every_state)
     expect_claim("k", fp_b, t, STORE_MISMATCH);
     /* released */
     expect_acquired("k", fp_a, t, 2);
-    cr_assert_eq(store_release(st, SCOPE, "k", t, TTL, &err), 0);
+    cr_assert_eq(store_release(st, SCOPE, "k", 2, t, TTL, &err), 0);
     expect_claim("k", fp_b, t, STORE_MISMATCH);
     /* completed */
     expect_acquired("k", fp_a, t, 3);
@@ -408,7 +423,7 @@ Test(store, release_absent_is_enoent_and_completed_is_kept)
     /* -ENOENT is an answer: err is left alone (the proxy logs only
      * failures that carry a message). */
     err.text[0] = '\0';
-    cr_expect_eq(store_release(st, SCOPE, "k", t0, TTL, &err), -ENOENT);
+    cr_expect_eq(store_release(st, SCOPE, "k", 1, t0, TTL, &err), -ENOENT);
     cr_expect_str_empty(err.text);
     cr_expect_eq(store_forget(st, SCOPE, "k", &err), -ENOENT);
     cr_expect_str_empty(err.text);
@@ -416,7 +431,7 @@ Test(store, release_absent_is_enoent_and_completed_is_kept)
     cr_expect_str_empty(err.text);
     expect_acquired("k", fp_a, t0, 1);
     complete_bin("k", t0);
-    cr_expect_eq(store_release(st, SCOPE, "k", t0, TTL, &err), -EALREADY);
+    cr_expect_eq(store_release(st, SCOPE, "k", 1, t0, TTL, &err), -EALREADY);
     cr_assert_eq(get("k", t0, &r), 0);
     expect_bin_result(&r);
     store_record_clear(&r);
@@ -452,7 +467,7 @@ Test(store, invalid_keys_are_einval)
                                &err), -EINVAL);
     cr_expect_eq(store_get(st, "bad/scope", "k", t0, &r, &err), -EINVAL);
     cr_expect(strstr(err.text, "bad/scope"), "%s", err.text);
-    cr_expect_eq(store_release(st, SCOPE, "a\nb", t0, TTL, &err), -EINVAL);
+    cr_expect_eq(store_release(st, SCOPE, "a\nb", 1, t0, TTL, &err), -EINVAL);
     cr_expect_eq(store_forget(st, "", "k", &err), -EINVAL);
     long_key[255] = '\0';
     expect_acquired(long_key, fp_a, t0, 1);
@@ -479,7 +494,7 @@ Test(store, reopen_keeps_every_record)
     expect_acquired("done", fp_a, t0, 1);
     complete_bin("done", t0 + 1);
     expect_acquired("released", fp_a, t0, 1);
-    cr_assert_eq(store_release(st, SCOPE, "released", t0 + 2, TTL, &err), 0);
+    cr_assert_eq(store_release(st, SCOPE, "released", 1, t0 + 2, TTL, &err), 0);
     reopen();
     cr_assert_eq(acquire("held", fp_a, t0 + 10, &out), STORE_HELD);
     cr_expect_eq(out.remaining_ms, LEASE - 10);
@@ -893,7 +908,7 @@ Test(store, unknown_version_is_eproto_everywhere)
                                &out, &err), -EPROTO);
     cr_expect_eq(store_complete(st, SCOPE, "future", t0, TTL, 200, NULL, 0,
                                 NULL, 0, false, &err), -EPROTO);
-    cr_expect_eq(store_release(st, SCOPE, "future", t0, TTL, &err), -EPROTO);
+    cr_expect_eq(store_release(st, SCOPE, "future", 1, t0, TTL, &err), -EPROTO);
     /* The way out: an operator forgets the key. */
     cr_expect_eq(store_forget(st, SCOPE, "future", &err), 0);
     expect_acquired("future", fp_a, t0, 1);
