@@ -208,6 +208,7 @@ struct conn {
 };
 
 static void process_input(struct conn *c);
+static bool hval(const struct req *r, enum hslot s, const char **v, size_t *n);
 
 /* ---- small helpers -------------------------------------------------------------------------- */
 
@@ -640,13 +641,20 @@ static void arrivals_push(struct stub *st, uint64_t now)
     st->arrivals[st->n_arrivals++] = now;
 }
 
-/* A plain request's headers are complete: number it, apply --max-rate, record its arrival. */
+/* A plain request's headers are complete: number it, count it as a call of its key (whatever
+ * its answer: how an experiment sees the most attempts one job used), apply --max-rate, record
+ * its arrival. */
 static void stub_admit(struct stub *st, struct req *r)
 {
     uint64_t now = now_ns();
+    const char *key;
+    size_t key_len;
 
     pthread_mutex_lock(&st->lock);
     r->seq = ++st->n.requests;
+    if (hval(r, H_IKEY, &key, &key_len) && key_len > 0 &&
+        keymap_bump(&st->calls, key, key_len) < 0)
+        warn_oom(st, "calls per key");
     if (st->max_rate > 0 && !bucket_take(st, now)) {
         st->n.rejected++;
     } else {
@@ -1341,28 +1349,10 @@ static void send_rejected(struct conn *c)
     answer_done(c);
 }
 
-/* Every plain request with a key counts as a call of that key, whatever its answer: how an
- * experiment sees the most attempts one job used. */
-static void count_call(struct conn *c)
-{
-    struct stub *st = c->w->st;
-    const char *key;
-    size_t n;
-
-    if (!hval(&c->req, H_IKEY, &key, &n) || n == 0)
-        return;
-    pthread_mutex_lock(&st->lock);
-    if (keymap_bump(&st->calls, key, n) < 0)
-        warn_oom(st, "calls per key");
-    pthread_mutex_unlock(&st->lock);
-}
-
 static void handle_request(struct conn *c)
 {
     struct req *r = &c->req;
 
-    if (!r->control)
-        count_call(c);
     if (r->control) {
         ctl_dispatch(c);
     } else if (!r->accepted) {
