@@ -172,8 +172,12 @@ static void breaker_note(struct exchange *ex, bool failed)
     if (!b->enabled || !ex->bucket || !ps)
         return;
     if (!failed) {
-        atomic_store(&ps->fail_streak, 0);
-        atomic_store(&ps->opens, 0);
+        /* Read first: a store on every success would bounce the line
+         * between threads for nothing. */
+        if (atomic_load(&ps->fail_streak) || atomic_load(&ps->opens)) {
+            atomic_store(&ps->fail_streak, 0);
+            atomic_store(&ps->opens, 0);
+        }
         return;
     }
     if (atomic_fetch_add(&ps->fail_streak, 1) + 1 < b->failures)
