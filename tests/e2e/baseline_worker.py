@@ -4,40 +4,31 @@
 It calls the partner directly and, on a 429 or 5xx, sleeps (Retry-After, else exponential backoff
 with full jitter) and retries in place while holding its slot, up to MAX_ATTEMPTS, then
 dead-letters. Attempts live in the process, so a redelivery after a crash starts counting again.
-Same queue layout and settings as deploy/examples/python/worker.py; PARTNER_URL replaces
-SLUICE_URL, and the seconds spent asleep are added to QUEUE:stats:asleep.
+Same queue and settings as deploy/examples/python/worker.py, whose queue pieces (key names,
+the promotion script, crash recovery) it reuses; PARTNER_URL replaces SLUICE_URL, and the
+seconds spent asleep are added to QUEUE:stats:asleep.
 """
 import http.client
 import json
 import os
 import random
 import signal
-import socket
+import sys
 import threading
 import time
 import urllib.parse
 
 import redis
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "deploy", "examples", "python"))
+from worker import (AFTER_CALL_MS, CONCURRENCY, DELAYED, DLQ, DONE, PROMOTE,  # noqa: E402
+                    QUEUE, READY, REDIS_ADDR, WORKER_ID, recover)
+
 PARTNER_URL = os.environ["PARTNER_URL"]
-REDIS_ADDR = os.environ.get("REDIS_ADDR", "127.0.0.1:6379")
-QUEUE = os.environ.get("QUEUE", "jobs")
-WORKER_ID = os.environ.get("WORKER_ID", socket.gethostname())
-CONCURRENCY = int(os.environ.get("CONCURRENCY", "4"))
-AFTER_CALL_MS = int(os.environ.get("AFTER_CALL_MS", "0"))
 MAX_ATTEMPTS = int(os.environ.get("MAX_ATTEMPTS", "8"))
 BASE_S, CAP_S = 1.0, 60.0
-
-READY, DELAYED, DONE, DLQ = (f"{QUEUE}:{k}" for k in ("ready", "delayed", "done", "dlq"))
 ASLEEP = f"{QUEUE}:stats:asleep"
-PROMOTE = """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
-for _, job in ipairs(due) do
-  redis.call('ZREM', KEYS[1], job)
-  redis.call('RPUSH', KEYS[2], job)
-end
-return #due
-"""
 stopping = threading.Event()
 
 
@@ -85,10 +76,7 @@ def slot(index):
 
 def main():
     host, port = REDIS_ADDR.rsplit(":", 1)
-    r = redis.Redis(host=host, port=int(port))
-    for i in range(CONCURRENCY):
-        while r.lmove(f"{QUEUE}:processing:{WORKER_ID}-{i}", READY, "RIGHT", "RIGHT"):
-            pass
+    recover(redis.Redis(host=host, port=int(port)))
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     threads = [threading.Thread(target=slot, args=(i,)) for i in range(CONCURRENCY)]
     for t in threads:

@@ -70,9 +70,9 @@ class Procs:
         self.logdir, self.live = logdir, []
 
     def start(self, name, argv, env=None, stdout=None):
-        log = open(os.path.join(self.logdir, name + ".log"), "ab")
-        p = subprocess.Popen(argv, env=env, stdout=stdout or log, stderr=log,
-                             start_new_session=True)
+        with open(os.path.join(self.logdir, name + ".log"), "ab") as log:  # the child keeps it
+            p = subprocess.Popen(argv, env=env, stdout=stdout or log, stderr=log,
+                                 start_new_session=True)
         self.live.append(p)
         return p
 
