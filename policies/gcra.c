@@ -56,6 +56,14 @@ void gcra_pause_until(struct gcra *g, uint64_t until)
     raise_tat(g, until + g->tau_ns);
 }
 
+void gcra_resume(struct gcra *g, uint64_t now)
+{
+    uint64_t want = now + g->tau_ns, tat = atomic_load(&g->tat);
+
+    while (tat > want && !atomic_compare_exchange_weak(&g->tat, &tat, want))
+        ;
+}
+
 void gcra_set_empty(struct gcra *g, uint64_t now)
 {
     atomic_store(&g->tat, now + g->t_ns + g->tau_ns);

@@ -36,6 +36,11 @@ void gcra_empty(struct gcra *g, uint64_t now);
  * `until`, then one per T (a 429 with a reset hint). Never moves TAT back. */
 void gcra_pause_until(struct gcra *g, uint64_t until);
 
+/* Ends a pause early (an operator's override): the bucket resumes empty as
+ * if the pause had ended at `now`, one start at once, then one per T. Only
+ * ever moves TAT back; starts already reserved keep their times. */
+void gcra_resume(struct gcra *g, uint64_t now);
+
 /* Starts that could begin at once at `now` (the bucket's tokens, floored),
  * and the ns until the next token when that is 0. For RateLimit headers. */
 uint32_t gcra_available(const struct gcra *g, uint64_t now, uint64_t *next_ns);

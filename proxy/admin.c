@@ -1,17 +1,23 @@
+#define _GNU_SOURCE
 #include "proxy/admin.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 
 #include <jansson.h>
 #include <microhttpd.h>
 #include <openssl/evp.h>
 
+#include "proxy/admin_guard.h"
 #include "proxy/app.h"
+#include "proxy/log.h"
 #include "policies/gcra.h"
 #include "proxy/metrics.h"
 #include "proxy/pacing.h"
@@ -219,34 +225,326 @@ static enum MHD_Result post_reload(struct app *app, struct MHD_Connection *c)
     return reply(c, rc == 0 ? 200 : 400, "text/plain", msg, true);
 }
 
+/* ---- /cooldowns ----------------------------------------------------------- */
+
+struct pause_list {
+    json_t *arr;
+    const char *policy;
+    uint64_t mono_ns, wall_ms;
+};
+
+/* One running pause: `until` in Unix seconds rounded up (never before the
+ * real end), `remaining_ms` rounded up too. */
+static void add_pause(void *arg, const char *partition, uint64_t until,
+                      enum pause_why why)
+{
+    struct pause_list *pl = arg;
+    uint64_t left_ms = (until - pl->mono_ns + 999999) / 1000000;
+    json_t *o = json_object();
+
+    json_object_set_new(o, "policy", json_string(pl->policy));
+    if (partition)
+        json_object_set_new(o, "partition", json_string(partition));
+    json_object_set_new(o, "until", json_integer((json_int_t)((pl->wall_ms + left_ms + 999) / 1000)));
+    json_object_set_new(o, "remaining_ms", json_integer((json_int_t)left_ms));
+    json_object_set_new(o, "why", json_string(pause_why_name(why)));
+    json_array_append_new(pl->arr, o);
+}
+
+static enum MHD_Result get_cooldowns(struct app *app, struct MHD_Connection *c)
+{
+    struct runtime *rt = runtime_acquire(app);
+    struct pause_list pl = {json_array(), NULL, clock_mono_ns(), clock_wall_ms()};
+    json_t *root = json_object();
+    char *text;
+
+    for (size_t i = 0; i < rt->cfg->n_policies; i++) {
+        pl.policy = rt->cfg->policies[i].name;
+        pacing_pauses(rt->pacing.pol[i], pl.mono_ns, add_pause, &pl);
+    }
+    runtime_put(rt);
+    json_object_set_new(root, "cooldowns", pl.arr);
+    text = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    if (!text)
+        return reply(c, 500, "text/plain", "out of memory\n", false);
+    return reply(c, 200, "application/json", text, true);
+}
+
+/* The store first: if it cannot forget the pause, nothing changes and the
+ * operator can retry, rather than a pause ended now coming back at the next
+ * restart. */
+static enum MHD_Result delete_cooldown(struct app *app, struct MHD_Connection *c,
+                                       const char *policy)
+{
+    struct runtime *rt = runtime_acquire(app);
+    long idx = config_policy_index(rt->cfg, policy);
+    struct sc_error err = {0};
+    size_t ended;
+    char *text;
+    int rc;
+
+    if (idx < 0) {
+        runtime_put(rt);
+        return reply(c, 404, "application/json", "{\"error\":\"no such policy\"}\n", false);
+    }
+    rc = store_pause_clear(app->store, policy, &err);
+    if (rc != 0 && rc != -ENOENT) {
+        runtime_put(rt);
+        log_warn("admin: cooldown of policy %s not ended: %s", policy, err.text);
+        return reply(c, 503, "application/json",
+                     "{\"error\":\"idempotency store unavailable: nothing changed\"}\n", false);
+    }
+    ended = pacing_resume(rt->pacing.pol[idx], clock_mono_ns());
+    runtime_put(rt);
+    log_info("admin: cooldown of policy %s ended by an operator (%zu pauses running)",
+             policy, ended);
+    if (asprintf(&text, "{\"policy\":\"%s\",\"ended\":%zu}\n", policy, ended) < 0)
+        return reply(c, 500, "text/plain", "out of memory\n", false);
+    return reply(c, 200, "application/json", text, true);
+}
+
+/* ---- routing ------------------------------------------------------------ */
+
+enum { M_GET = 1, M_POST = 2, M_DELETE = 4 };
+
+struct admin_req {
+    struct app *app;
+    struct MHD_Connection *c;
+    const char *rest;    /* the URL after the endpoint's path */
+    unsigned method;     /* M_*; 0 for any other method */
+};
+
+typedef enum MHD_Result (*endpoint_fn)(struct admin_req *rq);
+
+/* One row per path and method. A path ending in "/" matches everything under
+ * it; `guard` says whether the request needs loopback or the token. */
+struct endpoint {
+    unsigned method;
+    const char *path, *usage, *what;
+    endpoint_fn fn;
+    bool (*guard)(struct admin_req *rq);
+};
+
+static bool always(struct admin_req *rq)
+{
+    return true;
+}
+
+/* A stored body may hold what the partner returned to one job: personal
+ * data, a token. */
+static bool asks_body(struct admin_req *rq)
+{
+    const char *body = MHD_lookup_connection_value(rq->c, MHD_GET_ARGUMENT_KIND, "body");
+
+    return body && strcmp(body, "1") == 0;
+}
+
+static enum MHD_Result ep_index(struct admin_req *rq);
+
+static enum MHD_Result ep_healthz(struct admin_req *rq)
+{
+    return reply(rq->c, 200, "text/plain", "ok\n", false);
+}
+
+static enum MHD_Result ep_readyz(struct admin_req *rq)
+{
+    struct app *app = rq->app;
+
+    if (atomic_load(&app->ready) && !atomic_load(&app->draining) && store_healthy(app->store))
+        return reply(rq->c, 200, "text/plain", "ready\n", false);
+    return reply(rq->c, 503, "text/plain",
+                 atomic_load(&app->draining) ? "draining\n"
+                 : !store_healthy(app->store) ? "idempotency store failing: see the log\n"
+                 : "not ready\n", false);
+}
+
+static enum MHD_Result ep_config(struct admin_req *rq)
+{
+    return get_config(rq->app, rq->c);
+}
+
+static enum MHD_Result ep_metrics(struct admin_req *rq)
+{
+    return get_metrics(rq->app, rq->c);
+}
+
+static enum MHD_Result ep_reload(struct admin_req *rq)
+{
+    return post_reload(rq->app, rq->c);
+}
+
+static enum MHD_Result ep_idem_get(struct admin_req *rq)
+{
+    return idempotency(rq->app, rq->c, rq->rest, false);
+}
+
+static enum MHD_Result ep_idem_delete(struct admin_req *rq)
+{
+    return idempotency(rq->app, rq->c, rq->rest, true);
+}
+
+static enum MHD_Result ep_cooldowns(struct admin_req *rq)
+{
+    return get_cooldowns(rq->app, rq->c);
+}
+
+static enum MHD_Result ep_cooldown_delete(struct admin_req *rq)
+{
+    return delete_cooldown(rq->app, rq->c, rq->rest);
+}
+
+static const struct endpoint endpoints[] = {
+    {M_GET, "/", "/", "this list", ep_index, NULL},
+    {M_GET, "/healthz", "/healthz", "200 while the process runs", ep_healthz, NULL},
+    {M_GET, "/readyz", "/readyz", "200 once the config is loaded and the store open; "
+     "503 while starting or draining", ep_readyz, NULL},
+    {M_GET, "/config", "/config", "the effective config as JSON, secrets redacted",
+     ep_config, NULL},
+    {M_GET, "/metrics", "/metrics", "Prometheus text exposition 0.0.4", ep_metrics, NULL},
+    {M_POST, "/reload", "/reload", "reread the config file, as SIGHUP", ep_reload, always},
+    {M_GET, "/idempotency/", "/idempotency/{policy}/{key}", "a stored record as JSON; "
+     "?body=1 adds body_base64 (guarded)", ep_idem_get, asks_body},
+    {M_DELETE, "/idempotency/", "/idempotency/{policy}/{key}", "forget a record",
+     ep_idem_delete, always},
+    {M_GET, "/cooldowns", "/cooldowns", "running pauses of policies and partitions: "
+     "until (Unix s), remaining_ms, why", ep_cooldowns, NULL},
+    {M_DELETE, "/cooldowns/", "/cooldowns/{policy}", "end a policy's pauses now, "
+     "the one kept in the store too", ep_cooldown_delete, always},
+};
+#define N_ENDPOINTS (sizeof endpoints / sizeof *endpoints)
+
+static const char *method_name(unsigned m)
+{
+    return m == M_GET ? "GET" : m == M_POST ? "POST" : "DELETE";
+}
+
+static enum MHD_Result ep_index(struct admin_req *rq)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+
+    if (!f)
+        return reply(rq->c, 500, "text/plain", "out of memory\n", false);
+    fputs("sluice admin endpoints (* guarded: served on loopback connections only, or\n"
+          "  with Authorization: Bearer <admin_token> once admin_token is set)\n\n", f);
+    for (size_t i = 0; i < N_ENDPOINTS; i++) {
+        const struct endpoint *e = &endpoints[i];
+        fprintf(f, "%-6s %-28s %c %s\n", method_name(e->method), e->usage,
+                e->guard == always ? '*' : ' ', e->what);
+    }
+    if (fclose(f) != 0) {
+        free(buf);
+        return reply(rq->c, 500, "text/plain", "out of memory\n", false);
+    }
+    return reply(rq->c, 200, "text/plain; charset=utf-8", buf, true);
+}
+
+static unsigned method_bit(const char *m)
+{
+    if (!strcmp(m, "GET") || !strcmp(m, "HEAD"))
+        return M_GET;
+    return !strcmp(m, "POST") ? M_POST : !strcmp(m, "DELETE") ? M_DELETE : 0;
+}
+
+/* The rest of url after e's path, or NULL when e does not match it. A
+ * prefix path ("/x/") also stands for itself without the slash only when
+ * no exact row does, which none needs: "/cooldowns" is its own row. */
+static const char *match(const struct endpoint *e, const char *url)
+{
+    size_t n = strlen(e->path);
+
+    if (e->path[n - 1] == '/' && n > 1)
+        return strncmp(url, e->path, n) == 0 ? url + n : NULL;
+    return strcmp(url, e->path) == 0 ? url + n : NULL;
+}
+
+static enum MHD_Result not_allowed(struct MHD_Connection *c, unsigned allowed)
+{
+    static const char *const names[] = {"GET, HEAD", "POST", "DELETE"};
+    char allow[32] = "";
+    size_t used = 0;
+    struct MHD_Response *r;
+    enum MHD_Result rc;
+
+    for (unsigned i = 0; i < 3; i++)
+        if (allowed & (1u << i))
+            used += (size_t)snprintf(allow + used, sizeof allow - used, "%s%s",
+                                     used ? ", " : "", names[i]);
+    r = MHD_create_response_from_buffer(strlen("method not allowed\n"),
+                                        "method not allowed\n", MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Allow", allow);
+    MHD_add_response_header(r, "Content-Type", "text/plain");
+    MHD_add_response_header(r, "Cache-Control", "no-store");
+    rc = MHD_queue_response(c, 405, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
+/* Refusals are logged with the peer: a 403 from the network is either a
+ * misconfigured client or someone probing, and both are worth knowing. */
+static enum MHD_Result forbidden(struct admin_req *rq, const struct endpoint *e,
+                                 enum admin_access a)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(rq->c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    char peer[INET6_ADDRSTRLEN] = "?", *text;
+    const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+
+    if (sa && sa->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, peer, sizeof peer);
+    else if (sa && sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, peer, sizeof peer);
+    /* The endpoint's usage, not the URL: a decoded URL may hold a newline. */
+    log_warn("admin: %s %s from %s refused: %s", method_name(e->method), e->usage, peer,
+             admin_access_why(a));
+    if (asprintf(&text, "{\"error\":\"forbidden\",\"why\":\"%s\"}\n", admin_access_why(a)) < 0)
+        return reply(rq->c, 403, "text/plain", "forbidden\n", false);
+    return reply(rq->c, 403, "application/json", text, true);
+}
+
+static enum admin_access check_access(struct admin_req *rq)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(rq->c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    const char *auth = MHD_lookup_connection_value(rq->c, MHD_HEADER_KIND, "Authorization");
+    struct runtime *rt = runtime_acquire(rq->app);
+    enum admin_access a = admin_peer_trusted(ci ? ci->client_addr : NULL, auth,
+                                             rt->cfg->admin_token);
+
+    runtime_put(rt);
+    return a;
+}
+
+/* Unknown path: 404. Known path, other method: 405 with Allow. Then the
+ * guard, then the endpoint. */
 static enum MHD_Result route_admin(struct app *app, struct MHD_Connection *c,
                                    const char *url, const char *method)
 {
-    bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    struct admin_req rq = {app, c, NULL, method_bit(method)};
+    unsigned allowed = 0;
+    const struct endpoint *hit = NULL;
+    enum admin_access a;
 
-    if (strcmp(url, "/healthz") == 0 && get)
-        return reply(c, 200, "text/plain", "ok\n", false);
-    if (strcmp(url, "/readyz") == 0 && get) {
-        if (atomic_load(&app->ready) && !atomic_load(&app->draining) &&
-            store_healthy(app->store))
-            return reply(c, 200, "text/plain", "ready\n", false);
-        return reply(c, 503, "text/plain",
-                     atomic_load(&app->draining) ? "draining\n"
-                     : !store_healthy(app->store) ? "idempotency store failing: see the log\n"
-                     : "not ready\n", false);
+    for (size_t i = 0; i < N_ENDPOINTS && !hit; i++) {
+        const char *rest = match(&endpoints[i], url);
+        if (!rest)
+            continue;
+        allowed |= endpoints[i].method;
+        if (endpoints[i].method == rq.method) {
+            hit = &endpoints[i];
+            rq.rest = rest;
+        }
     }
-    if (strcmp(url, "/config") == 0 && get)
-        return get_config(app, c);
-    if (strcmp(url, "/metrics") == 0 && get)
-        return get_metrics(app, c);
-    if (strcmp(url, "/reload") == 0 && !strcmp(method, "POST"))
-        return post_reload(app, c);
-    if (strncmp(url, "/idempotency/", 13) == 0 && (get || !strcmp(method, "DELETE")))
-        return idempotency(app, c, url + 13, !get);
-    if (!strcmp(url, "/healthz") || !strcmp(url, "/readyz") ||
-        !strcmp(url, "/config"))
-        return reply(c, 405, "text/plain", "method not allowed\n", false);
-    return reply(c, 404, "text/plain", "not found\n", false);
+    if (!hit)
+        return allowed ? not_allowed(c, allowed)
+                       : reply(c, 404, "text/plain", "not found (GET / lists the endpoints)\n", false);
+    if (hit->guard && hit->guard(&rq) && (a = check_access(&rq)) != ADMIN_ALLOWED)
+        return forbidden(&rq, hit, a);
+    return hit->fn(&rq);
 }
 
 static enum MHD_Result on_admin(void *cls, struct MHD_Connection *c,
@@ -269,18 +567,48 @@ static enum MHD_Result on_admin(void *cls, struct MHD_Connection *c,
     return route_admin(cls, c, url, method);
 }
 
+/* ---- the daemon ----------------------------------------------------------- */
+
+/* Idle admin connections must never starve a probe. A thread per connection
+ * would cost a stack each for hundreds of sockets doing nothing; instead, as
+ * nginx and HAProxy do, one event loop (epoll) holds many connections for
+ * the price of a descriptor and a small buffer each, and a short idle
+ * timeout (their client_header_timeout / timeout http-request and
+ * keep-alive timeouts) reclaims those that sent no complete request or sit
+ * idle after one. MHD has a single inactivity timer, so it serves for all:
+ * an admin answer is produced at once, so a live client never pauses that
+ * long. The limit is high enough for hundreds held open, yet a quarter of
+ * the descriptor limit at most, so the admin port cannot eat the workers'. */
+#define ADMIN_MAX_CONNS 1024u
+#define ADMIN_MIN_CONNS 64u
+#define ADMIN_IDLE_TIMEOUT_S 10u
+#define ADMIN_BACKLOG 512
+
+static unsigned admin_conn_limit(void)
+{
+    struct rlimit rl;
+    rlim_t quarter;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return ADMIN_MAX_CONNS;
+    quarter = rl.rlim_cur / 4;
+    if (quarter < ADMIN_MIN_CONNS)
+        return ADMIN_MIN_CONNS;
+    return quarter > ADMIN_MAX_CONNS ? ADMIN_MAX_CONNS : (unsigned)quarter;
+}
+
 struct MHD_Daemon *admin_start(struct app *app, struct sc_error *err)
 {
     struct MHD_Daemon *d;
-    int fd = server_listen(&app->fixed.admin, 64, err);
+    int fd = server_listen(&app->fixed.admin, ADMIN_BACKLOG, err);
 
     if (fd < 0)
         return NULL;
     d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL, 0,
                          NULL, NULL, on_admin, app,
                          MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
-                         MHD_OPTION_CONNECTION_LIMIT, 64u,
-                         MHD_OPTION_CONNECTION_TIMEOUT, 30u,
+                         MHD_OPTION_CONNECTION_LIMIT, admin_conn_limit(),
+                         MHD_OPTION_CONNECTION_TIMEOUT, ADMIN_IDLE_TIMEOUT_S,
                          MHD_OPTION_END);
     if (!d) {
         sc_error_set(err, "cannot start the admin server on %s:%u",

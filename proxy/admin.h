@@ -1,6 +1,8 @@
-/* The admin listener (SPEC section 7), never on the worker port: health,
- * readiness and the effective config. It runs its own small thread, so a
- * scrape or a slow admin client never touches the request loops. */
+/* The admin listener, never on the worker port: health, readiness, the
+ * effective config, metrics, reload, idempotency records and cooldowns (GET /
+ * lists them). It runs its own small thread, so a scrape or a slow admin
+ * client never touches the request loops; requests that change state are
+ * guarded (admin_guard.h). */
 #ifndef SLUICE_PROXY_ADMIN_H
 #define SLUICE_PROXY_ADMIN_H
 

@@ -129,15 +129,78 @@ void pacing_free(struct pacing *pc)
     memset(pc, 0, sizeof *pc);
 }
 
-void bucket_pause(struct bucket *b, uint64_t now, uint64_t until)
+void bucket_pause(struct bucket *b, uint64_t now, uint64_t until,
+                  enum pause_why why)
 {
     uint64_t cur = atomic_load(&b->cooldown_until);
 
     gcra_empty(&b->g, now);
     gcra_pause_until(&b->g, until);
-    while (cur < until &&
-           !atomic_compare_exchange_weak(&b->cooldown_until, &cur, until))
-        ;
+    while (cur < until) {
+        if (atomic_compare_exchange_weak(&b->cooldown_until, &cur, until)) {
+            atomic_store(&b->cooldown_why, (int)why);
+            break;
+        }
+    }
+}
+
+const char *pause_why_name(enum pause_why why)
+{
+    switch (why) {
+    case PAUSE_UPSTREAM_429: return "upstream_429";
+    case PAUSE_BREAKER: return "breaker";
+    case PAUSE_RESTORED: return "restored";
+    default: return "unknown";
+    }
+}
+
+static void report_pause(struct bucket *b, uint64_t now, const char *partition,
+                         pause_fn fn, void *arg)
+{
+    uint64_t until = atomic_load(&b->cooldown_until);
+
+    if (until > now)
+        fn(arg, partition, until, (enum pause_why)atomic_load(&b->cooldown_why));
+}
+
+void pacing_pauses(struct policy_state *ps, uint64_t now, pause_fn fn, void *arg)
+{
+    struct partition *p;
+
+    if (!ps->has_bucket)
+        return;
+    report_pause(&ps->bucket, now, NULL, fn, arg);
+    pthread_mutex_lock(&ps->mu);
+    TAILQ_FOREACH(p, &ps->lru, lru)
+        report_pause(&p->b, now, p->name, fn, arg);
+    pthread_mutex_unlock(&ps->mu);
+}
+
+/* The clock of the pause goes first: a request that reads it as over while
+ * TAT still holds the pause only waits, never sends early. */
+static bool bucket_resume(struct bucket *b, uint64_t now)
+{
+    uint64_t until = atomic_exchange(&b->cooldown_until, 0);
+
+    if (until <= now)
+        return false;
+    gcra_resume(&b->g, now);
+    return true;
+}
+
+size_t pacing_resume(struct policy_state *ps, uint64_t now)
+{
+    struct partition *p;
+    size_t n;
+
+    if (!ps->has_bucket)
+        return 0;
+    n = bucket_resume(&ps->bucket, now);
+    pthread_mutex_lock(&ps->mu);
+    TAILQ_FOREACH(p, &ps->lru, lru)
+        n += bucket_resume(&p->b, now);
+    pthread_mutex_unlock(&ps->mu);
+    return n;
 }
 
 struct policy_state *pacing_policy(struct pacing *pc, long idx)
@@ -219,6 +282,7 @@ static struct bucket *partition_get(struct policy_state *ps, const char *name,
         gcra_set_empty(&p->b.sent, now);
     }
     atomic_store(&p->b.cooldown_until, 0);
+    atomic_store(&p->b.cooldown_why, PAUSE_NONE);
     p->next = ps->table[slot];
     ps->table[slot] = p;
     TAILQ_INSERT_HEAD(&ps->lru, p, lru);

@@ -16,6 +16,11 @@
 
 struct event;
 
+/* Why a bucket is paused, for GET /cooldowns. A pause put back from the
+ * store after a restart is `restored`: the store keeps its end, not its
+ * cause. */
+enum pause_why { PAUSE_NONE = 0, PAUSE_UPSTREAM_429, PAUSE_BREAKER, PAUSE_RESTORED };
+
 /* A bucket and the cooldown an upstream imposed on it. `g` reserves start
  * times in arrival order (and decides max_wait); `sent`, with the same
  * numbers, is checked again at the moment a request is really handed to the
@@ -27,6 +32,7 @@ struct bucket {
     struct gcra g;
     struct gcra sent;
     _Atomic uint64_t cooldown_until; /* monotonic ns; 0 = none */
+    _Atomic int cooldown_why;        /* enum pause_why of the latest pause */
 };
 
 /* A request waiting for a concurrency slot. Owned by its exchange; the
@@ -77,9 +83,24 @@ void pacing_free(struct pacing *pc);
 void pacing_state_put(struct policy_state *ps);
 
 /* An upstream asked for nothing before `until` (monotonic ns): the bucket is
- * emptied and paused until then, so it resumes empty (SPEC section 4). A
- * later moment wins over an earlier one. */
-void bucket_pause(struct bucket *b, uint64_t now, uint64_t until);
+ * emptied and paused until then, so it resumes empty. A later moment wins
+ * over an earlier one, and so does its `why`. */
+void bucket_pause(struct bucket *b, uint64_t now, uint64_t until,
+                  enum pause_why why);
+
+/* "upstream_429", "breaker" or "restored". */
+const char *pause_why_name(enum pause_why why);
+
+/* Calls fn for each pause of ps still running at now (monotonic ns): the
+ * policy's own bucket (partition NULL), then its partitions'. Partitions are
+ * walked under the policy's lock: fn must not call into pacing. */
+typedef void (*pause_fn)(void *arg, const char *partition, uint64_t until,
+                         enum pause_why why);
+void pacing_pauses(struct policy_state *ps, uint64_t now, pause_fn fn, void *arg);
+
+/* Ends every pause of ps (its bucket's and its partitions') at now; each
+ * resumes empty. Returns how many were running. */
+size_t pacing_resume(struct policy_state *ps, uint64_t now);
 
 /* The state for a route's policy index (-1 = default). */
 struct policy_state *pacing_policy(struct pacing *pc, long idx);

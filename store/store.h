@@ -126,6 +126,10 @@ int store_pause_set(struct store *st, const char *scope, uint64_t now_ms,
 int store_pause_get(struct store *st, const char *scope, uint64_t now_ms,
                     uint64_t *until_ms, struct sc_error *err);
 
+/* Deletes scope's pause (an operator ended it: a restart must not bring it
+ * back). -ENOENT when there is none; another negative code with err. */
+int store_pause_clear(struct store *st, const char *scope, struct sc_error *err);
+
 /* False once a write has failed (a full disk, an I/O error): from then on
  * every write is refused until the process restarts; reads still work. */
 bool store_healthy(struct store *st);

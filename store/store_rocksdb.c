@@ -744,6 +744,21 @@ int store_pause_get(struct store *st, const char *scope, uint64_t now_ms,
     return 0;
 }
 
+int store_pause_clear(struct store *st, const char *scope, struct sc_error *err)
+{
+    pthread_mutex_t *lock;
+    struct record_key k;
+    int rc;
+
+    if ((rc = pause_key(&k, scope, err)) != 0)
+        return rc;
+    lock = stripe_of(st, k.buf, k.len);
+    pthread_mutex_lock(lock);
+    rc = forget_locked(st, &k, err);
+    pthread_mutex_unlock(lock);
+    return rc;
+}
+
 /* ---- sweep ---- */
 
 struct sweep {

@@ -9,6 +9,7 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -597,4 +598,75 @@ Test(pacing_partitions, reload_carries_unchanged_policies_over)
                   "burst changed: a new state");
     pacing_free(&next);
     config_free(cfg2);
+}
+
+/* ---- pauses, as the admin listener reads and ends them ------------------------ */
+
+struct seen {
+    int n;
+    char part[4][8];
+    uint64_t until[4];
+    enum pause_why why[4];
+};
+
+static void note_pause(void *arg, const char *partition, uint64_t until,
+                       enum pause_why why)
+{
+    struct seen *s = arg;
+
+    cr_assert_lt(s->n, 4);
+    snprintf(s->part[s->n], sizeof s->part[0], "%s", partition ? partition : "-");
+    s->until[s->n] = until;
+    s->why[s->n++] = why;
+}
+
+TestSuite(pacing_pauses, .init = setup, .fini = teardown);
+
+Test(pacing_pauses, running_pauses_are_listed_with_their_cause)
+{
+    struct policy_state *ps = policy("tenant");
+    struct bucket *a = pacing_bucket(ps, "a", NOW0), *b = pacing_bucket(ps, "b", NOW0);
+    struct seen s = {0};
+
+    bucket_pause(&ps->bucket, NOW0, NOW0 + 5 * SEC, PAUSE_UPSTREAM_429);
+    bucket_pause(a, NOW0, NOW0 + 2 * SEC, PAUSE_BREAKER);
+    bucket_pause(b, NOW0, NOW0 + SEC, PAUSE_UPSTREAM_429);
+    pacing_pauses(ps, NOW0 + SEC, note_pause, &s); /* b's has just ended */
+    cr_assert_eq(s.n, 2);
+    cr_expect_str_eq(s.part[0], "-");
+    cr_expect_eq(s.until[0], NOW0 + 5 * SEC);
+    cr_expect_eq(s.why[0], PAUSE_UPSTREAM_429);
+    cr_expect_str_eq(s.part[1], "a");
+    cr_expect_eq(s.why[1], PAUSE_BREAKER);
+    cr_expect_str_eq(pause_why_name(PAUSE_BREAKER), "breaker");
+    cr_expect_str_eq(pause_why_name(PAUSE_UPSTREAM_429), "upstream_429");
+    /* The later moment wins, and with it its cause. */
+    bucket_pause(&ps->bucket, NOW0, NOW0 + 9 * SEC, PAUSE_BREAKER);
+    bucket_pause(&ps->bucket, NOW0, NOW0 + 3 * SEC, PAUSE_UPSTREAM_429);
+    s.n = 0;
+    pacing_pauses(ps, NOW0 + SEC, note_pause, &s);
+    cr_expect_eq(s.until[0], NOW0 + 9 * SEC);
+    cr_expect_eq(s.why[0], PAUSE_BREAKER);
+}
+
+Test(pacing_pauses, resume_ends_them_and_the_bucket_restarts_empty)
+{
+    struct policy_state *ps = policy("tenant"); /* 10/s burst 3 */
+    struct bucket *a = pacing_bucket(ps, "a", NOW0);
+    struct seen s = {0};
+
+    bucket_pause(&ps->bucket, NOW0, NOW0 + 60 * SEC, PAUSE_UPSTREAM_429);
+    bucket_pause(a, NOW0, NOW0 + 60 * SEC, PAUSE_UPSTREAM_429);
+    cr_expect_not(try_now(&ps->bucket, NOW0 + SEC));
+    cr_expect_eq(pacing_resume(ps, NOW0 + SEC), 2);
+    pacing_pauses(ps, NOW0 + SEC, note_pause, &s);
+    cr_expect_eq(s.n, 0);
+    cr_expect_eq(atomic_load(&ps->bucket.cooldown_until), 0);
+    /* one start at once, then one per T: empty, not full */
+    cr_expect(try_now(&ps->bucket, NOW0 + SEC));
+    cr_expect_not(try_now(&ps->bucket, NOW0 + SEC));
+    cr_expect(try_now(&ps->bucket, NOW0 + SEC + T_10));
+    cr_expect(try_now(a, NOW0 + SEC));
+    cr_expect_eq(pacing_resume(ps, NOW0 + 2 * SEC), 0, "nothing left to end");
+    cr_expect_eq(pacing_resume(policy("slots"), NOW0), 0, "no bucket, no pause");
 }

@@ -977,6 +977,23 @@ Test(store, pause_set_get_later_wins_and_expires)
     cr_expect_eq(until, t0 + 9000);
 }
 
+/* An operator ended the pause: a reopened store does not bring it back. */
+Test(store, pause_cleared_stays_cleared)
+{
+    uint64_t until;
+
+    cr_expect_eq(store_pause_clear(st, SCOPE, &err), -ENOENT);
+    cr_assert_eq(store_pause_set(st, SCOPE, t0, t0 + 5000, &err), 0, "%s", err.text);
+    cr_assert_eq(store_pause_set(st, "other", t0, t0 + 5000, &err), 0, "%s", err.text);
+    cr_assert_eq(store_pause_clear(st, SCOPE, &err), 0, "%s", err.text);
+    cr_expect_eq(store_pause_get(st, SCOPE, t0 + 1, &until, &err), -ENOENT);
+    cr_expect_eq(store_pause_clear(st, SCOPE, &err), -ENOENT);
+    cr_expect_eq(store_pause_clear(st, "bad scope", &err), -EINVAL);
+    reopen();
+    cr_expect_eq(store_pause_get(st, SCOPE, t0 + 1, &until, &err), -ENOENT);
+    cr_expect_eq(store_pause_get(st, "other", t0 + 1, &until, &err), 0, "only its own");
+}
+
 Test(store, pause_is_apart_from_every_idempotency_key)
 {
     struct store_record r;
