@@ -161,6 +161,9 @@ struct sc_config {
     char *file;               /* path it was loaded from */
     struct sc_addr listen;    /* default 127.0.0.1:8080 */
     struct sc_addr admin;     /* default 127.0.0.1:9901 */
+    /* Bearer token for the admin requests that change state or reveal
+     * stored bodies; "" (default): those are served to loopback peers only. */
+    char *admin_token;
     uint32_t threads;         /* 0 = one per core (resolved at start) */
     struct {
         enum sc_backend backend;
@@ -174,6 +177,7 @@ struct sc_config {
         uint64_t max_body;        /* default 8MiB */
         uint64_t max_header;      /* default 16KiB */
         uint32_t max_connections; /* default 4096 */
+        uint64_t header_timeout_ms;/* default 10s: whole request head */
         uint64_t drain_timeout_ms;/* default 10s */
     } limits;
     struct {

@@ -47,6 +47,13 @@ struct cfg_name {
 
 struct cfg_block;
 
+/* How much of a CT_STRING the JSON view (GET /config) hides. */
+enum cfg_secret {
+    CFG_PUBLIC = 0,     /* shown as is */
+    CFG_SECRET_URL,     /* a URL: the password of its userinfo is redacted */
+    CFG_SECRET_WHOLE,   /* redacted whole when not empty ("" shows it is off) */
+};
+
 /* Offsets of optional fields are stored plus one, so that 0 (what an omitted
  * designated initializer gives) means "none". */
 #define CFG_OPT(off) ((off) + 1)
@@ -67,7 +74,7 @@ struct cfg_key {
     size_t flag_off;              /* CFG_OPT(bool) set when the key is given */
     bool required;
     bool nonempty;                /* lists and collections */
-    bool secret;                  /* CT_STRING URL: password hidden in JSON */
+    enum cfg_secret secret;       /* CT_STRING: what the JSON view hides */
 };
 
 struct cfg_loader;

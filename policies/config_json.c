@@ -13,7 +13,8 @@
  * One form for all values, and the one operators write, so the JSON can be
  * compared with sidecar.yaml by eye and, being YAML too, loads back as a
  * config. Secrets: every upstream header value is "<redacted>", and so is
- * the password in store.url (redis://user:<redacted>@host). */
+ * the password in store.url (redis://user:<redacted>@host), and so is a
+ * non-empty admin_token. */
 #define _GNU_SOURCE
 #include "policies/config.h"
 #include "policies/config_internal.h"
@@ -61,8 +62,10 @@ static json_t *emit_string(const struct cfg_key *k, const void *obj,
 
     if (!s)
         return json_null();
-    if (!k->secret)
+    if (k->secret == CFG_PUBLIC || (k->secret == CFG_SECRET_WHOLE && !*s))
         return json_string(s);
+    if (k->secret == CFG_SECRET_WHOLE)
+        return json_string(REDACTED);
     red = redact_url(s);
     j = red ? json_string(red) : NULL;
     free(red);

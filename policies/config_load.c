@@ -59,16 +59,40 @@ static struct sc_pos pos_of(const yaml_node_t *n)
     return p;
 }
 
+/* Control characters of s (a value quoted in a message may hold a newline:
+ * a block scalar, an escaped "\n") written as C escapes, so that every
+ * message is one line: tools read --check-config output line by line. */
+static void one_line(const char *s, char *out, size_t len)
+{
+    static const char esc[] = "\a\b\t\n\v\f\r";
+    size_t used = 0;
+
+    for (; *s && used + 5 < len; s++) {
+        unsigned char c = (unsigned char)*s;
+        const char *e = c && c < ' ' ? strchr(esc, c) : NULL;
+
+        if (e)
+            used += (size_t)snprintf(out + used, len - used, "\\%c",
+                                     "abtnvfr"[e - esc]);
+        else if (c < ' ' || c == 0x7f)
+            used += (size_t)snprintf(out + used, len - used, "\\x%02x", c);
+        else
+            out[used++] = (char)c;
+    }
+    out[used] = '\0';
+}
+
 __attribute__((format(printf, 3, 4)))
 static void err_at(struct cfg_loader *lc, struct sc_pos p, const char *fmt, ...)
 {
-    char text[SC_ERROR_TEXT_MAX];
+    char text[SC_ERROR_TEXT_MAX], line[SC_ERROR_TEXT_MAX];
     va_list ap;
 
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    if (sc_errors_add(lc->errs, lc->file, p.line, p.col, "%s", text) != 0)
+    one_line(text, line, sizeof line);
+    if (sc_errors_add(lc->errs, lc->file, p.line, p.col, "%s", line) != 0)
         lc->oom = true;
 }
 
@@ -466,7 +490,12 @@ static void text_string(struct cfg_loader *lc, const struct cfg_key *k,
     char why[160] = "";
 
     if (k->valid && !k->valid(s, why, sizeof why)) {
-        err_val(lc, at, "invalid value \"%s\" (%s)", s, why);
+        /* A secret is never echoed: errors end up in logs and in the
+         * answer to POST /reload. */
+        if (k->secret == CFG_SECRET_WHOLE)
+            err_val(lc, at, "invalid value (%s)", why);
+        else
+            err_val(lc, at, "invalid value \"%s\" (%s)", s, why);
         return;
     }
     set_string(lc, CFG_FIELD(obj, k->off), s);
@@ -1364,6 +1393,19 @@ static bool valid_statsd(const char *s, char *why, size_t wlen)
     return false;
 }
 
+/* The token travels in an Authorization header after "Bearer ": a space or
+ * a control character could never be sent back intact. */
+static bool valid_admin_token(const char *s, char *why, size_t wlen)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s <= ' ' || *s == 0x7f) {
+            snprintf(why, wlen, "a bearer token has no spaces or control "
+                     "characters");
+            return false;
+        }
+    return true;
+}
+
 static bool valid_redis_url(const char *s, char *why, size_t wlen)
 {
     if (!*s || !strncmp(s, "redis://", 8) || !strncmp(s, "rediss://", 9))
@@ -1386,10 +1428,13 @@ static void check_store(struct cfg_loader *lc, void *obj,
 {
     const struct sc_config *cfg = obj;
 
-    if (cfg->store.backend == SC_BACKEND_REDIS && cfg->store.url &&
-        !*cfg->store.url)
-        err_sub(lc, pos_of(vals[SK_BACKEND]), "backend", "redis needs "
-                "store.url, such as redis://10.0.0.5:6379/0");
+    /* Refused here rather than at start, so that --check-config and a reload
+     * say it before a deploy does. The keys of the Redis store stay in the
+     * schema (parsed, bounded) for the day fleet mode lands. */
+    if (cfg->store.backend == SC_BACKEND_REDIS)
+        err_sub(lc, pos_of(vals[SK_BACKEND]), "backend", "\"redis\" is not "
+                "available yet (fleet mode is not built in this version); use "
+                "rocksdb, the default");
 }
 
 enum { TK_VERIFY, TK_CA_FILE };
@@ -1623,7 +1668,7 @@ static const struct cfg_key store_keys[] = {
                  .valid = valid_nonempty},
     [SK_SYNC] = {"sync", CT_BOOL, CF(store.sync), .def = "false"},
     [SK_URL] = {"url", CT_STRING, CF(store.url), .def = "",
-                .valid = valid_redis_url, .secret = true},
+                .valid = valid_redis_url, .secret = CFG_SECRET_URL},
     [SK_KEY_PREFIX] = {"key_prefix", CT_STRING, CF(store.key_prefix),
                        .def = "sluice:"},
     [SK_FLEET_SIZE] = {"fleet_size", CT_U32, CF(store.fleet_size), .def = "1",
@@ -1639,6 +1684,10 @@ static const struct cfg_key limits_keys[] = {
      .min = "1KiB", .max = "1MiB"},
     {"max_connections", CT_U32, CF(limits.max_connections), .def = "4096",
      .min = "1"},
+    /* A head that trickles in (slowloris) holds a connection and its pool;
+     * 0 would turn the defence off, so it is refused. */
+    {"header_timeout", CT_DURATION, CF(limits.header_timeout_ms), .def = "10s",
+     .min = "1ms"},
     {"drain_timeout", CT_DURATION, CF(limits.drain_timeout_ms), .def = "10s"},
 };
 FITS(limits_keys);
@@ -1804,6 +1853,8 @@ static const struct cfg_block route_block = {
 static const struct cfg_key root_keys[] = {
     {"listen", CT_ADDR, CF(listen), .def = "127.0.0.1:8080"},
     {"admin", CT_ADDR, CF(admin), .def = "127.0.0.1:9901"},
+    {"admin_token", CT_STRING, CF(admin_token), .def = "",
+     .valid = valid_admin_token, .secret = CFG_SECRET_WHOLE},
     {"threads", CT_U32, CF(threads), .def = "0", .max = "256"},
     {"store", CT_BLOCK, 0, .block = &store_block},
     {"limits", CT_BLOCK, 0, .block = &limits_block},
