@@ -33,6 +33,7 @@ const char *http_status_text(int status)
     case 200: return "OK";
     case 400: return "Bad Request";
     case 404: return "Not Found";
+    case 408: return "Request Timeout";
     case 409: return "Conflict";
     case 413: return "Content Too Large";
     case 422: return "Unprocessable Content";

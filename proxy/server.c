@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <event2/dns.h>
@@ -18,6 +19,8 @@
 #include "proxy/app.h"
 #include "proxy/exchange.h"
 #include "proxy/log.h"
+#include "proxy/problem.h"
+#include "proxy/runtime.h"
 #include "proxy/upstream.h"
 
 /* Idle keep-alive connections from workers are closed after this, like
@@ -95,15 +98,163 @@ static void mhd_logger(void *cls, const char *fmt, va_list ap)
     log_debug("http server: %s", msg);
 }
 
-/* Counts worker connections for max_connections; the accept path adds,
- * this callback takes away when MHD closes one. */
+/* ---- the request head clock (limits.header_timeout) ---------------------- */
+
+/* One per worker connection, MHD's socket context. MHD's own connection
+ * timeout restarts with every byte, so a head sent a byte at a time would
+ * hold a connection for ever; this clock does not restart. */
+struct conn {
+    struct worker *w;
+    struct MHD_Connection *mc;
+    struct event *head_timer;   /* pending while a request head is incomplete */
+    struct timeval head_timeout;
+    bool timed_out;             /* answered 408: the connection is closing */
+};
+
+static struct conn *conn_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *i =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+
+    return i ? i->socket_context : NULL;
+}
+
+/* A problem+json answer written straight to the socket, for the moments
+ * MHD offers no way to queue one (no request, or a head still arriving).
+ * Nothing else is being written then, and an answer this small fits an
+ * empty socket buffer, so one non-blocking send does. */
+static void send_raw_problem(int fd, int status, enum reason r, const char *detail)
+{
+    size_t blen = 0;
+    char *body = problem_json(status, r, detail, &blen), head[256];
+    int hlen;
+
+    if (!body)
+        return;
+    hlen = snprintf(head, sizeof head,
+                    "HTTP/1.1 %d %s\r\nContent-Type: application/problem+json\r\n"
+                    "Sluice-Outcome: rejected\r\nConnection: close\r\n"
+                    "Content-Length: %zu\r\n\r\n",
+                    status, http_status_text(status), blen);
+    if (hlen > 0 && (size_t)hlen < sizeof head) {
+        struct iovec v[2] = {{head, (size_t)hlen}, {body, blen}};
+        struct msghdr m = {.msg_iov = v, .msg_iovlen = 2};
+        if (sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+            log_debug("http server: cannot send a %d: %s", status, strerror(errno));
+    }
+    free(body);
+}
+
+static void count_rejected(struct worker *w, enum reason r)
+{
+    struct runtime *rt = runtime_acquire(w->app);
+    const struct metrics_ids *ids = &rt->ids;
+
+    metrics_add(&w->app->metrics.shards[w->idx],
+                ids->requests[(ids->n_routes * OUT__COUNT + OUT_REJECTED) * R__COUNT + r], 1);
+    runtime_put(rt);
+}
+
+static void on_head_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    struct conn *cn = arg;
+    const union MHD_ConnectionInfo *i =
+        MHD_get_connection_info(cn->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    char detail[96];
+    long ms = cn->head_timeout.tv_sec * 1000L + cn->head_timeout.tv_usec / 1000;
+
+    cn->timed_out = true;
+    if (!i)
+        return;
+    snprintf(detail, sizeof detail,
+             "the request head was not complete within limits.header_timeout (%ld ms)", ms);
+    /* MHD may be sending its own error answer to a slow reader: no second
+     * answer into the middle of it, only the close. */
+    if (!MHD_get_connection_info(cn->mc, MHD_CONNECTION_INFO_HTTP_STATUS))
+        send_raw_problem(i->connect_fd, 408, R_TIMEOUT, detail);
+    /* MHD has no call to drop a connection: with the socket shut down, its
+     * next read sees the end and it closes and forgets the connection. */
+    shutdown(i->connect_fd, SHUT_RDWR);
+    log_info("request head not complete after %ld ms: 408, connection closed", ms);
+    count_rejected(cn->w, R_TIMEOUT);
+    worker_kick(cn->w);
+}
+
+static struct conn *conn_new(struct worker *w, struct MHD_Connection *c)
+{
+    struct conn *cn = calloc(1, sizeof *cn);
+    struct runtime *rt;
+    uint64_t ms;
+
+    if (!cn)
+        return NULL;
+    cn->w = w;
+    cn->mc = c;
+    cn->head_timer = evtimer_new(w->base, on_head_timeout, cn);
+    if (!cn->head_timer) {
+        free(cn);
+        return NULL;
+    }
+    /* Read per connection, so a reload applies to the connections after it. */
+    rt = runtime_acquire(w->app);
+    ms = rt->cfg->limits.header_timeout_ms;
+    runtime_put(rt);
+    cn->head_timeout.tv_sec = (time_t)(ms / 1000);
+    cn->head_timeout.tv_usec = (suseconds_t)(ms % 1000) * 1000;
+    /* The first head's clock runs from the accept, as nginx's
+     * client_header_timeout: a silent new connection is a slow head too. */
+    evtimer_add(cn->head_timer, &cn->head_timeout);
+    return cn;
+}
+
+static void conn_free(struct conn *cn)
+{
+    if (!cn)
+        return;
+    event_free(cn->head_timer);
+    free(cn);
+}
+
+void conn_head_begun(struct MHD_Connection *c)
+{
+    struct conn *cn = conn_of(c);
+
+    /* On a reused connection MHD reports nothing before the request line is
+     * complete: the clock starts there. A timer add is a heap insert, no
+     * system call. */
+    if (cn && !evtimer_pending(cn->head_timer, NULL))
+        evtimer_add(cn->head_timer, &cn->head_timeout);
+}
+
+bool conn_head_done(struct MHD_Connection *c)
+{
+    struct conn *cn = conn_of(c);
+
+    if (!cn)
+        return true;
+    evtimer_del(cn->head_timer);
+    return !cn->timed_out;
+}
+
+/* Counts worker connections for max_connections (the accept path adds,
+ * the close takes away) and gives each its head clock. */
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx,
                           enum MHD_ConnectionNotificationCode code)
 {
     struct worker *w = cls;
 
-    if (code == MHD_CONNECTION_NOTIFY_CLOSED)
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        *socket_ctx = conn_new(w, c);
+        /* Without it the connection still works, only without the clock. */
+        if (!*socket_ctx)
+            log_warn("out of memory: a worker connection runs without header_timeout");
+        return;
+    }
+    if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        conn_free(*socket_ctx);
+        *socket_ctx = NULL;
         atomic_fetch_sub(&w->app->conns, 1);
+    }
 }
 
 static struct MHD_Daemon *mhd_start(struct worker *w)
@@ -122,7 +273,10 @@ static struct MHD_Daemon *mhd_start(struct worker *w)
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)WORKER_IDLE_TIMEOUT_S,
-        MHD_OPTION_STRICT_FOR_CLIENT, 1,
+        /* Not 1: at 1 MHD closes on a space in the target without a word
+         * and answers a missing Host itself in HTML; sluice checks both,
+         * stricter, and answers with a problem (exchange.c, check_head). */
+        MHD_OPTION_STRICT_FOR_CLIENT, 0,
         MHD_OPTION_EXTERNAL_LOGGER, mhd_logger, w,
         MHD_OPTION_END);
 }

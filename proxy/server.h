@@ -61,6 +61,15 @@ void worker_stop(struct worker *w);
  * MHD_resume_connection, which does not wake an external-epoll loop. */
 void worker_kick(struct worker *w);
 
+/* The request head clock of a worker connection (limits.header_timeout):
+ * conn_head_begun starts it when a request line arrives on a reused
+ * connection (a new connection's runs from its accept); conn_head_done stops
+ * it when the head is complete, and is false when it already ran out (the
+ * connection got a 408 and is closing). Loop thread only. */
+struct MHD_Connection;
+void conn_head_begun(struct MHD_Connection *c);
+bool conn_head_done(struct MHD_Connection *c);
+
 /* Thread-safe commands for the drain sequence. */
 void worker_quiesce(struct worker *w);
 void worker_abort_inflight(struct worker *w);
