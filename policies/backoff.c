@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "policies/backoff.h"
+#include "policies/sfv.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -89,25 +90,45 @@ int hint_retry_after(const char *v, uint64_t now_wall_ms, uint64_t *delay_ms)
     return 0;
 }
 
+/* Per item of a RateLimit list: its r (quota left) and t (reset seconds). */
+struct rl_scan {
+    bool has_r, has_t, found;
+    int64_t r, t;
+    uint64_t best;
+};
+
+static void rl_param(void *arg, size_t item, const char *key, size_t klen,
+                     bool is_int, int64_t value)
+{
+    struct rl_scan *s = arg;
+
+    if (!key) {
+        /* Only an exhausted quota explains a 429; one with quota left (a
+         * daily budget next to an empty per-second one) says nothing. */
+        if (s->has_r && s->r == 0 && s->has_t && s->t >= 0) {
+            uint64_t t = (uint64_t)s->t > HINT_MAX_S ? HINT_MAX_S : (uint64_t)s->t;
+            s->found = true;
+            s->best = t > s->best ? t : s->best;
+        }
+        s->has_r = s->has_t = false;
+        return;
+    }
+    if (klen == 1 && key[0] == 'r' && is_int) {
+        s->has_r = true;
+        s->r = value;
+    } else if (klen == 1 && key[0] == 't' && is_int) {
+        s->has_t = true;
+        s->t = value;
+    }
+}
+
 int hint_ratelimit_t(const char *v, uint64_t *delay_ms)
 {
-    bool found = false;
-    uint64_t best = 0;
+    struct rl_scan s = {0};
 
-    for (const char *p = v; (p = strstr(p, "t=")); p += 2) {
-        uint64_t s;
-        /* a parameter named exactly "t", not the tail of another name */
-        if (p != v && p[-1] != ';' && p[-1] != ' ' && p[-1] != ',')
-            continue;
-        if (parse_seconds(p + 2, &s) != 0)
-            continue;
-        found = true;
-        if (s > best)
-            best = s;
-    }
-    if (!found)
+    if (sfv_list_walk(v, rl_param, &s) != 0 || !s.found)
         return -EINVAL;
-    *delay_ms = best * 1000;
+    *delay_ms = s.best * 1000;
     return 0;
 }
 

@@ -14,7 +14,9 @@
  * asctime). A date in the past is 0. 0 or -EINVAL for a malformed value. */
 int hint_retry_after(const char *v, uint64_t now_wall_ms, uint64_t *delay_ms);
 
-/* The largest t= parameter (seconds) in a draft RateLimit header. */
+/* The draft RateLimit header, read as an RFC 8941 List: the largest t=
+ * (seconds) among the items whose r= is 0, the exhausted quotas. -EINVAL
+ * when the List is malformed or no item is exhausted. */
 int hint_ratelimit_t(const char *v, uint64_t *delay_ms);
 
 /* X-RateLimit-Reset: Unix seconds when above 10^9, else seconds from now. */

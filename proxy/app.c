@@ -266,8 +266,12 @@ static void restore_pauses(struct app *app, struct runtime *rt)
         if (!ps->has_bucket)
             continue;
         rc = store_pause_get(app->store, ps->name, wall, &until, &err);
+        /* Kept by an older version or config: never longer than max_delay. */
+        if (rc == 0 && until - wall > rt->cfg->policies[i].retry.max_delay_ms)
+            until = wall + rt->cfg->policies[i].retry.max_delay_ms;
         if (rc == 0) {
-            bucket_pause(&ps->bucket, mono, mono + (until - wall) * 1000000ull);
+            bucket_pause(&ps->bucket, mono, mono + (until - wall) * 1000000ull,
+                         PAUSE_RESTORED);
             log_info("policy %s: %llu ms of cooldown restored from the store",
                      ps->name, (unsigned long long)(until - wall));
         } else if (rc != -ENOENT) {

@@ -28,16 +28,26 @@ static uint32_t attempts_so_far(const struct exchange *ex)
     return ex->attempt > 0 ? ex->attempt - 1 : 0;
 }
 
+/* Told to come back after delay_ms. A wait beyond max_delay is more than
+ * the queue can hold: dead_letter / delay_exceeds_max, as for a hint. */
+static void refuse_wait(struct exchange *ex, enum reason r, uint64_t delay_ms)
+{
+    if (delay_ms > ex->pol->retry.max_delay_ms)
+        ex_instruct(ex, OUT_DEAD_LETTER, R_DELAY_EXCEEDS_MAX, 0,
+                    attempts_so_far(ex), 0);
+    else
+        ex_instruct(ex, OUT_REQUEUE, r, delay_ms ? delay_ms : 1,
+                    attempts_so_far(ex), 0);
+    ex->rate_headers = true;
+}
+
 /* Refused without waiting: the worker retries once a permit would exist. */
 static void refuse_rate(struct exchange *ex, uint64_t start_ns, uint64_t now)
 {
     uint64_t cd = ex->bucket ? atomic_load(&ex->bucket->cooldown_until) : 0;
     enum reason r = cd > now ? R_UPSTREAM_COOLDOWN : R_RATE_LIMITED;
-    uint64_t delay_ms = (start_ns - now + NS_PER_MS - 1) / NS_PER_MS;
 
-    ex_instruct(ex, OUT_REQUEUE, r, delay_ms ? delay_ms : 1,
-                attempts_so_far(ex), 0);
-    ex->rate_headers = true;
+    refuse_wait(ex, r, (start_ns - now + NS_PER_MS - 1) / NS_PER_MS);
 }
 
 /* ---- slots -------------------------------------------------------------- */
@@ -116,10 +126,8 @@ static bool cooled_down(struct exchange *ex)
     if (until <= now || ex->permit_at >= until)
         return false;
     if (!gcra_reserve(&ex->bucket->g, now, left, &start)) {
-        ex_instruct(ex, OUT_REQUEUE, R_UPSTREAM_COOLDOWN,
-                    (start - now + NS_PER_MS - 1) / NS_PER_MS,
-                    attempts_so_far(ex), 0);
-        ex->rate_headers = true;
+        refuse_wait(ex, R_UPSTREAM_COOLDOWN,
+                    (start - now + NS_PER_MS - 1) / NS_PER_MS);
         ex_finish(ex);
         return true;
     }

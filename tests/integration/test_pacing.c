@@ -410,6 +410,69 @@ Test(pacing, cooldown_survives_kill9, .fini = stop, .timeout = 30)
     cr_expect_eq(h_stub_stat(&stub, "requests"), 1, "the restarted sluice sent into the cooldown");
 }
 
+/* An absurd Retry-After (a century) dead-letters the job that met it and
+ * pauses the policy for max_delay at most, also after a restart; a refusal
+ * that would have to wait longer than max_delay is a dead letter too. */
+Test(pacing, absurd_hint_is_capped_by_max_delay, .fini = stop, .timeout = 30)
+{
+    struct h_resp r;
+    json_t *j;
+
+    start("  cool: {rate: 100/s, burst: 10, max_wait: 500ms,"
+          " retry: {on: [429], max_delay: 1h}}\n",
+          "  - {prefix: /cool, upstream: stub, policy: cool}\n");
+    cr_assert_eq(h_http(sl.port, "POST", "/cool",
+                        "X-Stub-Status: 429\r\nX-Stub-Retry-After: 99999999999999999999\r\n",
+                        "a", 1, &r), 0);
+    j = body_json(&r);
+    cr_expect_str_eq(jstr(j, "action"), "dead_letter");
+    cr_expect_str_eq(jstr(j, "reason"), "delay_exceeds_max");
+    json_decref(j);
+    h_resp_free(&r);
+    for (int round = 0; round < 2; round++) {
+        cr_assert_eq(h_http(sl.port, "POST", "/cool", NULL, "b", 1, &r), 0);
+        j = body_json(&r);
+        cr_expect_str_eq(jstr(j, "reason"), "upstream_cooldown", "round %d", round);
+        cr_expect(jint(j, "delay_ms") > 3500000 && jint(j, "delay_ms") <= 3600000,
+                  "round %d: delay %lld ms, not capped at max_delay", round,
+                  jint(j, "delay_ms"));
+        json_decref(j);
+        h_resp_free(&r);
+        if (round == 0) { /* the capped pause is what the store keeps */
+            kill(sl.pid, SIGKILL);
+            waitpid(sl.pid, NULL, 0);
+            sl.pid = 0;
+            cr_assert_eq(h_sluice_start_raw(&sl, NULL, sl.port, sl.admin_port), 0);
+        }
+    }
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 1);
+}
+
+/* RateLimit parsed as an RFC 8941 List: the daily quota with 900 left says
+ * nothing about this 429; the exhausted per-second one pauses for 1 s. */
+Test(pacing, ratelimit_hint_from_exhausted_quota_only, .fini = stop, .timeout = 30)
+{
+    struct h_resp r;
+    json_t *j;
+
+    start("  cool: {rate: 100/s, burst: 10, max_wait: 3s, retry: {on: [429]}}\n",
+          "  - {prefix: /cool, upstream: stub, policy: cool}\n");
+    cr_assert_eq(h_http(sl.port, "POST", "/cool",
+                        "X-Stub-Status: 429\r\nX-Stub-Set-Header: RateLimit: "
+                        "\"day\";r=900;t=50000, \"sec\";r=0;t=1\r\n", "a", 1, &r), 0);
+    j = body_json(&r);
+    cr_expect_str_eq(jstr(j, "reason"), "upstream_429");
+    cr_expect(jint(j, "delay_ms") >= 1000 && jint(j, "delay_ms") <= 2000, "delay %lld",
+              jint(j, "delay_ms"));
+    json_decref(j);
+    h_resp_free(&r);
+    /* waits out the 1 s pause within max_wait, then passes */
+    cr_assert_eq(h_http(sl.port, "POST", "/cool", NULL, "b", 1, &r), 0);
+    cr_expect_eq(r.status, 200, "%s", r.body);
+    h_resp_free(&r);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 2);
+}
+
 /* The breaker: three 503s in a row pause the policy; requests meanwhile are
  * requeued as upstream_cooldown (no attempt spent, nothing sent); the probe
  * after the pause fails, so the next pause is twice as long; a success

@@ -169,39 +169,51 @@ Test(ratelimit_t, reads_the_t_parameter)
     cr_expect_eq(d, 7000);
     cr_expect_eq(hint_ratelimit_t("\"p\";r=0; t=9", &d), 0);
     cr_expect_eq(d, 9000);
-    cr_expect_eq(hint_ratelimit_t("t=3", &d), 0);
+    /* any bare item names the policy; an inner list too */
+    cr_expect_eq(hint_ratelimit_t("default;r=0;t=3", &d), 0);
     cr_expect_eq(d, 3000);
+    cr_expect_eq(hint_ratelimit_t("(a b);r=0;t=4", &d), 0);
+    cr_expect_eq(d, 4000);
 }
 
-Test(ratelimit_t, several_policies_give_the_largest)
+/* Only exhausted quotas (r=0) explain a 429: a daily budget with quota left
+ * next to an empty per-second one must not pause the policy for the day. */
+Test(ratelimit_t, only_exhausted_items_count)
 {
     uint64_t d = SENTINEL;
 
+    cr_expect_eq(hint_ratelimit_t("\"day\";r=900;t=50000, \"sec\";r=0;t=1", &d), 0);
+    cr_expect_eq(d, 1000);
     cr_expect_eq(hint_ratelimit_t("\"a\";r=0;t=5, \"b\";r=1;t=30", &d), 0);
-    cr_expect_eq(d, 30000);
-    cr_expect_eq(hint_ratelimit_t("\"b\";r=1;t=30, \"a\";r=0;t=5", &d), 0);
-    cr_expect_eq(d, 30000);
+    cr_expect_eq(d, 5000);
     cr_expect_eq(hint_ratelimit_t("\"a\";r=0;t=5,\"b\";r=0;t=12,\"c\";r=3;t=1", &d), 0);
     cr_expect_eq(d, 12000);
-    /* a malformed t= is skipped, a well-formed one still counts */
-    cr_expect_eq(hint_ratelimit_t("\"a\";r=0;t=abc, \"b\";t=4", &d), 0);
+    /* an item whose t= is not an Integer says nothing; the others count */
+    cr_expect_eq(hint_ratelimit_t("\"a\";r=0;t=abc, \"b\";r=0;t=4", &d), 0);
     cr_expect_eq(d, 4000);
     /* "t=" inside a quoted policy name is not a parameter */
     cr_expect_eq(hint_ratelimit_t("\"t=9\";r=0;t=5", &d), 0);
     cr_expect_eq(d, 5000);
 }
 
-Test(ratelimit_t, without_a_t_parameter_is_refused)
+Test(ratelimit_t, without_an_exhausted_t_is_refused)
 {
     static const char *const bad[] = {
         "limit=10, remaining=0, reset=5", /* the older draft: no t= */
         "xt=5",                           /* not a parameter named t */
+        "t=3",                            /* not a List item with parameters */
         "\"default\";r=0;at=5",
         "\"default\";r=0",
+        "\"default\";t=5",                /* no r: not known to be exhausted */
+        "\"day\";r=900;t=50000",          /* quota left */
         "\"default\";r=0;t=",
         "\"default\";r=0;t=-1",
         "\"default\";r=0;t=5x",
         "\"default\";r=0;t=1.5",
+        "\"default\";r=0;t=5,",           /* a trailing comma */
+        "\"default\";r=0;t=5 \"b\"",      /* two items without a comma */
+        "\"unterminated;r=0;t=5",
+        "\"a\";R=0;t=5",                  /* keys are lowercase */
         "",
     };
 
@@ -217,9 +229,11 @@ Test(ratelimit_t, huge_t_does_not_overflow)
 {
     uint64_t d = 0;
 
-    cr_assert_eq(hint_ratelimit_t("\"a\";r=0;t=18446744073709551616", &d), 0);
+    /* RFC 8941 Integers have at most 15 digits */
+    cr_assert_eq(hint_ratelimit_t("\"a\";r=0;t=999999999999999", &d), 0);
     cr_expect_gt(d, 7 * DAY_MS);
     cr_expect_lt(d, UINT64_MAX / 4);
+    cr_expect_eq(hint_ratelimit_t("\"a\";r=0;t=18446744073709551616", &d), -EINVAL);
 }
 
 /* ---- X-RateLimit-Reset -------------------------------------------------------- */
