@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "proxy/exchange.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -11,6 +12,8 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 
+#include "policies/http_head.h"
+#include "policies/path.h"
 #include "policies/route.h"
 #include "proxy/app.h"
 #include "proxy/exchange_internal.h"
@@ -37,11 +40,58 @@ static const char *origin_form(const char *uri)
     return p;
 }
 
+/* libmicrohttpd passes the target cut at its first NUL. In its buffer the
+ * target ends with one NUL (the space it replaced) before "HTTP/1.x" and
+ * the NUL of the line end; anything else there means a NUL inside the
+ * target. Reading stops at the first mismatch, so never past the line. */
+static bool target_is_whole(const char *uri, size_t len)
+{
+    static const char version[] = "HTTP/1.";
+    const char *v = uri + len + 1;
+
+    for (size_t i = 0; i < sizeof version - 1; i++)
+        if (v[i] != version[i])
+            return false;
+    return v[7] >= '0' && v[7] <= '9' && v[8] == '\0';
+}
+
+/* Sets ex->target: origin-form, the path normalised, so that the route, the
+ * fingerprint and the forwarded target all see the same path. A refusal is
+ * recorded on ex and answered at the first handler call, the first moment
+ * libmicrohttpd lets us answer. */
+static void take_target(struct exchange *ex, const char *uri)
+{
+    struct sc_error err = {0};
+    size_t len = uri ? strlen(uri) : 0;
+    const char *o;
+    char *path = NULL;
+    int rc;
+
+    if (!uri || !target_is_whole(uri, len) ||
+        http_target_form(uri, len) == HTTP_TARGET_INVALID) {
+        ex->target = strdup(uri ? uri : "");
+        ex_refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST,
+                  "the request-target is neither origin-form nor absolute-form");
+        return;
+    }
+    o = origin_form(uri);
+    /* "" and "?q" have an empty path, which HTTP says is "/". */
+    if ((*o == '\0' || *o == '?') && asprintf(&path, "/%s", o) < 0)
+        return; /* target NULL: out of memory */
+    if (path)
+        o = path;
+    rc = path_normalise(o, strlen(o), &ex->target, &err);
+    if (rc == -EINVAL) {
+        ex->target = strdup(o);
+        ex_refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST, "%s", err.text);
+    }
+    free(path);
+}
+
 void *exchange_uri_log(void *cls, const char *uri, struct MHD_Connection *c)
 {
     struct worker *w = cls;
     struct exchange *ex = calloc(1, sizeof *ex);
-    const char *o = origin_form(uri ? uri : "");
 
     if (!ex)
         return NULL;
@@ -51,13 +101,8 @@ void *exchange_uri_log(void *cls, const char *uri, struct MHD_Connection *c)
     ex->cfg = ex->rt->cfg;
     ex->t0_ns = clock_mono_ns();
     ex->t0_wall_ms = clock_wall_ms();
-    /* "" and "?q" have an empty path, which HTTP says is "/". */
-    if (*o == '\0' || *o == '?') {
-        if (asprintf(&ex->target, "/%s", o) < 0)
-            ex->target = NULL;
-    } else {
-        ex->target = strdup(o);
-    }
+    take_target(ex, uri);
+    conn_head_begun(c);
     atomic_fetch_add(&w->app->inflight, 1);
     return ex;
 }
@@ -68,11 +113,13 @@ static void exchange_free(struct exchange *ex)
      * none of those, but a daemon stopped early would. */
     if (ex->suspended) {
         TAILQ_REMOVE(&ex->w->waiting, ex, link);
-        if (ex->state == EX_UPSTREAM)
-            up_request_cancel(&ex->ureq);
         if (ex->state == EX_SLOT)
             pacing_slot_cancel(ex->ps, &ex->slot);
     }
+    /* Still reading from the upstream (a worker that left mid-stream, or a
+     * daemon stopped early): nobody will read the rest. */
+    if (ex->ureq.pool && !ex->up_done)
+        up_request_cancel(&ex->ureq);
     ex_pace_release(ex);
     ex_idem_done(ex);
     if (ex->timer)
@@ -144,61 +191,9 @@ static enum MHD_Result answer_problem(struct exchange *ex)
     return queue(ex, json_response(body, len, "application/problem+json"));
 }
 
-static void add_upstream_headers(struct MHD_Response *resp,
-                                 const struct up_response *ur)
-{
-    const struct up_header *keep[UP_MAX_HEADERS];
-    size_t n = up_response_end_to_end(ur, keep);
-
-    for (size_t i = 0; i < n; i++)
-        MHD_add_response_header(resp, keep[i]->name, keep[i]->value);
-}
-
-static void free_evbuffer(void *cls)
-{
-    evbuffer_free(cls);
-}
-
-/* The body goes out from the evbuffer's own chains (no copy into one block:
- * it measurably cost larger answers); the response frees the evbuffer. */
-static struct MHD_Response *response_from_evbuffer(struct evbuffer *body)
-{
-    int n = evbuffer_peek(body, -1, NULL, NULL, 0);
-    struct evbuffer_iovec small[16], *v = small;
-    struct MHD_IoVec mv[16], *m = mv;
-    struct MHD_Response *resp = NULL;
-
-    if (n > 16) {
-        v = malloc((size_t)n * sizeof *v);
-        m = malloc((size_t)n * sizeof *m);
-        if (!v || !m)
-            goto out;
-    }
-    n = evbuffer_peek(body, -1, NULL, v, n);
-    for (int i = 0; i < n; i++) {
-        m[i].iov_base = v[i].iov_base;
-        m[i].iov_len = v[i].iov_len;
-    }
-    /* MHD copies the vector itself, not the data. */
-    resp = MHD_create_response_from_iovec(m, (unsigned)n, free_evbuffer, body);
-out:
-    if (v != small)
-        free(v);
-    if (m != mv)
-        free(m);
-    return resp;
-}
-
 static enum MHD_Result answer_upstream(struct exchange *ex)
 {
-    struct up_response *ur = &ex->ureq.resp;
-    struct MHD_Response *resp = response_from_evbuffer(ur->body);
-
-    if (!resp)
-        return MHD_NO;
-    ur->body = NULL; /* the response owns it now */
-    add_upstream_headers(resp, ur);
-    return queue(ex, resp);
+    return queue(ex, ex_stream_response(ex));
 }
 
 void ex_instruct(struct exchange *ex, enum outcome o, enum reason r,
@@ -277,74 +272,156 @@ static enum MHD_Result answer(struct exchange *ex)
     }
 }
 
-void ex_finish(struct exchange *ex)
+void ex_suspend(struct exchange *ex)
 {
-    if (!ex->suspended) {
-        ex->state = EX_READY;
+    ex->suspended = true;
+    TAILQ_INSERT_TAIL(&ex->w->waiting, ex, link);
+    MHD_suspend_connection(ex->mc);
+}
+
+void ex_resume(struct exchange *ex)
+{
+    if (!ex->suspended)
         return;
-    }
     TAILQ_REMOVE(&ex->w->waiting, ex, link);
     ex->suspended = false;
-    ex->state = EX_READY;
     MHD_resume_connection(ex->mc);
     worker_kick(ex->w);
 }
 
+void ex_finish(struct exchange *ex)
+{
+    ex_idem_unclaim(ex);
+    ex->state = EX_READY;
+    ex_resume(ex);
+}
+
 /* ---- header checks ------------------------------------------------------ */
 
-struct header_scan {
-    size_t bytes;
-    unsigned n_cl, n_te;
-    const char *cl;
-    bool cl_conflict;
-    bool te_bad;
+#define FIELDS_ON_STACK 64
+
+struct field_list {
+    struct http_field *v;
+    size_t n, cap;
 };
 
-static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind,
-                                   const char *key, const char *value)
+static enum MHD_Result collect_field(void *cls, enum MHD_ValueKind kind,
+                                     const char *key, const char *value)
 {
-    struct header_scan *s = cls;
+    struct field_list *l = cls;
+    struct http_field *f;
 
-    s->bytes += strlen(key) + (value ? strlen(value) : 0) + 4;
-    if (strcasecmp(key, "Content-Length") == 0) {
-        if (s->n_cl++ && value && s->cl && strcmp(value, s->cl) != 0)
-            s->cl_conflict = true;
-        s->cl = value;
-    } else if (strcasecmp(key, "Transfer-Encoding") == 0) {
-        s->n_te++;
-        if (!value || strcasecmp(value, "chunked") != 0)
-            s->te_bad = true;
-    }
+    if (l->n == l->cap) /* counted just before: cannot happen */
+        return MHD_NO;
+    f = &l->v[l->n++];
+    f->name = key;
+    f->name_len = strlen(key);
+    f->value = value ? value : "";
+    f->value_len = value ? strlen(value) : 0;
     return MHD_YES;
 }
 
-/* Refuses what must not go further; true when the request may proceed. */
-static bool check_headers(struct exchange *ex)
+/* The request's header fields in order: in stack when they fit, else in
+ * a malloc'd array (the caller frees l->v when it is not stack). */
+static int collect_fields(struct exchange *ex, struct http_field *stack,
+                          struct field_list *l)
 {
-    struct header_scan s = {0};
-    const struct sc_config *cfg = ex->cfg;
-    unsigned long long cl;
-    char *end;
+    int n = MHD_get_connection_values(ex->mc, MHD_HEADER_KIND, NULL, NULL);
 
-    MHD_get_connection_values(ex->mc, MHD_HEADER_KIND, scan_header, &s);
-    s.bytes += strlen(ex->method) + strlen(ex->target) + 12;
-    if (s.bytes > cfg->limits.max_header) {
+    l->v = stack;
+    l->cap = FIELDS_ON_STACK;
+    if (n > FIELDS_ON_STACK) {
+        l->v = malloc((size_t)n * sizeof *l->v);
+        if (!l->v)
+            return -ENOMEM;
+        l->cap = (size_t)n;
+    }
+    MHD_get_connection_values(ex->mc, MHD_HEADER_KIND, collect_field, l);
+    return 0;
+}
+
+/* libmicrohttpd cuts a value at its first NUL (strlen) and glues a folded
+ * line onto the field before it. Its read buffer holds the head in order,
+ * each line end overwritten with NULs, so the bytes up to the next field's
+ * name (or the head's end) are what was really sent: each value is widened
+ * to them, and the checks then see the NUL or the fold. A field outside
+ * that layout (MHD moved a folded one) is left as it is. */
+static void widen_to_raw(struct field_list *l, const char *head, const char *end)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        struct http_field *f = &l->v[i];
+        const char *next = i + 1 < l->n ? l->v[i + 1].name : end;
+        size_t span, strip = i + 1 < l->n ? 2 : 4; /* line end (+ empty line) */
+
+        if (f->value < head || next > end || next <= f->value + f->value_len)
+            continue;
+        span = (size_t)(next - f->value);
+        while (strip-- && span > f->value_len && f->value[span - 1] == '\0')
+            span--;
+        f->value_len = span;
+    }
+}
+
+/* A line end (now a NUL) followed by a space or a tab. */
+static bool has_fold(const struct field_list *l)
+{
+    for (size_t i = 0; i < l->n; i++)
+        for (size_t k = 0; k + 1 < l->v[i].value_len; k++)
+            if (l->v[i].value[k] == '\0' &&
+                (l->v[i].value[k + 1] == ' ' || l->v[i].value[k + 1] == '\t'))
+                return true;
+    return false;
+}
+
+/* The request line and the fields as received (RFC 9112): anything a next
+ * hop could read differently is refused with 400 before routing. */
+static bool check_head(struct exchange *ex, const char *url, const char *version,
+                       struct field_list *l)
+{
+    struct sc_error err = {0};
+    size_t mlen = strlen(ex->method);
+    const union MHD_ConnectionInfo *hs =
+        MHD_get_connection_info(ex->mc, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+    struct http_head h = {ex->method, mlen, ex->target, strlen(ex->target),
+                          version, strlen(version), l->v, l->n};
+
+    /* MHD skips extra spaces and cuts the method at a NUL: exactly one byte
+     * (the space it overwrote) lies between the method and the target. */
+    if (url != ex->method + mlen + 1) {
+        ex_refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST,
+                  "the request line is not \"method SP target SP version\"");
+        return false;
+    }
+    if (hs)
+        widen_to_raw(l, ex->method, ex->method + hs->header_size);
+    if (has_fold(l)) {
+        ex_refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST, "obsolete line folding");
+        return false;
+    }
+    if (http_head_check(&h, &err) != 0) {
+        ex_refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST, "%s", err.text);
+        return false;
+    }
+    return true;
+}
+
+/* limits.max_header (431) and, by the announced length, max_body (413);
+ * the fields passed check_head, so a Content-Length is digits only. */
+static bool check_limits(struct exchange *ex, const struct field_list *l)
+{
+    const struct sc_config *cfg = ex->cfg;
+    size_t bytes = strlen(ex->method) + strlen(ex->target) + 12;
+    unsigned long long cl = 0;
+
+    for (size_t i = 0; i < l->n; i++) {
+        bytes += l->v[i].name_len + l->v[i].value_len + 4;
+        if (strcasecmp(l->v[i].name, "Content-Length") == 0)
+            cl = strtoull(l->v[i].value, NULL, 10);
+    }
+    if (bytes > cfg->limits.max_header) {
         ex_refuse(ex, 431, OUT_REJECTED, R_HEADERS_TOO_LARGE,
                "request headers of %zu bytes exceed limits.max_header (%llu)",
-               s.bytes, (unsigned long long)cfg->limits.max_header);
-        return false;
-    }
-    if ((s.n_cl && s.n_te) || s.cl_conflict || s.te_bad || s.n_te > 1) {
-        ex_refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST,
-               "conflicting or unsupported Content-Length / Transfer-Encoding");
-        return false;
-    }
-    if (!s.cl)
-        return true;
-    cl = strtoull(s.cl, &end, 10);
-    if (*end || !*s.cl || s.cl[0] == '-') {
-        ex_refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST,
-               "invalid Content-Length");
+               bytes, (unsigned long long)cfg->limits.max_header);
         return false;
     }
     if (cl > cfg->limits.max_body) {
@@ -407,28 +484,52 @@ static bool read_attempt(struct exchange *ex)
  * is ready, whichever stage produces it. */
 static enum MHD_Result forward(struct exchange *ex)
 {
-    ex->suspended = true;
-    TAILQ_INSERT_TAIL(&ex->w->waiting, ex, link);
-    MHD_suspend_connection(ex->mc);
+    ex_suspend(ex);
     ex_idem(ex);
     return MHD_YES;
 }
 
 /* ---- the MHD handler ---------------------------------------------------- */
 
-static enum MHD_Result on_first_call(struct exchange *ex)
+/* A malformed request: answered, then the connection is closed, since
+ * what follows on it cannot be trusted to start a request. */
+static enum MHD_Result answer_malformed(struct exchange *ex)
 {
-    if (!ex->target) {
+    size_t len = 0;
+    char *body = problem_json(ex->status, ex->reason, ex->detail, &len);
+    struct MHD_Response *resp = json_response(body, len, "application/problem+json");
+
+    if (resp)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    return queue(ex, resp);
+}
+
+static enum MHD_Result on_first_call(struct exchange *ex, const char *url,
+                                     const char *version)
+{
+    struct http_field stack[FIELDS_ON_STACK];
+    struct field_list l = {0};
+    enum MHD_Result rc;
+
+    if (!conn_head_done(ex->mc))
+        return MHD_NO; /* too late: answered 408, the connection is closing */
+    if (!ex->status && !ex->target)
         ex_refuse(ex, 500, OUT_REJECTED, R_MALFORMED_REQUEST, "out of memory");
-        return answer(ex);
-    }
-    if (check_headers(ex) && check_route(ex)) {
+    if (!ex->status && collect_fields(ex, stack, &l) != 0)
+        ex_refuse(ex, 500, OUT_REJECTED, R_MALFORMED_REQUEST, "out of memory");
+    if (!ex->status && check_head(ex, url, version, &l) &&
+        check_limits(ex, &l) && check_route(ex)) {
         ex->state = EX_BODY;
-        return MHD_YES;
+        rc = MHD_YES;
+        goto out;
     }
     /* Refused before the body: answer now; MHD then closes the connection
      * rather than reading a body nobody wants. */
-    return answer(ex);
+    rc = ex->reason == R_MALFORMED_REQUEST ? answer_malformed(ex) : answer(ex);
+out:
+    if (l.v != stack)
+        free(l.v);
+    return rc;
 }
 
 static void on_body_data(struct exchange *ex, const char *data, size_t len)
@@ -462,7 +563,7 @@ enum MHD_Result exchange_access(void *cls, struct MHD_Connection *c,
     switch (ex->state) {
     case EX_HEADERS:
         ex->method = method;
-        return on_first_call(ex);
+        return on_first_call(ex, url, version);
     case EX_BODY:
     case EX_REFUSED:
         if (*upload_data_size) {
@@ -530,9 +631,11 @@ static void record_queue_age(const struct exchange *ex, struct metrics_shard *sh
     }
 }
 
-static void record_upstream(const struct exchange *ex, struct metrics_shard *sh,
-                            const struct metrics_ids *ids)
+void ex_record_upstream(const struct exchange *ex)
 {
+#ifndef SLUICE_METRICS_OFF /* a benchmark-only build, to price the metrics */
+    struct metrics_shard *sh = &ex->w->app->metrics.shards[ex->w->idx];
+    const struct metrics_ids *ids = &ex->rt->ids;
     const struct up_request *u = &ex->ureq;
     size_t up = ex->route->upstream;
 
@@ -542,6 +645,9 @@ static void record_upstream(const struct exchange *ex, struct metrics_shard *sh,
                                   metrics_up_code(u->resp.result, u->resp.status)], 1);
     metrics_observe(sh, H_DURATION, ids->up_duration[up],
                     (double)(u->done_ns - u->sent_ns) / 1e9);
+#else
+    (void)ex;
+#endif
 }
 
 /* StatsD timings, when it is on: the same figures as the histograms. */
@@ -598,7 +704,6 @@ __attribute__((unused)) static void record_metrics(const struct exchange *ex)
     if (ex->kind == ANSWER_INSTRUCTION && ex->outcome == OUT_REQUEUE)
         metrics_observe(sh, H_REQUEUE_DELAY, ids->requeue_delay[p * R__COUNT + ex->reason],
                         (double)ex->instr.delay_ms / 1000.0);
-    record_upstream(ex, sh, ids);
 }
 
 void exchange_completed(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -625,7 +730,9 @@ void exchange_abort_all(struct worker *w)
 
     /* Each call finishes the exchange, which leaves the list. */
     while ((ex = TAILQ_FIRST(&w->waiting))) {
-        if (ex->state == EX_UPSTREAM)
+        if (ex->streaming)
+            ex_stream_abort(ex);
+        else if (ex->state == EX_UPSTREAM)
             ex_upstream_abort(ex);
         else
             ex_pace_abort(ex);

@@ -191,7 +191,7 @@ bool ex_idem_lease(struct exchange *ex)
 
 /* ---- result ------------------------------------------------------------- */
 
-static bool replayable(const struct exchange *ex)
+bool ex_idem_replayable(const struct exchange *ex)
 {
     return ex->kind == ANSWER_UPSTREAM &&
            sc_idem_replays_status(&ex->pol->idem, ex->status) &&
@@ -211,12 +211,13 @@ static size_t stored_headers(const struct up_response *r, struct store_header *h
     return n;
 }
 
-static void complete(struct exchange *ex)
+/* Stores the answer for replay; with omit (a body over max_stored_body)
+ * status and headers only. */
+static void complete(struct exchange *ex, bool omit)
 {
     const struct up_response *r = &ex->ureq.resp;
     struct store_header *h = calloc(r->n_headers + 1, sizeof *h);
-    size_t blen = evbuffer_get_length(r->body);
-    bool omit = blen > ex->pol->idem.max_stored_body;
+    size_t blen = omit ? 0 : evbuffer_get_length(r->body);
     struct sc_error err = {0};
     int rc = -ENOMEM;
 
@@ -224,8 +225,8 @@ static void complete(struct exchange *ex)
         rc = store_complete(ex->w->app->store, scope(ex), ex->key,
                             clock_wall_ms(), ex->pol->idem.ttl_ms, r->status, h,
                             stored_headers(r, h),
-                            omit || !blen ? NULL : evbuffer_pullup(r->body, -1),
-                            omit ? 0 : blen, omit, &err);
+                            blen ? evbuffer_pullup(r->body, -1) : NULL, blen,
+                            omit, &err);
     free(h);
     if (rc != 0) {
         /* The side effect happened; the worker must still learn the truth.
@@ -252,12 +253,21 @@ static void release(struct exchange *ex)
     }
 }
 
+void ex_idem_complete_head(struct exchange *ex)
+{
+    if (!ex->leased || ex->settled)
+        return;
+    ex->settled = true;
+    complete(ex, true);
+}
+
 void ex_idem_result(struct exchange *ex)
 {
     enum up_result r = ex->ureq.resp.result;
 
-    if (!ex->leased)
+    if (!ex->leased || ex->settled)
         return;
+    ex->settled = true;
     if (r == UP_TIMEOUT || r == UP_CONNECTION_LOST) {
         /* Unknown outcome: the lease stands until it expires, and the job
          * must not come back before then. */
@@ -267,10 +277,18 @@ void ex_idem_result(struct exchange *ex)
             ex->instr.delay_ms = lease_ms;
         return;
     }
-    if (replayable(ex))
-        complete(ex);
+    if (ex_idem_replayable(ex))
+        complete(ex, evbuffer_get_length(ex->ureq.resp.body) >
+                         ex->pol->idem.max_stored_body);
     else
         release(ex);
+}
+
+void ex_idem_unclaim(struct exchange *ex)
+{
+    if (ex->claimed)
+        claims_drop(&ex->w->app->claims, scope(ex), ex->key);
+    ex->claimed = false;
 }
 
 void ex_idem_done(struct exchange *ex)
@@ -278,8 +296,6 @@ void ex_idem_done(struct exchange *ex)
     if (ex->leased)
         atomic_fetch_sub(&ex->w->app->leases_active, 1);
     ex->leased = false;
-    if (ex->claimed)
-        claims_drop(&ex->w->app->claims, scope(ex), ex->key);
-    ex->claimed = false;
+    ex_idem_unclaim(ex);
     store_record_clear(&ex->replay);
 }

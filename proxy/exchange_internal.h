@@ -1,7 +1,8 @@
-/* The exchange's insides, shared by its three files:
+/* The exchange's insides, shared by its files:
  *   exchange.c           MHD entry points, request checks, answers, logging
  *   exchange_pace.c      waiting for a permit and a concurrency slot
  *   exchange_upstream.c  the upstream request and what its result means
+ *   exchange_stream.c    the upstream's body on its way to the worker
  * The stages run in order; each either finishes the exchange (ex_finish) or
  * arms a timer / callback and returns. */
 #ifndef SLUICE_PROXY_EXCHANGE_INTERNAL_H
@@ -81,6 +82,11 @@ struct exchange {
     struct instruction instr;
     bool rate_headers;      /* add RateLimit-Policy / RateLimit */
     struct up_request ureq;
+    bool classified;        /* the upstream's head decided the answer */
+    bool settled;           /* the key's record is written (complete/release) */
+    bool streaming;         /* the body is passed on as it arrives */
+    bool up_done;           /* ureq's done ran: resp.result is final */
+    bool reader_waiting;    /* suspended by the body reader for more bytes */
     uint64_t t0_ns;
     uint64_t t0_wall_ms;
     TAILQ_ENTRY(exchange) link;
@@ -94,6 +100,13 @@ void ex_instruct(struct exchange *ex, enum outcome o, enum reason r,
                  uint64_t delay_ms, uint32_t attempt, int upstream_status);
 /* Resumes the suspended exchange so MHD calls back and the answer goes out. */
 void ex_finish(struct exchange *ex);
+/* Resumes a suspended connection without changing what it is doing. */
+void ex_resume(struct exchange *ex);
+/* Suspends the connection until ex_resume / ex_finish. */
+void ex_suspend(struct exchange *ex);
+/* sluice_upstream_responses_total and the upstream timing, counted as soon
+ * as the upstream's result is known (a scrape right after sees it). */
+void ex_record_upstream(const struct exchange *ex);
 
 /* exchange_pace.c */
 void ex_pace(struct exchange *ex);          /* bucket, then slot, then upstream */
@@ -110,11 +123,28 @@ void ex_rate_headers(const struct exchange *ex, char *policy, size_t plen,
 void ex_idem(struct exchange *ex);          /* then ex_pace */
 bool ex_idem_lease(struct exchange *ex);    /* false: answered instead */
 void ex_idem_result(struct exchange *ex);   /* complete, release or keep */
+/* True when the upstream's answer is to be stored for replay. */
+bool ex_idem_replayable(const struct exchange *ex);
+/* Completes the record with status and headers only (a body over
+ * max_stored_body), before the worker sees any of it. */
+void ex_idem_complete_head(struct exchange *ex);
 void ex_idem_done(struct exchange *ex);     /* drops the claim */
+/* Drops the in-memory claim once the answer is decided, before the worker
+ * sees it: a worker that retries at once must not meet its own claim. */
+void ex_idem_unclaim(struct exchange *ex);
 
 /* exchange_upstream.c */
 void ex_send_upstream(struct exchange *ex);
 /* The upstream result after a drain abort of a sent request. */
 void ex_upstream_abort(struct exchange *ex);
+
+/* exchange_stream.c */
+/* The worker's response for ANSWER_UPSTREAM: from memory when the body is
+ * all here, else read from the upstream as it arrives. NULL on failure. */
+struct MHD_Response *ex_stream_response(struct exchange *ex);
+/* The upstream brought more (or ended): wake a reader that waits. */
+void ex_stream_wake(struct exchange *ex);
+/* Drain deadline: the upstream is dropped, the worker's response ends. */
+void ex_stream_abort(struct exchange *ex);
 
 #endif

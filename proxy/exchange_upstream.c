@@ -137,7 +137,10 @@ static void persist_pause(struct exchange *ex, uint64_t hint_ms)
                  ex->pol->name, err.text);
 }
 
-/* Any 429 empties the bucket; one with a reset hint pauses it until then. */
+/* Any 429 empties the bucket; one with a reset hint pauses it until then,
+ * max_delay at most: a partner's absurd hint (a century) must not silence a
+ * policy beyond what any job could wait. The job that met such a hint is
+ * dead-lettered (retry_decide). */
 static void cool_down(struct exchange *ex, bool has_hint, uint64_t hint_ms)
 {
     uint64_t now = clock_mono_ns();
@@ -148,7 +151,9 @@ static void cool_down(struct exchange *ex, bool has_hint, uint64_t hint_ms)
         gcra_empty(&ex->bucket->g, now);
         return;
     }
-    bucket_pause(ex->bucket, now, now + hint_ms * 1000000ull);
+    if (hint_ms > ex->pol->retry.max_delay_ms)
+        hint_ms = ex->pol->retry.max_delay_ms;
+    bucket_pause(ex->bucket, now, now + hint_ms * 1000000ull, PAUSE_UPSTREAM_429);
     persist_pause(ex, hint_ms);
     log_info("policy %s: upstream %s asked for %llu ms of cooldown",
              ex->pol->name, ex->up->name, (unsigned long long)hint_ms);
@@ -189,7 +194,7 @@ static void breaker_note(struct exchange *ex, bool failed)
     pause_ms = opens < 20 ? b->pause_ms << opens : b->max_pause_ms;
     if (pause_ms > b->max_pause_ms)
         pause_ms = b->max_pause_ms;
-    bucket_pause(ex->bucket, now, now + pause_ms * 1000000ull);
+    bucket_pause(ex->bucket, now, now + pause_ms * 1000000ull, PAUSE_BREAKER);
     persist_pause(ex, pause_ms);
     log_warn("policy %s: %u failures in a row from upstream %s: paused for %llu ms",
              ex->pol->name, (unsigned)atomic_load(&ps->fail_streak), ex->up->name,
@@ -245,18 +250,106 @@ static void classify_failure(struct exchange *ex)
               "upstream %s: %s", ex->up->name, r->detail);
 }
 
+/* ---- the answer on its way ---------------------------------------------- */
+
+/* From here the worker's response is queued while the body still arrives. */
+static void start_stream(struct exchange *ex)
+{
+    ex->streaming = true;
+    ex->ureq.hold_max = UP_STREAM_HOLD;
+    ex_finish(ex);
+}
+
+/* A keyed answer to store: the body is held up to max_stored_body so the
+ * record can have it; a longer one is stored without it and streamed. */
+static void hold_for_record(struct exchange *ex)
+{
+    const char *cl = up_response_header(&ex->ureq.resp, "Content-Length");
+    uint64_t max = ex->pol->idem.max_stored_body;
+
+    if (cl && !up_response_header(&ex->ureq.resp, "Transfer-Encoding") &&
+        strtoull(cl, NULL, 10) > max) {
+        ex_idem_complete_head(ex);
+        start_stream(ex);
+        return;
+    }
+    ex->ureq.hold_max = max + 1;
+}
+
+/* The head decides the answer. A pass-through answer starts at once unless
+ * its record must be written first; an instruction needs no body, which is
+ * read and dropped so the connection can be reused. */
+static void on_head(struct exchange *ex)
+{
+    classify_response(ex);
+    ex->classified = true;
+    if (ex->kind != ANSWER_UPSTREAM) {
+        ex->ureq.discard = true;
+        return;
+    }
+    if (ex->leased && ex_idem_replayable(ex)) {
+        hold_for_record(ex);
+        return;
+    }
+    ex_idem_result(ex); /* a known answer not to replay: the lease goes */
+    start_stream(ex);
+}
+
+static void on_upstream_event(struct up_request *req, enum up_event ev,
+                              void *arg)
+{
+    struct exchange *ex = arg;
+
+    if (ev == UP_EV_HEAD) {
+        on_head(ex);
+    } else if (ex->streaming) {
+        ex_stream_wake(ex);
+    } else if (ex->classified && ex->kind == ANSWER_UPSTREAM &&
+               evbuffer_get_length(req->resp.body) >
+                   ex->pol->idem.max_stored_body) {
+        ex_idem_complete_head(ex);
+        start_stream(ex);
+    }
+}
+
+/* The result is known: the record is written before the worker sees it. */
+static void settle(struct exchange *ex)
+{
+    if (!ex->classified) {
+        if (ex->ureq.resp.result == UP_OK)
+            classify_response(ex);
+        else
+            classify_failure(ex);
+    }
+    ex_idem_result(ex);
+    ex_finish(ex);
+}
+
 static void on_upstream_done(struct up_request *req, void *arg)
 {
     struct exchange *ex = arg;
 
+    ex->up_done = true;
     ex_pace_release(ex);
-    if (req->resp.result == UP_OK)
-        classify_response(ex);
-    else
-        classify_failure(ex);
-    /* Committed before the worker sees the answer. */
-    ex_idem_result(ex);
-    ex_finish(ex);
+    ex_record_upstream(ex);
+    if (!ex->streaming) {
+        settle(ex);
+        return;
+    }
+    if (req->resp.result != UP_OK)
+        log_warn("route %s: upstream %s: response body cut short: %s",
+                 ex->route->name, ex->up->name, req->resp.detail);
+    ex_stream_wake(ex);
+}
+
+/* Nothing could be sent (no memory for the request): a connect_error, with
+ * the lease released by the same path as any other. */
+static void not_sent(struct exchange *ex, const char *why)
+{
+    ex->ureq.resp.result = UP_CONNECT_ERROR;
+    snprintf(ex->ureq.resp.detail, sizeof ex->ureq.resp.detail, "%s", why);
+    ex_pace_release(ex);
+    settle(ex);
 }
 
 void ex_send_upstream(struct exchange *ex)
@@ -269,26 +362,22 @@ void ex_send_upstream(struct exchange *ex)
         return;
     }
     if (build_wire(ex) != 0) {
-        ex_refuse(ex, 500, OUT_REJECTED, R_MALFORMED_REQUEST,
-                  "out of memory building the upstream request");
-        ex_finish(ex);
+        not_sent(ex, "out of memory building the upstream request");
         return;
     }
     ex->ureq.no_body = strcmp(ex->method, "HEAD") == 0;
     ex->ureq.done = on_upstream_done;
+    ex->ureq.event = on_upstream_event;
     ex->ureq.arg = ex;
     ex->state = EX_UPSTREAM;
-    if (up_pool_send(ex->rt->pools[ex->w->idx][ex->route->upstream], &ex->ureq) != 0) {
-        ex_pace_release(ex);
-        ex_refuse(ex, 502, OUT_PERMANENT_ERROR, R_CONNECT_ERROR,
-                  "cannot queue the upstream request");
-        ex_finish(ex);
-    }
+    if (up_pool_send(ex->rt->pools[ex->w->idx][ex->route->upstream], &ex->ureq) != 0)
+        not_sent(ex, "cannot queue the upstream request");
 }
 
 void ex_upstream_abort(struct exchange *ex)
 {
     up_request_cancel(&ex->ureq);
+    ex->up_done = true;
     ex_pace_release(ex);
     /* Sent and unanswered: the outcome is unknown, so the job must come
      * back, whatever retry.on says. */

@@ -36,6 +36,9 @@ struct up_conn {
     bool connected;
     bool sent;              /* the whole request left our buffer */
     bool complete;          /* a final response was parsed */
+    bool head;              /* the final response head was parsed */
+    bool head_told;         /* ... and reported (UP_EV_HEAD) */
+    bool paused;            /* reading stopped: the body holds hold_max */
     bool in_value;          /* header parsing: last callback was a value */
     size_t header_bytes;
     TAILQ_ENTRY(up_conn) link;
@@ -59,7 +62,8 @@ struct up_pool {
 static http_parser_settings parser_settings;
 
 static void conn_free(struct up_conn *c);
-static void conn_start(struct up_conn *c, struct up_request *req);
+static int conn_start(struct up_conn *c, struct up_request *req);
+static void conn_fail(struct up_conn *c, enum up_result r, const char *detail);
 static void req_finish(struct up_request *req, enum up_result r,
                        const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
@@ -239,19 +243,29 @@ static int on_headers_complete(http_parser *p)
         if (!r->headers[i].value && str_append(&r->headers[i].value, "", 0))
             return -1;
     r->status = (int)p->status_code;
+    /* We never ask for an upgrade: a 101 would hand the worker a connection
+     * that no longer speaks HTTP. It is a broken response. */
+    if (p->status_code == 101)
+        return -1;
     if (p->status_code >= 100 && p->status_code < 200)
         return 0;
+    c->head = true;
     return c->req->no_body ? 1 : 0;
 }
 
 static int on_body(http_parser *p, const char *at, size_t len)
 {
     struct up_conn *c = p->data;
-    struct up_response *r = &c->req->resp;
+    struct up_request *req = c->req;
 
-    if (evbuffer_get_length(r->body) + len > UP_MAX_BODY_BYTES)
+    if (req->discard)
+        return 0;
+    /* A streamed body is bounded by pausing the reads (parse_input); one
+     * held whole is bounded here. */
+    if (!req->hold_max &&
+        evbuffer_get_length(req->resp.body) + len > UP_MAX_BODY_BYTES)
         return 1;
-    return evbuffer_add(r->body, at, len) ? 1 : 0;
+    return evbuffer_add(req->resp.body, at, len) ? 1 : 0;
 }
 
 static int on_message_complete(http_parser *p)
@@ -399,7 +413,8 @@ static void conn_release(struct up_conn *c)
         TAILQ_REMOVE(&pool->waiting, next, wait_link);
         next->waiting = false;
         req_stop_timer(next);
-        conn_start(c, next);
+        if (conn_start(c, next) != 0)
+            conn_fail(c, UP_CONNECT_ERROR, "cannot queue the request");
         return;
     }
     TAILQ_REMOVE(&pool->busy, c, link);
@@ -433,9 +448,35 @@ static void conn_done_ok(struct up_conn *c)
 
 /* ---- bufferevent callbacks ---------------------------------------------- */
 
+/* Tells a streaming caller what this read brought, and stops reading while
+ * its body holds hold_max. The caller may set discard on the head. */
+static void report_progress(struct up_conn *c, size_t before)
+{
+    struct up_request *req = c->req;
+    struct evbuffer *body = req->resp.body;
+
+    if (!req->event)
+        return;
+    if (c->head && !c->head_told) {
+        c->head_told = true;
+        req->event(req, UP_EV_HEAD, req->arg);
+        if (req->discard)
+            evbuffer_drain(body, evbuffer_get_length(body));
+        before = 0; /* all of the body so far is news to the caller */
+    }
+    if (!c->complete && evbuffer_get_length(body) > before)
+        req->event(req, UP_EV_BODY, req->arg);
+    if (!c->complete && req->hold_max &&
+        evbuffer_get_length(body) >= req->hold_max) {
+        c->paused = true;
+        bufferevent_disable(c->bev, EV_READ);
+    }
+}
+
 static void parse_input(struct up_conn *c)
 {
     struct evbuffer *in = bufferevent_get_input(c->bev);
+    size_t before = evbuffer_get_length(c->req->resp.body);
 
     while (evbuffer_get_length(in) > 0 && !c->complete) {
         struct evbuffer_iovec v;
@@ -454,8 +495,21 @@ static void parse_input(struct up_conn *c)
             return;
         }
     }
+    report_progress(c, before);
     if (c->complete)
         conn_done_ok(c);
+}
+
+void up_request_read_more(struct up_request *req)
+{
+    struct up_conn *c = req->conn;
+
+    if (!c || !c->paused ||
+        evbuffer_get_length(req->resp.body) >= req->hold_max / 2)
+        return;
+    c->paused = false;
+    if (bufferevent_enable(c->bev, EV_READ) != 0)
+        conn_fail(c, UP_CONNECTION_LOST, "cannot read from the upstream");
 }
 
 static void on_read(struct bufferevent *bev, void *arg)
@@ -560,8 +614,14 @@ static void on_request_timeout(evutil_socket_t fd, short what, void *arg)
         conn_fail(c, UP_CONNECT_ERROR, "connect timed out");
         return;
     }
-    if (c)
-        conn_free(c);
+    if (!c) {
+        /* up_pool_send could not open a connection: reported from here so
+         * that done never runs inside up_pool_send. */
+        req_finish(req, UP_CONNECT_ERROR, "cannot open a connection to %s",
+                   req->pool->u->authority);
+        return;
+    }
+    conn_free(c);
     req_finish(req, UP_TIMEOUT, "no whole response within timeout (%llu ms)",
                (unsigned long long)req->pool->u->timeout_ms);
 }
@@ -598,27 +658,31 @@ static void write_now(struct up_conn *c, struct evbuffer *wire)
 }
 
 /* Puts a request on a connection: parser reset, bytes written or queued,
- * timer armed. */
-static void conn_start(struct up_conn *c, struct up_request *req)
+ * timer armed. 0, or -1 when it could not be queued (the caller decides how
+ * that is reported). */
+static int conn_start(struct up_conn *c, struct up_request *req)
 {
     c->req = req;
     c->state = C_BUSY;
     c->sent = false;
     c->complete = false;
+    c->head = false;
+    c->head_told = false;
+    c->paused = false;
     c->in_value = false;
     c->header_bytes = 0;
     req->conn = c;
     http_parser_init(&c->parser, HTTP_RESPONSE);
     c->parser.data = c;
-    if (req_arm_timer(req, req->pool->u->timeout_ms) != 0) {
-        conn_fail(c, UP_CONNECT_ERROR, "cannot queue the request");
-        return;
-    }
+    if (req_arm_timer(req, req->pool->u->timeout_ms) != 0)
+        return -1;
     write_now(c, req->wire);
-    if (c->sent ? bufferevent_enable(c->bev, EV_READ) != 0
-                : bufferevent_write_buffer(c->bev, req->wire) != 0 ||
-                  bufferevent_enable(c->bev, EV_READ | EV_WRITE) != 0)
-        conn_fail(c, UP_CONNECT_ERROR, "cannot queue the request");
+    if (c->sent)
+        return bufferevent_enable(c->bev, EV_READ) != 0 ? -1 : 0;
+    if (bufferevent_write_buffer(c->bev, req->wire) != 0 ||
+        bufferevent_enable(c->bev, EV_READ | EV_WRITE) != 0)
+        return -1;
+    return 0;
 }
 
 static struct bufferevent *bev_new(struct up_pool *pool)
@@ -670,6 +734,18 @@ fail:
     return NULL;
 }
 
+/* A request that could not be put on a connection: nothing was sent, and
+ * the timer reports it from the loop, so done never runs in up_pool_send. */
+static int fail_later(struct up_request *req, struct up_conn *c)
+{
+    if (c) {
+        c->req = NULL;
+        conn_free(c);
+    }
+    req->conn = NULL;
+    return req_arm_timer(req, 0);
+}
+
 int up_pool_send(struct up_pool *pool, struct up_request *req)
 {
     struct up_conn *c;
@@ -687,27 +763,21 @@ int up_pool_send(struct up_pool *pool, struct up_request *req)
     if (c) {
         TAILQ_REMOVE(&pool->idle, c, link);
         pool->n_idle--;
+        c->state = C_BUSY;
         TAILQ_INSERT_TAIL(&pool->busy, c, link);
-        conn_start(c, req);
-        return 0;
+        return conn_start(c, req) == 0 ? 0 : fail_later(req, c);
     }
     if (pool->n_conns < pool->max_conns) {
         c = conn_new(pool);
-        if (!c) {
-            /* Connect failed synchronously (e.g. no fd): nothing was sent. */
-            snprintf(req->resp.detail, sizeof req->resp.detail,
-                     "cannot open a connection to %s", pool->u->authority);
-            req->resp.result = UP_CONNECT_ERROR;
-            req->done_ns = clock_mono_ns();
-            req->done(req, req->arg);
-            return 0;
-        }
-        conn_start(c, req);
-        return 0;
+        if (!c)
+            return fail_later(req, NULL);
+        return conn_start(c, req) == 0 ? 0 : fail_later(req, c);
     }
+    if (req_arm_timer(req, pool->u->connect_timeout_ms) != 0)
+        return -ENOMEM; /* not queued: nothing refers to req */
     req->waiting = true;
     TAILQ_INSERT_TAIL(&pool->waiting, req, wait_link);
-    return req_arm_timer(req, pool->u->connect_timeout_ms);
+    return 0;
 }
 
 void up_request_cancel(struct up_request *req)

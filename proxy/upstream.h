@@ -49,14 +49,33 @@ struct up_response {
 struct up_request;
 typedef void (*up_done_cb)(struct up_request *req, void *arg);
 
+/* What a streaming caller hears before `done`. */
+enum up_event {
+    UP_EV_HEAD = 0,         /* the final response head is in (status, headers) */
+    UP_EV_BODY,             /* more body bytes are in resp.body */
+};
+/* Runs from the pool's loop; it may change `discard` and `hold_max` and
+ * drain resp.body, never cancel or free the request. */
+typedef void (*up_event_cb)(struct up_request *req, enum up_event ev, void *arg);
+
+/* How much a streamed response may hold before reading from the upstream
+ * stops: the body passes through, memory stays bounded per connection. */
+#define UP_STREAM_HOLD ((size_t)256 * 1024)
+
 /* One exchange with the upstream. The caller owns the struct, fills the
  * first block and calls up_pool_send(); `done` runs exactly once, from the
- * pool's event loop, unless the request is cancelled first. */
+ * pool's event loop (never from inside up_pool_send), unless the request is
+ * cancelled first. With `event` set, the head and body progress are reported before
+ * `done`, so the body can be passed on while it arrives. */
 struct up_request {
     struct evbuffer *wire;  /* full request bytes; the pool drains it */
     bool no_body;           /* HEAD: the response carries no body */
     up_done_cb done;
+    up_event_cb event;      /* optional */
     void *arg;
+    bool discard;           /* drop body bytes as they arrive */
+    size_t hold_max;        /* stop reading while resp.body holds this much;
+                             * 0: buffer the whole body (bounded) */
     struct up_response resp;
     uint64_t sent_ns, done_ns; /* monotonic: dispatch and completion */
 
@@ -86,6 +105,10 @@ int up_pool_send(struct up_pool *pool, struct up_request *req);
 /* Abandons a request whose answer nobody will read: its connection is
  * closed (its response would arrive for no one), done is never called. */
 void up_request_cancel(struct up_request *req);
+
+/* The caller took bytes out of resp.body: reading resumes once it holds
+ * less than half of hold_max. */
+void up_request_read_more(struct up_request *req);
 
 /* Frees what the response owns and zeroes it. */
 void up_response_clear(struct up_response *resp);

@@ -260,7 +260,7 @@ void h_sluice_cleanup(struct h_sluice *s)
 
 /* ---- raw HTTP ----------------------------------------------------------- */
 
-static int connect_port(int port)
+int h_connect(int port)
 {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -275,7 +275,7 @@ static int connect_port(int port)
     return fd;
 }
 
-static int send_all(int fd, const char *p, size_t len)
+int h_send_all(int fd, const char *p, size_t len)
 {
     while (len) {
         ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
@@ -362,14 +362,14 @@ static int parse_response(char *raw, size_t len, struct h_resp *r)
 
 int h_http_raw(int port, const char *req, size_t len, struct h_resp *r)
 {
-    int fd = connect_port(port), rc = -1;
+    int fd = h_connect(port), rc = -1;
     char *raw = NULL;
     size_t got = 0;
 
     memset(r, 0, sizeof *r);
     if (fd < 0)
         return -1;
-    if (send_all(fd, req, len) == 0 && (raw = read_all(fd, &got)))
+    if (h_send_all(fd, req, len) == 0 && (raw = read_all(fd, &got)))
         rc = parse_response(raw, got, r);
     free(raw);
     close(fd);

@@ -52,6 +52,11 @@ int h_sluice_rewrite(struct h_sluice *s, const char *body);
 int h_sluice_stop(struct h_sluice *s, int timeout_s);
 void h_sluice_cleanup(struct h_sluice *s);
 
+/* A connected TCP socket to 127.0.0.1:port, or -1. */
+int h_connect(int port);
+/* Sends all of len bytes (0 or -1). */
+int h_send_all(int fd, const char *p, size_t len);
+
 /* Sends raw bytes and reads the response until the server closes (10 s
  * limit). 0 or -1. */
 int h_http_raw(int port, const char *req, size_t len, struct h_resp *r);

@@ -1,0 +1,141 @@
+/* The upstream's answer on its way to the worker. A body that is all here
+ * when the answer is queued goes out from memory; any other is passed on as
+ * it arrives: MHD pulls it through a content reader, which suspends the
+ * connection while the upstream has nothing new, and the upstream client
+ * stops reading while UP_STREAM_HOLD bytes wait. So a response of any size
+ * costs a bounded amount of memory per connection, and a worker sees the
+ * first bytes of a long answer without waiting for the last. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+
+#include "proxy/exchange_internal.h"
+#include "proxy/log.h"
+#include "proxy/server.h"
+
+/* Above this, or spread over more chains, a whole body goes through the
+ * reader too: one iovec response per small answer is the cheap path, and
+ * libmicrohttpd 0.9.75 aborts when destroying iovec responses of many MiB. */
+#define WHOLE_MAX_BYTES ((size_t)64 * 1024)
+#define WHOLE_MAX_CHAINS 16
+/* What MHD asks the reader for at a time. */
+#define READ_BLOCK ((size_t)32 * 1024)
+
+static void add_upstream_headers(struct MHD_Response *resp,
+                                 const struct up_response *ur)
+{
+    const struct up_header *keep[UP_MAX_HEADERS];
+    size_t n = up_response_end_to_end(ur, keep);
+
+    for (size_t i = 0; i < n; i++)
+        MHD_add_response_header(resp, keep[i]->name, keep[i]->value);
+}
+
+static void free_evbuffer(void *cls)
+{
+    evbuffer_free(cls);
+}
+
+/* A small whole body goes out from the evbuffer's own chains (no copy); the
+ * response takes the evbuffer. NULL when it is not small or on failure. */
+static struct MHD_Response *response_whole(struct up_response *ur)
+{
+    struct evbuffer_iovec v[WHOLE_MAX_CHAINS];
+    struct MHD_IoVec m[WHOLE_MAX_CHAINS];
+    struct MHD_Response *resp;
+    int n;
+
+    if (evbuffer_get_length(ur->body) > WHOLE_MAX_BYTES)
+        return NULL;
+    n = evbuffer_peek(ur->body, -1, NULL, v, WHOLE_MAX_CHAINS);
+    if (n > WHOLE_MAX_CHAINS)
+        return NULL;
+    for (int i = 0; i < n; i++) {
+        m[i].iov_base = v[i].iov_base;
+        m[i].iov_len = v[i].iov_len;
+    }
+    /* MHD copies the vector itself, not the data. */
+    resp = MHD_create_response_from_iovec(m, (unsigned)n, free_evbuffer,
+                                          ur->body);
+    if (resp)
+        ur->body = NULL;
+    return resp;
+}
+
+/* MHD_ContentReaderCallback: what the upstream brought so far. */
+static ssize_t read_body(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct exchange *ex = cls;
+    struct evbuffer *body = ex->ureq.resp.body;
+    int n;
+
+    if (evbuffer_get_length(body) > 0) {
+        n = evbuffer_remove(body, buf, max);
+        if (n < 0)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        up_request_read_more(&ex->ureq);
+        return n;
+    }
+    if (ex->up_done)
+        return ex->ureq.resp.result == UP_OK ? MHD_CONTENT_READER_END_OF_STREAM
+                                             : MHD_CONTENT_READER_END_WITH_ERROR;
+    /* Nothing yet: MHD would call again at once; sleep until the upstream
+     * brings more (ex_stream_wake). */
+    ex->reader_waiting = true;
+    ex_suspend(ex);
+    return 0;
+}
+
+/* The length the worker is promised: the upstream's own Content-Length when
+ * it framed the body with one (a body cut short is then visible as such),
+ * else unknown (chunked to HTTP/1.1 workers). */
+static uint64_t promised_length(const struct exchange *ex)
+{
+    const struct up_response *ur = &ex->ureq.resp;
+    const char *cl = up_response_header(ur, "Content-Length");
+    char *end;
+    unsigned long long n;
+
+    /* A HEAD answer keeps the length a GET would have (MHD sends no body). */
+    if (!cl || up_response_header(ur, "Transfer-Encoding") ||
+        ur->status == 204 || ur->status == 304)
+        return ex->ureq.no_body ? 0 : MHD_SIZE_UNKNOWN;
+    n = strtoull(cl, &end, 10);
+    return (*cl >= '0' && *cl <= '9' && *end == '\0') ? n : MHD_SIZE_UNKNOWN;
+}
+
+struct MHD_Response *ex_stream_response(struct exchange *ex)
+{
+    struct up_response *ur = &ex->ureq.resp;
+    struct MHD_Response *resp = NULL;
+
+    if (ex->up_done && ur->result == UP_OK && !ex->ureq.no_body)
+        resp = response_whole(ur);
+    if (!resp)
+        resp = MHD_create_response_from_callback(promised_length(ex), READ_BLOCK,
+                                                 read_body, ex, NULL);
+    if (resp)
+        add_upstream_headers(resp, ur);
+    return resp;
+}
+
+void ex_stream_wake(struct exchange *ex)
+{
+    if (!ex->reader_waiting)
+        return;
+    ex->reader_waiting = false;
+    ex_resume(ex);
+}
+
+void ex_stream_abort(struct exchange *ex)
+{
+    if (!ex->up_done) {
+        up_request_cancel(&ex->ureq);
+        ex->up_done = true;
+        ex->ureq.resp.result = UP_CONNECTION_LOST;
+        log_warn("route %s: response body cut short by the drain deadline",
+                 ex->route->name);
+    }
+    ex_stream_wake(ex);
+}
