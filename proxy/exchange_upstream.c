@@ -241,6 +241,15 @@ static void classify_failure(struct exchange *ex)
 
     log_warn("route %s: upstream %s: %s", ex->route->name, ex->up->name,
              r->detail);
+    if (r->head_too_big) {
+        /* The upstream worked and will answer the same way again: passing
+         * the job back would only repeat the side effect. As nginx's "upstream
+         * sent too big header": 502. The lease stays (the outcome is not
+         * known to the worker). */
+        ex_refuse(ex, 502, OUT_PERMANENT_ERROR, R_CONNECTION_LOST,
+                  "upstream %s: %s", ex->up->name, r->detail);
+        return;
+    }
     breaker_note(ex, true);
     if (ex->pol->retry.on_transport & map[r->result].bit) {
         retryable(ex, reason, r->status, false, 0);
@@ -356,6 +365,7 @@ void ex_send_upstream(struct exchange *ex)
 {
     if (!ex_pace_may_send(ex))
         return;
+    ex_unwatch_client(ex); /* from here the request is sent: no way back */
     if (!ex_idem_lease(ex)) {
         ex_pace_release(ex);
         ex_finish(ex);

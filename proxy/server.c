@@ -260,9 +260,12 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx
 static struct MHD_Daemon *mhd_start(struct worker *w)
 {
     const struct app_fixed *cfg = &w->app->fixed;
-    /* The pool holds the request head and the body read buffer; it is sized
-     * above max_header so that our own check answers 431, not MHD's. */
-    size_t pool = (size_t)cfg->max_header + 8192;
+    /* The pool holds the request head, the body read buffer and the
+     * response head: sized above max_header so that our own check answers
+     * 431, not MHD's, and with room for the largest upstream head we pass
+     * on, so an answer is never lost for want of memory (an empty close
+     * after the upstream did the work). */
+    size_t pool = (size_t)cfg->max_header + UP_MAX_HEAD_BYTES + 8192;
 
     return MHD_start_daemon(
         MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_NO_LISTEN_SOCKET |

@@ -20,8 +20,8 @@
 #include "proxy/headers.h"
 #include "util/clock.h"
 
-/* Upper bounds on what an upstream may make us hold for one response. */
-#define UP_MAX_HEADER_BYTES (64 * 1024)
+/* Upper bound on what an upstream may make us hold for one response body
+ * that is not streamed. */
 #define UP_MAX_BODY_BYTES ((size_t)256 * 1024 * 1024)
 
 enum conn_state { C_CONNECTING, C_IDLE, C_BUSY };
@@ -194,17 +194,25 @@ static int str_append(char **s, const char *at, size_t len)
 
 /* ---- parser callbacks --------------------------------------------------- */
 
+/* A head the worker's connection could not hold: refused whole, so the
+ * worker gets a complete error rather than an empty close. */
+static int head_too_big(struct up_conn *c)
+{
+    c->req->resp.head_too_big = true;
+    return 1;
+}
+
 static int on_header_field(http_parser *p, const char *at, size_t len)
 {
     struct up_conn *c = p->data;
     struct up_response *r = &c->req->resp;
 
     c->header_bytes += len;
-    if (c->header_bytes > UP_MAX_HEADER_BYTES)
-        return 1;
+    if (c->header_bytes > UP_MAX_HEAD_BYTES)
+        return head_too_big(c);
     if (c->in_value || r->n_headers == 0) {
         if (r->n_headers == UP_MAX_HEADERS)
-            return 1;
+            return head_too_big(c);
         if (r->n_headers == r->cap_headers) {
             size_t cap = r->cap_headers ? r->cap_headers * 2 : 16;
             struct up_header *h = realloc(r->headers, cap * sizeof *h);
@@ -216,6 +224,7 @@ static int on_header_field(http_parser *p, const char *at, size_t len)
         r->headers[r->n_headers].name = NULL;
         r->headers[r->n_headers].value = NULL;
         r->n_headers++;
+        c->header_bytes += 4; /* ": " and CRLF, as the worker will get it */
         c->in_value = false;
     }
     return str_append(&r->headers[r->n_headers - 1].name, at, len) ? 1 : 0;
@@ -227,7 +236,9 @@ static int on_header_value(http_parser *p, const char *at, size_t len)
     struct up_response *r = &c->req->resp;
 
     c->header_bytes += len;
-    if (c->header_bytes > UP_MAX_HEADER_BYTES || r->n_headers == 0)
+    if (c->header_bytes > UP_MAX_HEAD_BYTES)
+        return head_too_big(c);
+    if (r->n_headers == 0)
         return 1;
     c->in_value = true;
     return str_append(&r->headers[r->n_headers - 1].value, at, len) ? 1 : 0;
@@ -489,8 +500,12 @@ static void parse_input(struct up_conn *c)
         evbuffer_drain(in, c->complete ? n : v.iov_len);
         if (!c->complete && HTTP_PARSER_ERRNO(&c->parser) != HPE_OK) {
             char why[160];
-            snprintf(why, sizeof why, "invalid response from upstream: %s",
-                     http_errno_description(HTTP_PARSER_ERRNO(&c->parser)));
+            if (c->req->resp.head_too_big)
+                snprintf(why, sizeof why, "response head over %d bytes or %d "
+                         "headers", UP_MAX_HEAD_BYTES, UP_MAX_HEADERS);
+            else
+                snprintf(why, sizeof why, "invalid response from upstream: %s",
+                         http_errno_description(HTTP_PARSER_ERRNO(&c->parser)));
             conn_fail(c, UP_CONNECTION_LOST, why);
             return;
         }

@@ -34,8 +34,12 @@ struct up_header {
     char *name, *value;     /* owned */
 };
 
-/* Most headers one response may carry. */
+/* Most headers one response may carry, and the most bytes of its head
+ * (names, values, ": " and CRLF): the worker's connection is sized to hold
+ * a request head of limits.max_header and a response head of this. nginx's
+ * proxy_buffer_size is 4-8 KiB by default. */
 #define UP_MAX_HEADERS 256
+#define UP_MAX_HEAD_BYTES (16 * 1024)
 
 struct up_response {
     enum up_result result;
@@ -43,6 +47,7 @@ struct up_response {
     struct up_header *headers;
     size_t n_headers, cap_headers;
     struct evbuffer *body;  /* owned; may be stolen by the caller (set NULL) */
+    bool head_too_big;      /* over UP_MAX_HEAD_BYTES or UP_MAX_HEADERS */
     char detail[192];       /* why it failed, for logs and problem bodies */
 };
 

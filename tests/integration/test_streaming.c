@@ -538,3 +538,79 @@ Test(orderings, upstream_response_counted_before_the_answer)
         cr_assert_eq(upstream_2xx(), before + i, "after request %d", i);
     }
 }
+
+/* ---- heads of any allowed size ------------------------------------------ */
+
+/* n headers with values of `len` bytes each, as request lines. */
+static char *many_headers(const char *name, int n, int len)
+{
+    size_t cap = (size_t)n * ((size_t)len + 64) + 1, used = 0;
+    char *s = malloc(cap), *value = malloc((size_t)len + 1);
+
+    if (value) {
+        memset(value, 'v', (size_t)len);
+        value[len] = '\0';
+    }
+    for (int i = 0; i < n && s && value; i++)
+        used += (size_t)snprintf(s + used, cap - used, "%s%d: %s\r\n", name, i, value);
+    free(value);
+    return s;
+}
+
+/* A request head near max_header and a response head near its own limit:
+ * both fit, and the answer arrives whole (it used to be an empty close
+ * after the upstream had done the work). */
+Test(streaming, large_request_and_response_heads_answer_whole)
+{
+    char *req = many_headers("X-Stub-Set-Header: X-Big-", 70, 200);
+    struct h_resp r;
+    char *last;
+
+    cr_assert(req);
+    cr_assert_eq(h_http(sl.port, "GET", "/heads", req, NULL, 0, &r), 0);
+    cr_expect_eq(r.status, 200);
+    last = h_header(&r, "X-Big-69");
+    cr_expect(last != NULL, "the last of 70 response headers is missing");
+    free(last);
+    h_resp_free(&r);
+    free(req);
+}
+
+/* A response head over the limit is refused whole: a 502 problem, never an
+ * empty close. */
+Test(streaming, too_big_response_head_is_502)
+{
+    char *req = many_headers("X-Stub-Set-Header: X-Many-", 260, 8);
+    struct h_resp r;
+    char *o;
+
+    cr_assert(req);
+    cr_assert_eq(h_http(sl.port, "GET", "/heads", req, NULL, 0, &r), 0);
+    cr_expect_eq(r.status, 502);
+    o = h_header(&r, "Sluice-Outcome");
+    cr_expect(o && strcmp(o, "permanent_error") == 0, "outcome %s", o ? o : "(none)");
+    cr_expect(r.body && strstr(r.body, "response head over"), "%s", r.body);
+    free(o);
+    h_resp_free(&r);
+    free(req);
+}
+
+/* Request heads between max_header and the connection's memory get a whole
+ * 431 problem (they used to get an empty close). */
+Test(streaming, request_heads_over_max_header_get_a_whole_431)
+{
+    static const int kib[] = {17, 20, 24};
+
+    for (size_t i = 0; i < sizeof kib / sizeof kib[0]; i++) {
+        char *req = many_headers("X-Fill-", kib[i] * 1024 / 110, 100);
+        struct h_resp r;
+
+        cr_assert(req);
+        cr_assert_eq(h_http(sl.port, "GET", "/heads", req, NULL, 0, &r), 0,
+                     "%d KiB: no answer", kib[i]);
+        cr_expect_eq(r.status, 431, "%d KiB: status %d", kib[i], r.status);
+        cr_expect(r.body && strstr(r.body, "headers_too_large"), "%d KiB: %s", kib[i], r.body);
+        h_resp_free(&r);
+        free(req);
+    }
+}
