@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 
 #include <event2/buffer.h>
 #include <event2/event.h>
@@ -124,6 +125,8 @@ static void exchange_free(struct exchange *ex)
     ex_idem_done(ex);
     if (ex->timer)
         event_free(ex->timer);
+    if (ex->client_ev)
+        event_free(ex->client_ev);
     if (ex->slot.granted_ev)
         event_free(ex->slot.granted_ev);
     up_response_clear(&ex->ureq.resp);
@@ -289,8 +292,57 @@ void ex_resume(struct exchange *ex)
     worker_kick(ex->w);
 }
 
+/* Nothing else reads a suspended connection (MHD does not watch it), so a
+ * worker that gave up would otherwise have its request sent later, and
+ * without a key its retry would be a second side effect. */
+static void on_client_readable(evutil_socket_t fd, short what, void *arg)
+{
+    struct exchange *ex = arg;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+
+    if (n > 0)
+        return; /* a pipelined request: the worker is there; stop watching */
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+        event_add(ex->client_ev, NULL);
+        return;
+    }
+    ex_pace_cancel(ex);
+    ex->kind = ANSWER_PROBLEM;
+    ex->status = 499;
+    ex->outcome = OUT_ABANDONED;
+    ex->reason = R_CLIENT_CLOSED;
+    log_debug("route %s: the worker closed its connection while its request "
+              "waited: dropped, nothing sent", ex->route->name);
+    ex_finish(ex);
+}
+
+void ex_watch_client(struct exchange *ex)
+{
+    const union MHD_ConnectionInfo *ci;
+
+    if (!ex->client_ev) {
+        ci = MHD_get_connection_info(ex->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!ci)
+            return;
+        ex->client_ev = event_new(ex->w->base, ci->connect_fd, EV_READ,
+                                  on_client_readable, ex);
+        if (!ex->client_ev)
+            return; /* not watched: the request goes on as before */
+    }
+    if (!event_pending(ex->client_ev, EV_READ, NULL))
+        event_add(ex->client_ev, NULL);
+}
+
+void ex_unwatch_client(struct exchange *ex)
+{
+    if (ex->client_ev)
+        event_del(ex->client_ev);
+}
+
 void ex_finish(struct exchange *ex)
 {
+    ex_unwatch_client(ex);
     ex_idem_unclaim(ex);
     ex->state = EX_READY;
     ex_resume(ex);
@@ -575,6 +627,10 @@ enum MHD_Result exchange_access(void *cls, struct MHD_Connection *c,
             return answer(ex);
         return forward(ex);
     case EX_READY:
+        if (ex->outcome == OUT_ABANDONED) {
+            ex->state = EX_ANSWERED; /* logged and counted, nothing sent */
+            return MHD_NO;
+        }
         return answer(ex);
     default:
         return MHD_NO;
@@ -596,7 +652,10 @@ static void log_exchange(const struct exchange *ex)
     e.status = ex->status;
     e.outcome = outcome_name(ex->outcome);
     e.reason = reason_name(ex->reason);
-    e.attempt = ex->attempt ? ex->attempt : 1;
+    /* An instruction's attempt is what its body told the worker (attempts
+     * so far, for answers that reached no upstream). */
+    e.attempt = ex->kind == ANSWER_INSTRUCTION ? ex->instr.attempt
+                : ex->attempt ? ex->attempt : 1;
     e.permit_wait_ms = (double)ex->permit_wait_ns / 1e6;
     e.shadow = ex->shadow;
     e.upstream_ms = u->done_ns > u->sent_ns ? (double)(u->done_ns - u->sent_ns) / 1e6 : 0;
@@ -713,7 +772,8 @@ void exchange_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 
     if (!ex)
         return;
-    if (ex->state == EX_ANSWERED) {
+    /* An abandoned request may be closed by MHD before it calls back. */
+    if (ex->state == EX_ANSWERED || ex->outcome == OUT_ABANDONED) {
 #ifndef SLUICE_METRICS_OFF /* a benchmark-only build, to price the metrics */
         record_metrics(ex);
 #endif

@@ -87,6 +87,7 @@ struct exchange {
     bool streaming;         /* the body is passed on as it arrives */
     bool up_done;           /* ureq's done ran: resp.result is final */
     bool reader_waiting;    /* suspended by the body reader for more bytes */
+    struct event *client_ev; /* the worker's socket, watched while we wait */
     uint64_t t0_ns;
     uint64_t t0_wall_ms;
     TAILQ_ENTRY(exchange) link;
@@ -104,6 +105,11 @@ void ex_finish(struct exchange *ex);
 void ex_resume(struct exchange *ex);
 /* Suspends the connection until ex_resume / ex_finish. */
 void ex_suspend(struct exchange *ex);
+/* While the request waits inside sluice (permit, slot, send check), its
+ * connection is watched: a worker that closes it abandons the request,
+ * which is then never sent. */
+void ex_watch_client(struct exchange *ex);
+void ex_unwatch_client(struct exchange *ex);
 /* sluice_upstream_responses_total and the upstream timing, counted as soon
  * as the upstream's result is known (a scrape right after sees it). */
 void ex_record_upstream(const struct exchange *ex);
@@ -115,6 +121,9 @@ void ex_pace_release(struct exchange *ex);  /* frees the slot, stops the timer *
  * ex_send_upstream again when it will. */
 bool ex_pace_may_send(struct exchange *ex);
 void ex_pace_abort(struct exchange *ex);    /* drain deadline while waiting */
+/* The worker left while the request waited: the wait ends, the slot (if
+ * any) goes back, nothing is sent. */
+void ex_pace_cancel(struct exchange *ex);
 /* RateLimit-Policy / RateLimit header values for the exchange's policy. */
 void ex_rate_headers(const struct exchange *ex, char *policy, size_t plen,
                      char *state, size_t slen);

@@ -108,6 +108,7 @@ static void step_slot(struct exchange *ex)
     tv = ns_to_tv(ex->wait_deadline_ns > now ? ex->wait_deadline_ns - now : 0);
     evtimer_assign(ex->timer, ex->w->base, on_slot_timeout, ex);
     evtimer_add(ex->timer, &tv);
+    ex_watch_client(ex);
 }
 
 /* ---- permits ------------------------------------------------------------ */
@@ -233,6 +234,7 @@ void ex_pace(struct exchange *ex)
     ex->state = EX_PERMIT;
     tv = ns_to_tv(start - now);
     evtimer_add(ex->timer, &tv);
+    ex_watch_client(ex);
 }
 
 /* ---- the moment of sending ---------------------------------------------- */
@@ -258,6 +260,7 @@ bool ex_pace_may_send(struct exchange *ex)
     tv = ns_to_tv(at - now);
     evtimer_assign(ex->timer, ex->w->base, on_send_retry, ex);
     evtimer_add(ex->timer, &tv);
+    ex_watch_client(ex);
     return false;
 }
 
@@ -269,6 +272,17 @@ void ex_pace_release(struct exchange *ex)
         ex->has_slot = false;
         pacing_slot_release(ex->ps);
     }
+}
+
+void ex_pace_cancel(struct exchange *ex)
+{
+    if (ex->state == EX_SLOT && !pacing_slot_cancel(ex->ps, &ex->slot)) {
+        /* Granted in the meantime: ours to give back, and its pending
+         * activation must not run after us. */
+        ex->has_slot = true;
+        event_del(ex->slot.granted_ev);
+    }
+    ex_pace_release(ex);
 }
 
 void ex_pace_abort(struct exchange *ex)

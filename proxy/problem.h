@@ -12,6 +12,7 @@ enum outcome {
     OUT_REQUEUE,
     OUT_DEAD_LETTER,
     OUT_REJECTED,
+    OUT_ABANDONED,      /* the worker left while its request waited: no answer */
     OUT__COUNT
 };
 
@@ -35,6 +36,7 @@ enum reason {
     R_LEASE_HELD,
     R_STORE_UNAVAILABLE,
     R_DELAY_EXCEEDS_MAX,
+    R_CLIENT_CLOSED,    /* abandoned: logged as status 499, as nginx does */
     R__COUNT
 };
 

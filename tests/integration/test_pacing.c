@@ -688,3 +688,79 @@ Test(pacing, shadow_forwards_everything_and_says_what_enforce_would_do,
     cr_expect(h_file_contains(sl.log_path, "\"shadow\":\"permit_wait\""));
     cr_expect(h_file_contains(sl.log_path, "\"shadow\":\"rate_limited\""));
 }
+
+/* ---- a worker that leaves while its request waits ------------------------ */
+
+/* Sends a request and closes the connection after `ms`, unanswered. */
+static void send_and_leave(const char *target, const char *headers, int ms)
+{
+    char req[512];
+    int fd = h_connect(sl.port);
+
+    cr_assert(fd >= 0);
+    snprintf(req, sizeof req, "POST %s HTTP/1.1\r\nHost: x\r\n%sContent-Length: 1\r\n\r\nb",
+             target, headers ? headers : "");
+    cr_assert_eq(h_send_all(fd, req, strlen(req)), 0);
+    usleep((useconds_t)ms * 1000);
+    close(fd);
+}
+
+static bool metrics_have(const char *text)
+{
+    struct h_resp r;
+    bool found;
+
+    cr_assert_eq(h_http(sl.admin_port, "GET", "/metrics", NULL, NULL, 0, &r), 0);
+    found = r.body && strstr(r.body, text);
+    h_resp_free(&r);
+    return found;
+}
+
+static void *slow_one(void *arg)
+{
+    struct burst_arg *a = arg;
+    struct h_resp r;
+
+    if (h_http(sl.port, "POST", "/one", "X-Stub-Delay-Ms: 1500\r\n", "h", 1, &r) == 0)
+        a->status = r.status;
+    h_resp_free(&r);
+    return NULL;
+}
+
+/* Waiting for a permit, then for a slot: the worker closes its connection,
+ * and its request is never sent (nginx's 499), whatever comes free later. */
+Test(pacing, abandoned_while_waiting_is_never_sent, .fini = stop, .timeout = 30)
+{
+    struct h_resp r;
+
+    start("  slow: {rate: 1/s, burst: 1, max_wait: 5s}\n"
+          "  one: {concurrency: 1, max_wait: 5s}\n",
+          "  - {prefix: /slow, upstream: stub, policy: slow}\n"
+          "  - {prefix: /one, upstream: stub, policy: one}\n");
+    /* the permit: the first request takes the only token */
+    cr_assert_eq(h_http(sl.port, "POST", "/slow", NULL, "a", 1, &r), 0);
+    cr_expect_eq(r.status, 200);
+    h_resp_free(&r);
+    send_and_leave("/slow", NULL, 200);
+    /* the slot: one request holds it for 1.5 s */
+    pthread_t t;
+    struct burst_arg a = {0};
+    pthread_create(&t, NULL, slow_one, &a);
+    usleep(200000);
+    send_and_leave("/one", NULL, 200);
+    pthread_join(t, NULL);
+    cr_expect_eq(a.status, 200);
+    usleep(1500000); /* past the permit the abandoned one had reserved */
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 2, "an abandoned request was sent");
+    cr_expect(h_file_contains(sl.log_path, "\"status\":499,\"outcome\":\"abandoned\","
+                                           "\"reason\":\"client_closed\""),
+              "not logged as 499");
+    cr_expect(metrics_have("route=\"/slow\",outcome=\"abandoned\",reason=\"client_closed\"} 1"),
+              "not counted for /slow");
+    cr_expect(metrics_have("route=\"/one\",outcome=\"abandoned\",reason=\"client_closed\"} 1"),
+              "not counted for /one");
+    /* the slot came back: the next request of /one goes through at once */
+    cr_assert_eq(h_http(sl.port, "POST", "/one", NULL, "c", 1, &r), 0);
+    cr_expect_eq(r.status, 200);
+    h_resp_free(&r);
+}

@@ -92,5 +92,8 @@ Test(store_faults, a_full_store_refuses_to_forward)
         h_resp_free(&r);
     }
     cr_expect(h_file_contains(sl.log_path, "idempotency store"), "logged");
+    /* the access log says the attempt the instruction's body said (0) */
+    cr_expect(h_file_contains(sl.log_path, "\"reason\":\"store_unavailable\",\"attempt\":0,"),
+              "the access log's attempt differs from the body's");
     cr_expect(sl.pid > 0 && kill(sl.pid, 0) == 0, "sluice is still running");
 }
