@@ -102,13 +102,12 @@ static long remove_dot_segments(char *p, size_t n, struct sc_error *err)
 int path_normalise(const char *target, size_t len, char **out,
                    struct sc_error *err)
 {
-    size_t plen = strcspn(target, "?");
+    const char *q = memchr(target, '?', len);
+    size_t plen = q ? (size_t)(q - target) : len;
     char *buf;
     long n;
 
     *out = NULL;
-    if (plen > len)
-        plen = len;
     if (plen == 0 || target[0] != '/') {
         sc_error_set(err, "the path does not start with \"/\"");
         return -EINVAL;

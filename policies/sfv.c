@@ -151,7 +151,7 @@ static const char *parse_member(const char *p, size_t item, sfv_param_fn fn,
         return parse_params(parse_bare(p, &is_int, &v), item, fn, arg);
     for (p = skip_sp(p + 1); p && *p != ')'; p = skip_sp(p)) {
         p = skip_inner_params(parse_bare(p, &is_int, &v));
-        if (p && *p != ' ' && *p != ')')
+        if (!p || (*p != ' ' && *p != ')'))
             return NULL;
     }
     return p ? parse_params(p + 1, item, fn, arg) : NULL;

@@ -225,6 +225,20 @@ Test(ratelimit_t, without_an_exhausted_t_is_refused)
     }
 }
 
+/* Found by tests/fuzz/fuzz_hints: an Inner List cut short used to send
+ * the walker through a NULL pointer (an upstream could crash sluice). */
+Test(ratelimit_t, unfinished_inner_list_is_refused)
+{
+    static const char *const bad[] = {"(", "( ", "(!", "(a;", "(a;=", "(\"x",
+                                      "\"p\";r=0;t=1, (", "(a b"};
+
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint64_t d = SENTINEL;
+
+        cr_expect_eq(hint_ratelimit_t(bad[i], &d), -EINVAL, "\"%s\" accepted", bad[i]);
+    }
+}
+
 Test(ratelimit_t, huge_t_does_not_overflow)
 {
     uint64_t d = 0;

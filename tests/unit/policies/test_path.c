@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "policies/path.h"
 
@@ -112,4 +114,25 @@ Test(path_normalise, honours_the_length)
     cr_assert_eq(path_normalise("/a/../bXYZ", 7, &out, &err), 0);
     cr_expect_str_eq(out, "/b");
     free(out);
+}
+
+/* Found by tests/fuzz/fuzz_path: the '?' was looked for up to a NUL, past
+ * len. The target here ends right before an unreadable page. */
+Test(path_normalise, reads_no_byte_past_the_length)
+{
+    static const char t[] = "/a/./b";
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    char *map = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    struct sc_error err = {0};
+    char *at, *out = NULL;
+
+    cr_assert_neq(map, MAP_FAILED);
+    cr_assert_eq(mprotect(map + page, page, PROT_NONE), 0);
+    at = map + page - (sizeof t - 1);
+    memcpy(at, t, sizeof t - 1); /* no terminator */
+    cr_assert_eq(path_normalise(at, sizeof t - 1, &out, &err), 0);
+    cr_expect_str_eq(out, "/a/b");
+    free(out);
+    munmap(map, 2 * page);
 }
