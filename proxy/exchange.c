@@ -110,25 +110,14 @@ void *exchange_uri_log(void *cls, const char *uri, struct MHD_Connection *c)
 
 static void exchange_free(struct exchange *ex)
 {
-    /* Only a suspended exchange can still wait on something; MHD completes
-     * none of those, but a daemon stopped early would. */
-    if (ex->suspended) {
-        TAILQ_REMOVE(&ex->w->waiting, ex, link);
-        if (ex->state == EX_SLOT)
-            pacing_slot_cancel(ex->ps, &ex->slot);
-    }
-    /* Still reading from the upstream (a worker that left mid-stream, or a
-     * daemon stopped early): nobody will read the rest. */
-    if (ex->ureq.pool && !ex->up_done)
-        up_request_cancel(&ex->ureq);
-    ex_pace_release(ex);
-    ex_idem_done(ex);
+    ex_release_all(ex);
     if (ex->timer)
         event_free(ex->timer);
     if (ex->client_ev)
         event_free(ex->client_ev);
     if (ex->slot.granted_ev)
         event_free(ex->slot.granted_ev);
+    store_record_clear(&ex->replay);
     up_response_clear(&ex->ureq.resp);
     if (ex->ureq.wire)
         evbuffer_free(ex->ureq.wire);
@@ -165,7 +154,7 @@ static enum MHD_Result queue(struct exchange *ex, struct MHD_Response *resp)
     MHD_add_response_header(resp, "Sluice-Outcome", outcome_name(ex->outcome));
     rc = MHD_queue_response(ex->mc, (unsigned)ex->status, resp);
     MHD_destroy_response(resp);
-    ex->state = EX_ANSWERED;
+    ex_set_answered(ex);
     return rc;
 }
 
@@ -273,79 +262,6 @@ static enum MHD_Result answer(struct exchange *ex)
     default:
         return answer_problem(ex);
     }
-}
-
-void ex_suspend(struct exchange *ex)
-{
-    ex->suspended = true;
-    TAILQ_INSERT_TAIL(&ex->w->waiting, ex, link);
-    MHD_suspend_connection(ex->mc);
-}
-
-void ex_resume(struct exchange *ex)
-{
-    if (!ex->suspended)
-        return;
-    TAILQ_REMOVE(&ex->w->waiting, ex, link);
-    ex->suspended = false;
-    MHD_resume_connection(ex->mc);
-    worker_kick(ex->w);
-}
-
-/* Nothing else reads a suspended connection (MHD does not watch it), so a
- * worker that gave up would otherwise have its request sent later, and
- * without a key its retry would be a second side effect. */
-static void on_client_readable(evutil_socket_t fd, short what, void *arg)
-{
-    struct exchange *ex = arg;
-    char c;
-    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-
-    if (n > 0)
-        return; /* a pipelined request: the worker is there; stop watching */
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-        event_add(ex->client_ev, NULL);
-        return;
-    }
-    ex_pace_cancel(ex);
-    ex->kind = ANSWER_PROBLEM;
-    ex->status = 499;
-    ex->outcome = OUT_ABANDONED;
-    ex->reason = R_CLIENT_CLOSED;
-    log_debug("route %s: the worker closed its connection while its request "
-              "waited: dropped, nothing sent", ex->route->name);
-    ex_finish(ex);
-}
-
-void ex_watch_client(struct exchange *ex)
-{
-    const union MHD_ConnectionInfo *ci;
-
-    if (!ex->client_ev) {
-        ci = MHD_get_connection_info(ex->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
-        if (!ci)
-            return;
-        ex->client_ev = event_new(ex->w->base, ci->connect_fd, EV_READ,
-                                  on_client_readable, ex);
-        if (!ex->client_ev)
-            return; /* not watched: the request goes on as before */
-    }
-    if (!event_pending(ex->client_ev, EV_READ, NULL))
-        event_add(ex->client_ev, NULL);
-}
-
-void ex_unwatch_client(struct exchange *ex)
-{
-    if (ex->client_ev)
-        event_del(ex->client_ev);
-}
-
-void ex_finish(struct exchange *ex)
-{
-    ex_unwatch_client(ex);
-    ex_idem_unclaim(ex);
-    ex->state = EX_READY;
-    ex_resume(ex);
 }
 
 /* ---- header checks ------------------------------------------------------ */
@@ -536,8 +452,7 @@ static bool read_attempt(struct exchange *ex)
  * is ready, whichever stage produces it. */
 static enum MHD_Result forward(struct exchange *ex)
 {
-    ex_suspend(ex);
-    ex_idem(ex);
+    ex_start(ex);
     return MHD_YES;
 }
 
@@ -566,12 +481,12 @@ static enum MHD_Result on_first_call(struct exchange *ex, const char *url,
     if (!conn_head_done(ex->mc))
         return MHD_NO; /* too late: answered 408, the connection is closing */
     if (!ex->status && !ex->target)
-        ex_refuse(ex, 500, OUT_REJECTED, R_MALFORMED_REQUEST, "out of memory");
+        ex_refuse(ex, 500, OUT_REJECTED, R_INTERNAL, "out of memory");
     if (!ex->status && collect_fields(ex, stack, &l) != 0)
-        ex_refuse(ex, 500, OUT_REJECTED, R_MALFORMED_REQUEST, "out of memory");
+        ex_refuse(ex, 500, OUT_REJECTED, R_INTERNAL, "out of memory");
     if (!ex->status && check_head(ex, url, version, &l) &&
         check_limits(ex, &l) && check_route(ex)) {
-        ex->state = EX_BODY;
+        ex_set_body(ex);
         rc = MHD_YES;
         goto out;
     }
@@ -589,15 +504,15 @@ static void on_body_data(struct exchange *ex, const char *data, size_t len)
     if (ex->state != EX_BODY)
         return;
     if (!ex->body && !(ex->body = evbuffer_new())) {
-        ex_refuse(ex, 500, OUT_REJECTED, R_MALFORMED_REQUEST, "out of memory");
-        ex->state = EX_REFUSED;
+        ex_refuse(ex, 500, OUT_REJECTED, R_INTERNAL, "out of memory");
+        ex_set_refused(ex);
         return;
     }
     if (evbuffer_get_length(ex->body) + len > ex->cfg->limits.max_body) {
         ex_refuse(ex, 413, OUT_REJECTED, R_BODY_TOO_LARGE,
                "request body exceeds limits.max_body (%llu)",
                (unsigned long long)ex->cfg->limits.max_body);
-        ex->state = EX_REFUSED;
+        ex_set_refused(ex);
         return;
     }
     evbuffer_add(ex->body, data, len);
@@ -628,7 +543,7 @@ enum MHD_Result exchange_access(void *cls, struct MHD_Connection *c,
         return forward(ex);
     case EX_READY:
         if (ex->outcome == OUT_ABANDONED) {
-            ex->state = EX_ANSWERED; /* logged and counted, nothing sent */
+            ex_set_answered(ex); /* logged and counted, nothing sent */
             return MHD_NO;
         }
         return answer(ex);
@@ -782,19 +697,4 @@ void exchange_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     }
     exchange_free(ex);
     *con_cls = NULL;
-}
-
-void exchange_abort_all(struct worker *w)
-{
-    struct exchange *ex;
-
-    /* Each call finishes the exchange, which leaves the list. */
-    while ((ex = TAILQ_FIRST(&w->waiting))) {
-        if (ex->streaming)
-            ex_stream_abort(ex);
-        else if (ex->state == EX_UPSTREAM)
-            ex_upstream_abort(ex);
-        else
-            ex_pace_abort(ex);
-    }
 }

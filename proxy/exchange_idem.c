@@ -1,9 +1,9 @@
-/* The idempotency stages of an exchange (SPEC section 6):
- *   arrival:    key checked, fingerprint taken, the store looked up (replay,
- *               422, lease_held), then an in-memory claim while pacing;
- *   forwarding: the durable lease, taken atomically in the store;
- *   result:     completed (before the worker sees it), released (a known,
- *               retryable result), or kept (unknown outcome) until expiry. */
+/* The idempotency stages of an exchange:
+ *   key:    key checked, fingerprint taken, the store looked up (replay,
+ *           422, lease_held), then an in-memory claim while pacing;
+ *   lease:  the durable lease, taken atomically in the store as it forwards;
+ *   commit: completed (before the worker sees it), released (a known,
+ *           retryable result), or kept (unknown outcome) until expiry. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,8 +17,6 @@
 #include "proxy/log.h"
 #include "proxy/server.h"
 #include "util/clock.h"
-
-#define NS_PER_MS 1000000ull
 
 static const char *scope(const struct exchange *ex)
 {
@@ -137,22 +135,18 @@ static bool claim(struct exchange *ex)
     return false;
 }
 
-void ex_idem(struct exchange *ex)
+enum ex_verdict stage_key(struct exchange *ex, uint64_t now)
 {
-    if (!applies(ex)) {
-        ex_pace(ex);
-        return;
-    }
-    if (!read_key(ex) || (ex->idem && (!look_up(ex) || !claim(ex)))) {
-        ex_finish(ex);
-        return;
-    }
-    ex_pace(ex);
+    if (!applies(ex))
+        return EXV_NEXT;
+    if (!read_key(ex) || (ex->idem && (!look_up(ex) || !claim(ex))))
+        return EXV_ANSWER;
+    return EXV_NEXT;
 }
 
 /* ---- forwarding --------------------------------------------------------- */
 
-bool ex_idem_lease(struct exchange *ex)
+static bool take_lease(struct exchange *ex)
 {
     struct store_acquire_out out = {0};
     struct sc_error err = {0};
@@ -187,6 +181,11 @@ bool ex_idem_lease(struct exchange *ex)
         mismatch(ex);
         return false;
     }
+}
+
+enum ex_verdict stage_lease(struct exchange *ex, uint64_t now)
+{
+    return take_lease(ex) ? EXV_NEXT : EXV_ANSWER;
 }
 
 /* ---- result ------------------------------------------------------------- */
@@ -253,49 +252,55 @@ static void release(struct exchange *ex)
     }
 }
 
-void ex_idem_complete_head(struct exchange *ex)
+/* Unknown outcome: the lease stands until it expires, and the job must
+ * not come back before then. */
+static void keep(struct exchange *ex)
 {
-    if (!ex->leased || ex->settled)
-        return;
-    ex->settled = true;
-    complete(ex, true);
+    uint64_t lease_ms = ex->pol->idem.lease_ms;
+
+    if (ex->kind == ANSWER_INSTRUCTION && ex->outcome == OUT_REQUEUE &&
+        ex->instr.delay_ms < lease_ms)
+        ex->instr.delay_ms = lease_ms;
 }
 
-void ex_idem_result(struct exchange *ex)
+/* Runs when the answer is known: at the upstream's end, or at its head
+ * when the body is to stream (stored then without it). */
+enum ex_verdict stage_commit(struct exchange *ex, uint64_t now)
 {
+    bool head_only = !ex->up_done && ex->kind == ANSWER_UPSTREAM;
     enum up_result r = ex->ureq.resp.result;
 
     if (!ex->leased || ex->settled)
-        return;
+        return EXV_ANSWER;
     ex->settled = true;
-    if (r == UP_TIMEOUT || r == UP_CONNECTION_LOST) {
-        /* Unknown outcome: the lease stands until it expires, and the job
-         * must not come back before then. */
-        uint64_t lease_ms = ex->pol->idem.lease_ms;
-        if (ex->kind == ANSWER_INSTRUCTION && ex->outcome == OUT_REQUEUE &&
-            ex->instr.delay_ms < lease_ms)
-            ex->instr.delay_ms = lease_ms;
-        return;
-    }
-    if (ex_idem_replayable(ex))
-        complete(ex, evbuffer_get_length(ex->ureq.resp.body) >
-                         ex->pol->idem.max_stored_body);
+    if (!head_only && (r == UP_TIMEOUT || r == UP_CONNECTION_LOST))
+        keep(ex);
+    else if (ex_idem_replayable(ex))
+        complete(ex, head_only || evbuffer_get_length(ex->ureq.resp.body) >
+                                      ex->pol->idem.max_stored_body);
     else
         release(ex);
+    return EXV_ANSWER;
 }
 
-void ex_idem_unclaim(struct exchange *ex)
+void idem_release_lease(struct exchange *ex)
+{
+    if (!ex->leased)
+        return;
+    if (!ex->settled) {
+        /* Left without a commit (the worker gone, no memory): nothing sent
+         * frees the key; something sent may have had its effect. */
+        ex->settled = true;
+        if (!ex->sent)
+            release(ex);
+    }
+    ex->leased = false;
+    atomic_fetch_sub(&ex->w->app->leases_active, 1);
+}
+
+void idem_unclaim(struct exchange *ex)
 {
     if (ex->claimed)
         claims_drop(&ex->w->app->claims, scope(ex), ex->key);
     ex->claimed = false;
-}
-
-void ex_idem_done(struct exchange *ex)
-{
-    if (ex->leased)
-        atomic_fetch_sub(&ex->w->app->leases_active, 1);
-    ex->leased = false;
-    ex_idem_unclaim(ex);
-    store_record_clear(&ex->replay);
 }

@@ -1,16 +1,23 @@
 /* The exchange's insides, shared by its files:
  *   exchange.c           MHD entry points, request checks, answers, logging
- *   exchange_pace.c      waiting for a permit and a concurrency slot
- *   exchange_upstream.c  the upstream request and what its result means
+ *   exchange_driver.c    the driver: the only writer of the state; it runs
+ *                        the stages, owns the timer, suspend/resume, the
+ *                        watch on the worker's socket and the release path
+ *   exchange_idem.c      stages: key on arrival, lease, commit
+ *   exchange_pace.c      stages: permit, slot, send check
+ *   exchange_upstream.c  stage: upstream (the request as sent, what its
+ *                        answer means)
  *   exchange_stream.c    the upstream's body on its way to the worker
- * The stages run in order; each either finishes the exchange (ex_finish) or
- * arms a timer / callback and returns. */
+ * A stage decides and returns a verdict (go on, wait, answer); it never
+ * calls another stage, never resumes the connection, never frees. */
 #ifndef SLUICE_PROXY_EXCHANGE_INTERNAL_H
 #define SLUICE_PROXY_EXCHANGE_INTERNAL_H
 
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/queue.h>
+
+#include <event2/util.h>
 
 #include <microhttpd.h>
 
@@ -29,12 +36,27 @@ enum ex_state {
     EX_HEADERS = 0, /* first call: headers are in, body not yet */
     EX_BODY,        /* collecting the body */
     EX_REFUSED,     /* answer decided, body discarded */
-    EX_PERMIT,      /* suspended: waiting for the bucket's permit */
-    EX_SLOT,        /* suspended: waiting for a concurrency slot */
-    EX_UPSTREAM,    /* suspended: waiting on the upstream */
+    /* the driver's stages, in order; the connection is suspended */
+    EX_KEY,         /* idempotency on arrival: replay, 422, lease_held, claim */
+    EX_PERMIT,      /* the bucket's permit */
+    EX_SLOT,        /* a concurrency slot */
+    EX_SEND_CHECK,  /* the send-side bucket, at the moment of sending */
+    EX_LEASE,       /* the durable lease */
+    EX_UPSTREAM,    /* the upstream request, until its answer is known */
+    EX_COMMIT,      /* the key's record written before the worker sees it */
     EX_READY,       /* resumed with an answer to queue */
-    EX_ANSWERED,
+    EX_ANSWERED,    /* queued (a streamed body may still flow) */
 };
+
+/* What a stage decides. */
+enum ex_verdict {
+    EXV_NEXT = 0,   /* done here: the next stage */
+    EXV_WAIT,       /* until ex->wake_at (when not 0) or an event */
+    EXV_ANSWER,     /* the answer is decided (kind, status, outcome...) */
+};
+
+/* Why a stage runs: the driver says. */
+enum ex_woke { WOKE_FIRST = 0, WOKE_TIMER, WOKE_EVENT };
 
 /* What the answer is made of. */
 enum ex_kind { ANSWER_PROBLEM = 0, ANSWER_UPSTREAM, ANSWER_INSTRUCTION, ANSWER_REPLAY };
@@ -44,7 +66,9 @@ struct exchange {
     struct MHD_Connection *mc;
     struct runtime *rt;     /* the config this request started on (a ref) */
     const struct sc_config *cfg;
-    enum ex_state state;
+    enum ex_state state;    /* written by exchange_driver.c only */
+    enum ex_woke woke;      /* why the current stage runs */
+    uint64_t wake_at;       /* EXV_WAIT: monotonic ns to be woken at, 0 none */
     bool suspended;
     char *target;           /* raw origin-form target, query included */
     const char *method;     /* MHD's, valid until completion */
@@ -66,9 +90,10 @@ struct exchange {
     /* pacing */
     struct policy_state *ps;
     struct bucket *bucket;
-    struct event *timer;
+    struct event *timer;    /* the driver's one timer */
     struct slot_waiter slot;
     bool has_slot;
+    bool slot_waiting;      /* queued for a slot (slot.queued is the lock's) */
     uint64_t wait_start_ns, wait_deadline_ns, permit_wait_ns;
     uint64_t permit_at;     /* reserved start (monotonic ns) */
     const char *shadow;     /* what enforce would have done, or NULL */
@@ -86,6 +111,7 @@ struct exchange {
     bool settled;           /* the key's record is written (complete/release) */
     bool streaming;         /* the body is passed on as it arrives */
     bool up_done;           /* ureq's done ran: resp.result is final */
+    bool sent;              /* handed to the upstream pool */
     bool reader_waiting;    /* suspended by the body reader for more bytes */
     struct event *client_ev; /* the worker's socket, watched while we wait */
     uint64_t t0_ns;
@@ -99,61 +125,61 @@ void ex_refuse(struct exchange *ex, int status, enum outcome o, enum reason r,
 /* An instruction answer: requeue (delay_ms) or dead_letter. */
 void ex_instruct(struct exchange *ex, enum outcome o, enum reason r,
                  uint64_t delay_ms, uint32_t attempt, int upstream_status);
-/* Resumes the suspended exchange so MHD calls back and the answer goes out. */
-void ex_finish(struct exchange *ex);
-/* Resumes a suspended connection without changing what it is doing. */
-void ex_resume(struct exchange *ex);
-/* Suspends the connection until ex_resume / ex_finish. */
-void ex_suspend(struct exchange *ex);
-/* While the request waits inside sluice (permit, slot, send check), its
- * connection is watched: a worker that closes it abandons the request,
- * which is then never sent. */
-void ex_watch_client(struct exchange *ex);
-void ex_unwatch_client(struct exchange *ex);
 /* sluice_upstream_responses_total and the upstream timing, counted as soon
  * as the upstream's result is known (a scrape right after sees it). */
 void ex_record_upstream(const struct exchange *ex);
 
+/* exchange_driver.c */
+/* The body is in: the connection is suspended and the stages run. */
+void ex_start(struct exchange *ex);
+/* An event the current wait may be for (a slot granted, the upstream's
+ * head, body or end): the stage runs again, or, once the answer is out,
+ * the stream moves on. */
+void ex_wake(struct exchange *ex);
+/* libevent callback for events a stage registers (arg: the exchange). */
+void ex_event_cb(evutil_socket_t fd, short what, void *arg);
+/* MHD phases: the body comes, or a refusal waits for it to end; the
+ * response is queued. */
+void ex_set_body(struct exchange *ex);
+void ex_set_refused(struct exchange *ex);
+void ex_set_answered(struct exchange *ex);
+/* The body reader has nothing to give: the connection sleeps until the
+ * upstream brings more (ex_wake). */
+void ex_reader_wait(struct exchange *ex);
+/* Everything the exchange still holds, given back (MHD completed it). */
+void ex_release_all(struct exchange *ex);
+
+/* exchange_idem.c */
+enum ex_verdict stage_key(struct exchange *ex, uint64_t now);
+enum ex_verdict stage_lease(struct exchange *ex, uint64_t now);
+enum ex_verdict stage_commit(struct exchange *ex, uint64_t now);
+/* True when the upstream's answer is to be stored for replay. */
+bool ex_idem_replayable(const struct exchange *ex);
+/* Releases: the in-memory claim; a lease never written off by the commit
+ * (nothing was sent: released; sent: kept until it expires). */
+void idem_unclaim(struct exchange *ex);
+void idem_release_lease(struct exchange *ex);
+
 /* exchange_pace.c */
-void ex_pace(struct exchange *ex);          /* bucket, then slot, then upstream */
-void ex_pace_release(struct exchange *ex);  /* frees the slot, stops the timer */
-/* False when the send-side bucket says "not yet": a timer calls
- * ex_send_upstream again when it will. */
-bool ex_pace_may_send(struct exchange *ex);
-void ex_pace_abort(struct exchange *ex);    /* drain deadline while waiting */
-/* The worker left while the request waited: the wait ends, the slot (if
- * any) goes back, nothing is sent. */
-void ex_pace_cancel(struct exchange *ex);
+enum ex_verdict stage_permit(struct exchange *ex, uint64_t now);
+enum ex_verdict stage_slot(struct exchange *ex, uint64_t now);
+enum ex_verdict stage_send_check(struct exchange *ex, uint64_t now);
+/* The drain deadline met a request waiting in a pacing stage: requeue. */
+void pace_drain_answer(struct exchange *ex, uint64_t now);
+/* Gives back the slot: a wait cancelled, or a held slot released. */
+void pace_release_slot(struct exchange *ex);
 /* RateLimit-Policy / RateLimit header values for the exchange's policy. */
 void ex_rate_headers(const struct exchange *ex, char *policy, size_t plen,
                      char *state, size_t slen);
 
-/* exchange_idem.c */
-void ex_idem(struct exchange *ex);          /* then ex_pace */
-bool ex_idem_lease(struct exchange *ex);    /* false: answered instead */
-void ex_idem_result(struct exchange *ex);   /* complete, release or keep */
-/* True when the upstream's answer is to be stored for replay. */
-bool ex_idem_replayable(const struct exchange *ex);
-/* Completes the record with status and headers only (a body over
- * max_stored_body), before the worker sees any of it. */
-void ex_idem_complete_head(struct exchange *ex);
-void ex_idem_done(struct exchange *ex);     /* drops the claim */
-/* Drops the in-memory claim once the answer is decided, before the worker
- * sees it: a worker that retries at once must not meet its own claim. */
-void ex_idem_unclaim(struct exchange *ex);
-
 /* exchange_upstream.c */
-void ex_send_upstream(struct exchange *ex);
-/* The upstream result after a drain abort of a sent request. */
-void ex_upstream_abort(struct exchange *ex);
+enum ex_verdict stage_upstream(struct exchange *ex, uint64_t now);
+/* The drain deadline met a sent request: dropped, requeue (lease kept). */
+void upstream_drain_answer(struct exchange *ex);
 
 /* exchange_stream.c */
 /* The worker's response for ANSWER_UPSTREAM: from memory when the body is
  * all here, else read from the upstream as it arrives. NULL on failure. */
 struct MHD_Response *ex_stream_response(struct exchange *ex);
-/* The upstream brought more (or ended): wake a reader that waits. */
-void ex_stream_wake(struct exchange *ex);
-/* Drain deadline: the upstream is dropped, the worker's response ends. */
-void ex_stream_abort(struct exchange *ex);
 
 #endif

@@ -11,8 +11,6 @@
 #include <event2/buffer.h>
 
 #include "proxy/exchange_internal.h"
-#include "proxy/log.h"
-#include "proxy/server.h"
 
 /* Above this, or spread over more chains, a whole body goes through the
  * reader too: one iovec response per small answer is the cheap path, and
@@ -81,9 +79,8 @@ static ssize_t read_body(void *cls, uint64_t pos, char *buf, size_t max)
         return ex->ureq.resp.result == UP_OK ? MHD_CONTENT_READER_END_OF_STREAM
                                              : MHD_CONTENT_READER_END_WITH_ERROR;
     /* Nothing yet: MHD would call again at once; sleep until the upstream
-     * brings more (ex_stream_wake). */
-    ex->reader_waiting = true;
-    ex_suspend(ex);
+     * brings more. */
+    ex_reader_wait(ex);
     return 0;
 }
 
@@ -118,24 +115,4 @@ struct MHD_Response *ex_stream_response(struct exchange *ex)
     if (resp)
         add_upstream_headers(resp, ur);
     return resp;
-}
-
-void ex_stream_wake(struct exchange *ex)
-{
-    if (!ex->reader_waiting)
-        return;
-    ex->reader_waiting = false;
-    ex_resume(ex);
-}
-
-void ex_stream_abort(struct exchange *ex)
-{
-    if (!ex->up_done) {
-        up_request_cancel(&ex->ureq);
-        ex->up_done = true;
-        ex->ureq.resp.result = UP_CONNECTION_LOST;
-        log_warn("route %s: response body cut short by the drain deadline",
-                 ex->route->name);
-    }
-    ex_stream_wake(ex);
 }

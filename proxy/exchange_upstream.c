@@ -1,7 +1,7 @@
-/* The upstream stage of an exchange: the request as sent (SPEC section 3),
- * and what the result means for the worker (SPEC section 4): pass the answer
- * through, or turn a retryable one into a requeue / dead-letter instruction,
- * with cooldowns for 429s. */
+/* The upstream stage of an exchange: the request as sent, and what its
+ * answer means for the worker: pass it through, or turn a retryable one into
+ * a requeue / dead-letter instruction, with cooldowns for 429s and the
+ * breaker's streak. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +10,7 @@
 #include <event2/buffer.h>
 
 #include "policies/backoff.h"
+#include "policies/breaker.h"
 #include "policies/route.h"
 #include "proxy/app.h"
 #include "proxy/exchange_internal.h"
@@ -153,52 +154,29 @@ static void cool_down(struct exchange *ex, bool has_hint, uint64_t hint_ms)
     }
     if (hint_ms > ex->pol->retry.max_delay_ms)
         hint_ms = ex->pol->retry.max_delay_ms;
-    bucket_pause(ex->bucket, now, now + hint_ms * 1000000ull, PAUSE_UPSTREAM_429);
+    bucket_pause(ex->bucket, now, now + hint_ms * NS_PER_MS, PAUSE_UPSTREAM_429);
     persist_pause(ex, hint_ms);
     log_info("policy %s: upstream %s asked for %llu ms of cooldown",
              ex->pol->name, ex->up->name, (unsigned long long)hint_ms);
 }
 
-/* The breaker (a policy's `breaker` block): a streak of upstream failures
- * pauses the bucket the way a partner's Retry-After does, so that while the
- * upstream is down requests wait or are requeued as upstream_cooldown,
- * spending no attempt, instead of each failing on its own and burning its
- * budget. The first request after a pause is the probe: if it fails too, the
- * next pause is twice as long, up to max_pause. Any answer below 500 (a 429
- * included: the upstream is up) closes it. A failure of a request sent
- * before the pause began does not extend it. */
-static void breaker_note(struct exchange *ex, bool failed)
+/* The breaker (a policy's `breaker` block; the rule: policies/breaker.h):
+ * its pause is the bucket's, like a partner's Retry-After. */
+static void note_breaker(struct exchange *ex, bool failed)
 {
-    const struct sc_breaker *b = &ex->pol->breaker;
-    struct policy_state *ps = ex->ps;
-    uint64_t now, pause_ms;
-    uint32_t opens;
+    uint64_t now = clock_mono_ns(), pause_ms;
 
-    if (!b->enabled || !ex->bucket || !ps)
+    if (!ex->pol->breaker.enabled || !ex->bucket || !ex->ps)
         return;
-    if (!failed) {
-        /* Read first: a store on every success would bounce the line
-         * between threads for nothing. */
-        if (atomic_load(&ps->fail_streak) || atomic_load(&ps->opens)) {
-            atomic_store(&ps->fail_streak, 0);
-            atomic_store(&ps->opens, 0);
-        }
+    pause_ms = breaker_note(&ex->pol->breaker, &ex->ps->breaker, failed,
+                            atomic_load(&ex->bucket->cooldown_until) > now);
+    if (!pause_ms)
         return;
-    }
-    if (atomic_fetch_add(&ps->fail_streak, 1) + 1 < b->failures)
-        return;
-    now = clock_mono_ns();
-    if (atomic_load(&ex->bucket->cooldown_until) > now)
-        return;
-    opens = atomic_fetch_add(&ps->opens, 1);
-    pause_ms = opens < 20 ? b->pause_ms << opens : b->max_pause_ms;
-    if (pause_ms > b->max_pause_ms)
-        pause_ms = b->max_pause_ms;
-    bucket_pause(ex->bucket, now, now + pause_ms * 1000000ull, PAUSE_BREAKER);
+    bucket_pause(ex->bucket, now, now + pause_ms * NS_PER_MS, PAUSE_BREAKER);
     persist_pause(ex, pause_ms);
     log_warn("policy %s: %u failures in a row from upstream %s: paused for %llu ms",
-             ex->pol->name, (unsigned)atomic_load(&ps->fail_streak), ex->up->name,
-             (unsigned long long)pause_ms);
+             ex->pol->name, (unsigned)atomic_load(&ex->ps->breaker.fail_streak),
+             ex->up->name, (unsigned long long)pause_ms);
 }
 
 static void classify_response(struct exchange *ex)
@@ -213,7 +191,7 @@ static void classify_response(struct exchange *ex)
 
     if (s == 429)
         cool_down(ex, has_hint, hint);
-    breaker_note(ex, s >= 500);
+    note_breaker(ex, s >= 500);
     if (sc_retry_on_status(&ex->pol->retry, s)) {
         retryable(ex, s == 429 ? R_UPSTREAM_429 : R_UPSTREAM_5XX, s, has_hint,
                   hint);
@@ -250,7 +228,7 @@ static void classify_failure(struct exchange *ex)
                   "upstream %s: %s", ex->up->name, r->detail);
         return;
     }
-    breaker_note(ex, true);
+    note_breaker(ex, true);
     if (ex->pol->retry.on_transport & map[r->result].bit) {
         retryable(ex, reason, r->status, false, 0);
         return;
@@ -259,79 +237,13 @@ static void classify_failure(struct exchange *ex)
               "upstream %s: %s", ex->up->name, r->detail);
 }
 
-/* ---- the answer on its way ---------------------------------------------- */
+/* ---- the stage ------------------------------------------------------------ */
 
-/* From here the worker's response is queued while the body still arrives. */
-static void start_stream(struct exchange *ex)
+/* The upstream client's callbacks: the result is counted as soon as it is
+ * known, then the driver decides what the wake means. */
+static void on_upstream_event(struct up_request *req, enum up_event ev, void *arg)
 {
-    ex->streaming = true;
-    ex->ureq.hold_max = UP_STREAM_HOLD;
-    ex_finish(ex);
-}
-
-/* A keyed answer to store: the body is held up to max_stored_body so the
- * record can have it; a longer one is stored without it and streamed. */
-static void hold_for_record(struct exchange *ex)
-{
-    const char *cl = up_response_header(&ex->ureq.resp, "Content-Length");
-    uint64_t max = ex->pol->idem.max_stored_body;
-
-    if (cl && !up_response_header(&ex->ureq.resp, "Transfer-Encoding") &&
-        strtoull(cl, NULL, 10) > max) {
-        ex_idem_complete_head(ex);
-        start_stream(ex);
-        return;
-    }
-    ex->ureq.hold_max = max + 1;
-}
-
-/* The head decides the answer. A pass-through answer starts at once unless
- * its record must be written first; an instruction needs no body, which is
- * read and dropped so the connection can be reused. */
-static void on_head(struct exchange *ex)
-{
-    classify_response(ex);
-    ex->classified = true;
-    if (ex->kind != ANSWER_UPSTREAM) {
-        ex->ureq.discard = true;
-        return;
-    }
-    if (ex->leased && ex_idem_replayable(ex)) {
-        hold_for_record(ex);
-        return;
-    }
-    ex_idem_result(ex); /* a known answer not to replay: the lease goes */
-    start_stream(ex);
-}
-
-static void on_upstream_event(struct up_request *req, enum up_event ev,
-                              void *arg)
-{
-    struct exchange *ex = arg;
-
-    if (ev == UP_EV_HEAD) {
-        on_head(ex);
-    } else if (ex->streaming) {
-        ex_stream_wake(ex);
-    } else if (ex->classified && ex->kind == ANSWER_UPSTREAM &&
-               evbuffer_get_length(req->resp.body) >
-                   ex->pol->idem.max_stored_body) {
-        ex_idem_complete_head(ex);
-        start_stream(ex);
-    }
-}
-
-/* The result is known: the record is written before the worker sees it. */
-static void settle(struct exchange *ex)
-{
-    if (!ex->classified) {
-        if (ex->ureq.resp.result == UP_OK)
-            classify_response(ex);
-        else
-            classify_failure(ex);
-    }
-    ex_idem_result(ex);
-    ex_finish(ex);
+    ex_wake(arg);
 }
 
 static void on_upstream_done(struct up_request *req, void *arg)
@@ -339,62 +251,98 @@ static void on_upstream_done(struct up_request *req, void *arg)
     struct exchange *ex = arg;
 
     ex->up_done = true;
-    ex_pace_release(ex);
     ex_record_upstream(ex);
-    if (!ex->streaming) {
-        settle(ex);
-        return;
-    }
-    if (req->resp.result != UP_OK)
+    if (ex->streaming && req->resp.result != UP_OK)
         log_warn("route %s: upstream %s: response body cut short: %s",
                  ex->route->name, ex->up->name, req->resp.detail);
-    ex_stream_wake(ex);
+    ex_wake(ex);
 }
 
-/* Nothing could be sent (no memory for the request): a connect_error, with
- * the lease released by the same path as any other. */
-static void not_sent(struct exchange *ex, const char *why)
+/* Nothing could be sent (no memory for the request): a connect_error, as
+ * for any request that reached nothing. */
+static enum ex_verdict not_sent(struct exchange *ex, const char *why)
 {
     ex->ureq.resp.result = UP_CONNECT_ERROR;
     snprintf(ex->ureq.resp.detail, sizeof ex->ureq.resp.detail, "%s", why);
-    ex_pace_release(ex);
-    settle(ex);
+    ex->up_done = true;
+    classify_failure(ex);
+    ex->classified = true;
+    return EXV_NEXT;
 }
 
-void ex_send_upstream(struct exchange *ex)
+static enum ex_verdict send_request(struct exchange *ex)
 {
-    if (!ex_pace_may_send(ex))
-        return;
-    ex_unwatch_client(ex); /* from here the request is sent: no way back */
-    if (!ex_idem_lease(ex)) {
-        ex_pace_release(ex);
-        ex_finish(ex);
-        return;
-    }
-    if (build_wire(ex) != 0) {
-        not_sent(ex, "out of memory building the upstream request");
-        return;
-    }
+    if (build_wire(ex) != 0)
+        return not_sent(ex, "out of memory building the upstream request");
     ex->ureq.no_body = strcmp(ex->method, "HEAD") == 0;
     ex->ureq.done = on_upstream_done;
     ex->ureq.event = on_upstream_event;
     ex->ureq.arg = ex;
-    ex->state = EX_UPSTREAM;
     if (up_pool_send(ex->rt->pools[ex->w->idx][ex->route->upstream], &ex->ureq) != 0)
-        not_sent(ex, "cannot queue the upstream request");
+        return not_sent(ex, "cannot queue the upstream request");
+    ex->sent = true;
+    return EXV_WAIT;
 }
 
-void ex_upstream_abort(struct exchange *ex)
+/* A keyed answer to store: the body is held up to max_stored_body so the
+ * record can have it; one known to be longer is stored without it and
+ * streams (commit, then the answer). */
+static enum ex_verdict hold_for_record(struct exchange *ex)
 {
-    up_request_cancel(&ex->ureq);
-    ex->up_done = true;
-    ex_pace_release(ex);
+    const struct up_response *r = &ex->ureq.resp;
+    const char *cl = up_response_header(r, "Content-Length");
+    uint64_t max = ex->pol->idem.max_stored_body;
+
+    if (evbuffer_get_length(r->body) > max ||
+        (cl && !up_response_header(r, "Transfer-Encoding") &&
+         strtoull(cl, NULL, 10) > max))
+        return EXV_NEXT;
+    ex->ureq.hold_max = max + 1;
+    return EXV_WAIT;
+}
+
+/* The head decides the answer. A pass-through answer goes on at once (its
+ * body streams) unless its record must have the body; an instruction needs
+ * no body, which is read and dropped so the connection can be reused. */
+static enum ex_verdict head_in(struct exchange *ex)
+{
+    if (!ex->classified) {
+        classify_response(ex);
+        ex->classified = true;
+    }
+    if (ex->kind != ANSWER_UPSTREAM) {
+        ex->ureq.discard = true;
+        return EXV_WAIT;
+    }
+    if (ex->leased && ex_idem_replayable(ex))
+        return hold_for_record(ex);
+    return EXV_NEXT;
+}
+
+enum ex_verdict stage_upstream(struct exchange *ex, uint64_t now)
+{
+    if (ex->woke == WOKE_FIRST)
+        return send_request(ex);
+    if (ex->up_done) {
+        if (!ex->classified && ex->ureq.resp.result == UP_OK)
+            classify_response(ex);
+        else if (!ex->classified)
+            classify_failure(ex);
+        ex->classified = true;
+        return EXV_NEXT;
+    }
+    if (ex->ureq.resp.status >= 200) /* the head is in */
+        return head_in(ex);
+    return EXV_WAIT;
+}
+
+void upstream_drain_answer(struct exchange *ex)
+{
     /* Sent and unanswered: the outcome is unknown, so the job must come
-     * back, whatever retry.on says. */
+     * back, whatever retry.on says, and its lease stays. */
     ex_instruct(ex, OUT_REQUEUE, R_CONNECTION_LOST,
                 backoff_delay_ms(&ex->pol->retry, ex->attempt, rand_u64()),
                 ex->attempt, 0);
-    ex->ureq.resp.result = UP_CONNECTION_LOST; /* the lease must stay */
-    ex_idem_result(ex);
-    ex_finish(ex);
+    ex->ureq.resp.result = UP_CONNECTION_LOST;
+    ex->classified = true;
 }

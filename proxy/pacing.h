@@ -12,6 +12,7 @@
 #include <sys/queue.h>
 
 #include "policies/config.h"
+#include "policies/breaker.h"
 #include "policies/gcra.h"
 
 struct event;
@@ -60,8 +61,7 @@ struct policy_state {
     struct bucket bucket;         /* unpartitioned */
     pthread_mutex_t mu;           /* slots and partitions */
     _Atomic uint32_t inflight;
-    _Atomic uint32_t fail_streak;  /* breaker: upstream failures in a row */
-    _Atomic uint32_t opens;        /* breaker: pauses since the last success */
+    struct breaker_state breaker;
     TAILQ_HEAD(slot_waiters, slot_waiter) waiters;
     struct partition **table;     /* partitions: hash table + LRU */
     size_t table_size, n_parts;

@@ -16,6 +16,7 @@ static const char *const reason_names[R__COUNT] = {
     "malformed_request", "upstream_429", "upstream_5xx", "connect_error",
     "connection_lost", "timeout", "rate_limited", "upstream_cooldown",
     "lease_held", "store_unavailable", "delay_exceeds_max", "client_closed",
+    "internal_error",
 };
 
 const char *outcome_name(enum outcome o)

@@ -37,6 +37,7 @@ enum reason {
     R_STORE_UNAVAILABLE,
     R_DELAY_EXCEEDS_MAX,
     R_CLIENT_CLOSED,    /* abandoned: logged as status 499, as nginx does */
+    R_INTERNAL,         /* sluice itself failed (out of memory): 500 */
     R__COUNT
 };
 

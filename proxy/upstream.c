@@ -608,12 +608,6 @@ static void on_connect_timeout(evutil_socket_t fd, short what, void *arg)
 
 /* ---- dispatch ----------------------------------------------------------- */
 
-static struct timeval ms_to_tv(uint64_t ms)
-{
-    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
-    return tv;
-}
-
 static void on_request_timeout(evutil_socket_t fd, short what, void *arg)
 {
     struct up_request *req = arg;
@@ -643,7 +637,7 @@ static void on_request_timeout(evutil_socket_t fd, short what, void *arg)
 
 static int req_arm_timer(struct up_request *req, uint64_t ms)
 {
-    struct timeval tv = ms_to_tv(ms);
+    struct timeval tv = clock_ms_to_tv(ms);
 
     req_stop_timer(req);
     req->timer = evtimer_new(req->pool->base, on_request_timeout, req);
@@ -726,7 +720,7 @@ static struct bufferevent *bev_new(struct up_pool *pool)
 static struct up_conn *conn_new(struct up_pool *pool)
 {
     struct up_conn *c = calloc(1, sizeof *c);
-    struct timeval tv = ms_to_tv(pool->u->connect_timeout_ms);
+    struct timeval tv = clock_ms_to_tv(pool->u->connect_timeout_ms);
 
     if (!c)
         return NULL;
