@@ -77,9 +77,13 @@ class Procs:
         return p
 
     def kill9(self, p):
+        """CLOCK_MONOTONIC ns when SIGKILL was sent and when the process was reaped."""
+        sent = time.monotonic_ns()
         p.send_signal(signal.SIGKILL)
         p.wait()
+        gone = time.monotonic_ns()
         self.live.remove(p)
+        return sent, gone
 
     def stop(self, p, timeout=15):
         if p.poll() is None:
@@ -106,9 +110,9 @@ def start_redis(procs, d):
     return p, port
 
 
-def start_stub(procs, stub_bin, rate, burst):
+def start_stub(procs, stub_bin, rate, burst, extra=()):
     p = procs.start("stub", [stub_bin, "--listen", "127.0.0.1:0", "--max-rate", str(rate),
-                             "--burst", str(burst)], stdout=subprocess.PIPE)
+                             "--burst", str(burst), *extra], stdout=subprocess.PIPE)
     line = p.stdout.readline().decode()
     if not line.startswith("listening "):
         raise RuntimeError(f"stub did not start: {line!r}")
@@ -122,14 +126,14 @@ threads: 2
 store: {{path: {store}}}
 log: {{level: warn, access: false}}
 upstreams:
-  partner: {{url: "{stub}", timeout: 5s, max_connections: 64}}
+  partner: {{url: "{stub}", timeout: {timeout}s, max_connections: 64}}
 policies:
   writes:
     rate: {rate}/s
     burst: {burst}
     max_wait: {max_wait}ms
-    retry: {{base: 1s, multiplier: 2, cap: 60s, max_attempts: {attempts}, max_delay: {max_delay}s}}
-{breaker}    idempotency: {{lease: 15s}}
+    retry: {{base: 1s, multiplier: 2, cap: 60s, max_attempts: {attempts}, max_delay: {max_delay}s{on}}}
+{breaker}    idempotency: {{lease: {lease}s}}
 routes:
   - {{name: grades, prefix: /v1, upstream: partner, policy: writes}}
 """
@@ -145,7 +149,9 @@ class Sluice:
                                        store=os.path.join(d, "store"), rate=args.rate,
                                        burst=args.sluice_burst, attempts=args.max_attempts,
                                        max_delay=args.queue_max_delay,
-                                       max_wait=args.max_wait_ms,
+                                       max_wait=args.max_wait_ms, timeout=args.upstream_timeout,
+                                       lease=args.lease,
+                                       on=f", on: [{args.retry_on}]" if args.retry_on else "",
                                        breaker="    breaker: {failures: 5, pause: 250ms, "
                                                "max_pause: 1s}\n" if args.breaker else ""))
         self.url = f"http://127.0.0.1:{self.port}"
@@ -169,8 +175,9 @@ class Sluice:
         return 0.0
 
     def kill9(self):
+        """CLOCK_MONOTONIC ns when SIGKILL was sent and when the process was gone."""
         self.permit_wait_s += self.permit_wait()
-        self.procs.kill9(self.p)
+        return self.procs.kill9(self.p)
 
     def restart(self):
         """Seconds until the new process is ready (store reopened)."""
@@ -184,6 +191,8 @@ class Sluice:
 def worker_argv(kind, args):
     if kind == "python":
         return [PY, os.path.join(ROOT, "deploy/examples/python/worker.py")]
+    if kind == "python-acks":     # the same worker, recording when it saw each success
+        return [PY, os.path.join(HERE, "ack_worker.py")]
     if kind == "baseline":
         return [PY, os.path.join(HERE, "baseline_worker.py")]
     if kind == "go":
@@ -228,17 +237,26 @@ def plan(args):
             "restart_sluice": 0.25 * t + burst, "kill_workers": 0.5 * t, "outage": 0.7 * t}
 
 
-def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin):
-    stub_p, stub = start_stub(procs, stub_bin, args.rate, args.stub_burst)
+def make_job(prefix, i):
+    """Job i of the batch: the same method, path, key and body on every delivery."""
+    return {"id": f"job-{i:06d}", "key": f"{prefix}:job-{i:06d}", "method": "POST",
+            "path": f"/v1/grades/job-{i:06d}", "body": {"job": i, "score": i % 100},
+            "enqueued_at": time.time()}
+
+
+def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin, hooks=None, stub_args=()):
+    """One run of the batch. `hooks` (kill_test.py): extra_time() lengthens the deadline,
+    start(ctx) runs once the workers do, busy() keeps the run going while true, finish(ctx, res)
+    runs before sluice and the stub stop; with hooks the plan's own kill and restart of sluice
+    are left out (the hooks kill it). `stub_args`: more command-line flags for the stub."""
+    stub_p, stub = start_stub(procs, stub_bin, args.rate, args.stub_burst, stub_args)
     sluice = None
     if arm == "sluice":
         sluice = Sluice(procs, sluice_bin, d, stub, args)
         sluice.start()
     prefix = f"{arm}-{kind}"
     q = queues.make(kind, redis.Redis(host="127.0.0.1", port=rport), prefix, args)
-    q.enqueue([{"id": f"job-{i:06d}", "key": f"{prefix}:job-{i:06d}", "method": "POST",
-                "path": f"/v1/grades/job-{i:06d}", "body": {"job": i, "score": i % 100},
-                "enqueued_at": time.time()} for i in range(args.jobs)])
+    q.enqueue([make_job(prefix, i) for i in range(args.jobs)])
     env = dict(os.environ, REDIS_ADDR=f"127.0.0.1:{rport}", QUEUE=q.name,
                CONCURRENCY=str(args.threads), AFTER_CALL_MS=str(args.after_call_ms),
                MAX_ATTEMPTS=str(args.max_attempts), HTTP_TIMEOUT="30",
@@ -246,8 +264,11 @@ def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin):
     env["SLUICE_URL" if sluice else "PARTNER_URL"] = sluice.url if sluice else stub
     pool = Pool(procs, kind, args, env)
     events = sorted(plan(args).items(), key=lambda e: e[1])
+    if hooks:
+        events = [e for e in events if e[0] not in ("kill_sluice", "restart_sluice")]
     bound = args.jobs / args.rate + (args.burst_ms + args.outage_ms) / 1000
-    deadline = max(60.0, args.timeout_factor * bound)
+    deadline = args.deadline or \
+        max(60.0, args.timeout_factor * bound) + (hooks.extra_time() if hooks else 0)
     res = {"arm": arm, "worker": kind, "breaker": args.breaker, "jobs": args.jobs,
            "bound_s": bound, "peak_held": 0, "slot_s_held": 0.0, "max_delay_s": 0.0,
            "sluice_restart_s": None, "drain_s": None}
@@ -255,6 +276,9 @@ def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin):
     t0 = time.monotonic()
     for wid in pool.ids:
         pool.start(wid)
+    ctx = {"stub": stub, "sluice": sluice, "queue": q, "redis_port": rport, "dir": d}
+    if hooks:
+        hooks.start(ctx)
     last, restarts = t0, []
     while True:
         now = time.monotonic()
@@ -284,7 +308,7 @@ def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin):
         res["max_delay_s"] = max(res["max_delay_s"], s["max_delay_ms"] / 1000)
         last = now
         if not events and not restarts and s["done"] + s["dlq"] >= args.jobs and \
-                s["ready"] == s["delayed"] == s["held"] == 0:
+                s["ready"] == s["delayed"] == s["held"] == 0 and not (hooks and hooks.busy()):
             res["drain_s"] = now - t0
             break
         if now - t0 > deadline:
@@ -299,6 +323,8 @@ def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin):
                max_attempts_used=st["max_calls_per_key"], asleep_s=q.asleep(),
                left=end["ready"] + end["delayed"] + end["held"], window_hits=st["window_hits"])
     res["ratio"] = res["drain_s"] / bound if res["drain_s"] else None
+    if hooks:
+        hooks.finish(ctx, res)
     res["permit_wait_s"] = (sluice.permit_wait_s + sluice.permit_wait()) if sluice else 0.0
     if sluice:
         procs.stop(sluice.p)
@@ -367,8 +393,8 @@ def failures(r, args):
     return f
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parser(description=__doc__.split("\n")[0]):
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--jobs", type=int, default=600)
     ap.add_argument("--workers", type=int, default=16, help="worker slots in all")
     ap.add_argument("--threads", type=int, default=4, help="slots per worker process")
@@ -387,12 +413,22 @@ def main():
     ap.add_argument("--arms", default="sluice,baseline")
     ap.add_argument("--max-ratio", type=float, default=0, help="fail above this drain/bound")
     ap.add_argument("--timeout-factor", type=float, default=6, help="give up at this x bound")
+    ap.add_argument("--deadline", type=float, default=0,
+                    help="give up after this many seconds (default: from --timeout-factor)")
     ap.add_argument("--go-worker", help="the built Go example worker")
     ap.add_argument("--ts-dir", default=os.path.join(ROOT, "deploy/examples/typescript"))
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
-    args = ap.parse_args()
+    ap.add_argument("--upstream-timeout", type=int, default=5, help="sluice's upstream timeout, s")
+    ap.add_argument("--lease", type=int, default=15, help="sluice's idempotency lease, s")
+    ap.add_argument("--retry-on", help="sluice's retry.on list, e.g. '409, 429, 503' "
+                    "(default: sluice's)")
+    return ap
+
+
+def main():
+    args = parser().parse_args()
 
     sluice_bin = os.environ.get("SLUICE_BIN", os.path.join(args.build, "sluice"))
     stub_bin = os.environ.get("SLUICE_STUB", os.path.join(args.build, "sluice-stub"))

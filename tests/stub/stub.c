@@ -3,7 +3,7 @@
  * tests, benchmarks and demo proxy to.
  *
  *   sluice-stub [--listen HOST:PORT] [--tls-cert FILE --tls-key FILE] [--max-rate R] [--burst B]
- *               [--body-size N] [--threads N]
+ *               [--body-size N] [--threads N] [--delay-ms N] [--honour-idempotency]
  *
  * Once bound it prints one line "listening HOST:PORT" (the actual port: PORT 0 lets the kernel
  * choose) and serves until SIGINT or SIGTERM, then exits 0. Plain requests are echoed; X-Stub-*
@@ -83,6 +83,23 @@ struct kentry {                     /* key == NULL: free slot */
     char *key;
     uint32_t len;
     uint32_t count;
+    uint32_t first;                 /* side effects map: 1 + index of its first effect, 0 = none */
+    uint32_t dedup;                 /* side effects map: requests --honour-idempotency deduplicated */
+};
+
+/* One side effect of a keyed request: when it arrived and when its answer went out, for
+ * GET /_stub/keys/<key>; with --honour-idempotency also the answer a repeat gets. */
+struct effect {
+    uint64_t seq;
+    uint64_t recv_ns, done_ns;      /* CLOCK_MONOTONIC; done_ns 0 = still being answered */
+    uint32_t next;                  /* 1 + index of the key's next side effect, 0 = last */
+    int status;
+    bool answered;                  /* the answer (or the drop) was sent, not abandoned */
+    bool peer_gone;                 /* the client had closed its side before the answer */
+    bool fill;                      /* stored answer: `fill_len` bytes of 'x'... */
+    uint64_t fill_len;
+    char *saved;                    /* ...or: Content-Type, NUL, body (saved_len bytes) */
+    size_t saved_len;
 };
 
 struct arena_block {                /* key bytes live here, so 10^6 keys are not 10^6 mallocs */
@@ -114,6 +131,8 @@ struct stub {
     unsigned burst;
     long long body_size;            /* -1 = echo */
     int threads;
+    unsigned delay_ms;              /* --delay-ms: default answer delay of plain requests */
+    bool honour;                    /* --honour-idempotency */
     SSL_CTX *tls;
     struct worker *workers;
 
@@ -129,6 +148,10 @@ struct stub {
     uint64_t *arrivals;
     size_t n_arrivals, cap_arrivals;
     bool warned_oom;
+    struct effect *effects;         /* every keyed side effect, in order */
+    size_t n_effects, cap_effects;
+    uint64_t effects_gen;           /* bumped by a reset: older indexes in requests are stale */
+    uint64_t dedup_replays, dedup_conflicts;
 };
 
 struct conn;
@@ -153,7 +176,7 @@ enum hslot {
     H_BODY_SIZE, H_DROP, H_GARBAGE, H_CHUNKED, H_COUNT
 };
 
-enum body_kind { BODY_ECHO, BODY_JSON, BODY_FILL, BODY_TEXT };
+enum body_kind { BODY_ECHO, BODY_JSON, BODY_FILL, BODY_TEXT, BODY_TMP /* conn.tmp, req.ctype */ };
 
 /* How a plain request will be answered, decided once the request is complete. */
 struct plan {
@@ -167,6 +190,7 @@ struct plan {
     const char *text;               /* BODY_TEXT */
     bool chunked;
     bool set_headers;               /* send the X-Stub-Set-Header lines (all were valid) */
+    bool replayed;                  /* --honour-idempotency: a stored answer, no side effect */
 };
 
 /* The request being read; its buffers are reused by the next request on the connection. */
@@ -182,9 +206,14 @@ struct req {
     bool control, accepted, in_flight, keep_alive;
     int error;                      /* status for a request we refused while parsing */
     uint64_t seq;
+    uint64_t recv_ns;               /* CLOCK_MONOTONIC when the headers were complete */
+    uint32_t effect;                /* 1 + index of its side effect in stub.effects, 0 = none */
+    uint64_t effect_gen;            /* stub.effects_gen when `effect` was set */
     struct evbuffer *body;
     struct plan plan;
     char ra[RA_MAX];                /* Retry-After of a scripted answer */
+    char ctype[256];                /* Content-Type of a BODY_TMP answer */
+    size_t ctype_len;
 };
 
 enum conn_state {
@@ -445,19 +474,19 @@ static char *arena_copy(struct keymap *m, const char *k, size_t n)
     return b->data + b->used - n;
 }
 
-/* Counts one side effect for key. */
-static int keymap_bump(struct keymap *m, const char *k, size_t n)
+/* Counts one more for key; its entry, or NULL when out of memory. */
+static struct kentry *keymap_bump(struct keymap *m, const char *k, size_t n)
 {
     uint64_t h = hash_key(k, n);
     struct kentry *e;
 
     if ((m->used + 1) * 4 > m->cap * 3 && keymap_grow(m) < 0)
-        return -ENOMEM;
+        return NULL;
     e = keymap_slot(m, k, n, h);
     if (!e->key) {
         e->key = arena_copy(m, k, n);
         if (!e->key)
-            return -ENOMEM;
+            return NULL;
         e->hash = h;
         e->len = (uint32_t)n;
         m->used++;
@@ -466,12 +495,22 @@ static int keymap_bump(struct keymap *m, const char *k, size_t n)
         m->duplicates++;
     if (e->count > m->max_count)
         m->max_count = e->count;
-    return 0;
+    return e;
+}
+
+/* key's entry, or NULL if the key was never counted. */
+static struct kentry *keymap_find(const struct keymap *m, const char *k, size_t n)
+{
+    struct kentry *e = m->cap ? keymap_slot(m, k, n, hash_key(k, n)) : NULL;
+
+    return e && e->key ? e : NULL;
 }
 
 static uint32_t keymap_count(const struct keymap *m, const char *k, size_t n)
 {
-    return m->cap ? keymap_slot(m, k, n, hash_key(k, n))->count : 0;
+    struct kentry *e = keymap_find(m, k, n);
+
+    return e ? e->count : 0;
 }
 
 static void keymap_clear(struct keymap *m)
@@ -652,8 +691,9 @@ static void stub_admit(struct stub *st, struct req *r)
 
     pthread_mutex_lock(&st->lock);
     r->seq = ++st->n.requests;
-    if (hval(r, H_IKEY, &key, &key_len) && key_len > 0 &&
-        keymap_bump(&st->calls, key, key_len) < 0)
+    r->recv_ns = now;
+    r->effect = 0;
+    if (hval(r, H_IKEY, &key, &key_len) && key_len > 0 && !keymap_bump(&st->calls, key, key_len))
         warn_oom(st, "calls per key");
     if (st->max_rate > 0 && !bucket_take(st, now)) {
         st->n.rejected++;
@@ -680,13 +720,152 @@ static void apply_answer(struct req *r, const struct answer *a)
     p->retry_after_len = strlen(r->ra);
 }
 
+static void put_echo_json(struct conn *c, struct evbuffer *o);
+
+/* The Content-Type a plain answer of this plan carries (BODY_TEXT's is fixed). */
+static void answer_ctype(const struct req *r, const struct plan *p, const char **ct, size_t *n)
+{
+    *ct = "application/octet-stream";
+    *n = 24;
+    if (p->body == BODY_JSON) {
+        *ct = "application/json";
+        *n = 16;
+    } else if (p->body == BODY_TMP) {
+        *ct = r->ctype;
+        *n = r->ctype_len;
+    } else {
+        hval(r, H_CTYPE, ct, n);
+    }
+}
+
+/* --honour-idempotency: keeps the answer of a side effect, so that a repeat of its key gets it
+ * again. Out of memory: the effect is kept without an answer (a repeat then replays no body). */
+static void effect_save_answer(struct conn *c, struct effect *f)
+{
+    struct req *r = &c->req;
+    const struct plan *p = &r->plan;
+    const char *ct;
+    size_t ct_len, len;
+    struct evbuffer *src = r->body;
+
+    f->status = p->status;
+    if (p->body == BODY_FILL) {
+        f->fill = true;
+        f->fill_len = p->fill;
+        return;
+    }
+    if (p->body == BODY_JSON) {
+        put_echo_json(c, c->tmp);
+        src = c->tmp;
+    }
+    answer_ctype(r, p, &ct, &ct_len);
+    if (ct_len >= sizeof r->ctype)
+        ct_len = sizeof r->ctype - 1;
+    len = evbuffer_get_length(src);
+    if ((f->saved = malloc(ct_len + 1 + len + 1))) {
+        memcpy(f->saved, ct, ct_len);
+        f->saved[ct_len] = '\0';
+        evbuffer_copyout(src, f->saved + ct_len + 1, len);
+        f->saved_len = len;
+    } else {
+        warn_oom(c->w->st, "stored answers");
+    }
+    if (src == c->tmp)
+        evbuffer_drain(c->tmp, evbuffer_get_length(c->tmp));
+}
+
+/* Records a side effect of key (entry e) for GET /_stub/keys/<key>. Called with the lock held. */
+static void effect_add(struct conn *c, struct kentry *e)
+{
+    struct stub *st = c->w->st;
+    struct req *r = &c->req;
+    struct effect *f;
+
+    if (st->n_effects == st->cap_effects) {
+        size_t cap = st->cap_effects ? st->cap_effects * 2 : 4096;
+        struct effect *v = cap <= UINT32_MAX ? realloc(st->effects, cap * sizeof *v) : NULL;
+
+        if (!v) {
+            warn_oom(st, "side effect times");
+            return;
+        }
+        st->effects = v;
+        st->cap_effects = cap;
+    }
+    f = &st->effects[st->n_effects++];
+    *f = (struct effect){.seq = r->seq, .recv_ns = r->recv_ns, .status = r->plan.status};
+    if (!e->first) {
+        e->first = (uint32_t)st->n_effects;
+    } else {
+        struct effect *last = &st->effects[e->first - 1];
+
+        while (last->next)
+            last = &st->effects[last->next - 1];
+        last->next = (uint32_t)st->n_effects;
+    }
+    r->effect = (uint32_t)st->n_effects;
+    r->effect_gen = st->effects_gen;
+    if (st->honour)
+        effect_save_answer(c, f);
+}
+
+/* --honour-idempotency, for a request whose key already had a side effect f: the stored answer
+ * again if f's answer is out, else 409 "in progress" (Stripe's idempotency_key_in_use). The
+ * request's own delay and drop still apply to a replay. */
+static void plan_dedup(struct conn *c, const struct effect *f)
+{
+    static const char busy[] =
+        "{\"error\":\"idempotency_key_in_use\",\"message\":\"another request with this "
+        "Idempotency-Key is still in progress; retry later\"}";
+    struct req *r = &c->req;
+    struct plan *p = &r->plan;
+    struct stub *st = c->w->st;
+
+    evbuffer_drain(c->tmp, evbuffer_get_length(c->tmp));
+    if (!f->done_ns) {
+        st->dedup_conflicts++;
+        p->status = 409;
+        p->delay_ms = 0;
+        memcpy(r->ra, "1", 2);
+        p->retry_after = r->ra;
+        p->retry_after_len = 1;
+        p->body = BODY_TMP;
+        p->chunked = false;
+        evbuffer_add(c->tmp, busy, sizeof busy - 1);
+        memcpy(r->ctype, "application/json", 17);
+        r->ctype_len = 16;
+        return;
+    }
+    st->dedup_replays++;
+    p->status = f->status;
+    p->replayed = true;
+    if (f->fill) {
+        p->body = BODY_FILL;
+        p->fill = f->fill_len;
+    } else {
+        const char *ct = f->saved ? f->saved : "application/octet-stream";
+
+        p->body = BODY_TMP;
+        r->ctype_len = strlen(ct);
+        memcpy(r->ctype, ct, r->ctype_len + 1);
+        if (f->saved)
+            evbuffer_add(c->tmp, f->saved + r->ctype_len + 1, f->saved_len);
+    }
+}
+
 /* The request is complete and its plan made: a scripted answer replaces the plan's status, delay,
  * Retry-After and drop; then the side effect, if any, is counted. The work "happens" here: a delay
- * only postpones the answer, so a client that gives up during it still leaves a side effect. */
-static void stub_commit(struct stub *st, struct req *r, const char *key, size_t key_len)
+ * only postpones the answer, so a client that gives up during it still leaves a side effect.
+ * With --honour-idempotency, a request whose key already had a side effect has none: it gets the
+ * stored answer or a 409 instead (plan_dedup). */
+static void stub_commit(struct conn *c, const char *key, size_t key_len)
 {
+    struct stub *st = c->w->st;
+    struct req *r = &c->req;
     struct plan *p = &r->plan;
     struct answer a;
+    struct kentry *e;
+    bool effect;
 
     pthread_mutex_lock(&st->lock);
     if (st->window_until_ns && now_ns() < st->window_until_ns) {
@@ -696,23 +875,53 @@ static void stub_commit(struct stub *st, struct req *r, const char *key, size_t 
     } else if (script_pop(&st->script, &a)) {
         apply_answer(r, &a);
     }
-    if (p->status < 400 || p->drop != DROP_NONE) {
+    effect = p->status < 400 || p->drop != DROP_NONE;
+    if (effect && key && st->honour && (e = keymap_find(&st->keys, key, key_len)) && e->first) {
+        e->dedup++;
+        plan_dedup(c, &st->effects[e->first - 1]);
+        effect = false;
+    }
+    if (effect) {
         st->n.side_effects++;
-        if (key && keymap_bump(&st->keys, key, key_len) < 0)
+        if (key && !(e = keymap_bump(&st->keys, key, key_len)))
             warn_oom(st, "idempotency keys");
+        else if (key)
+            effect_add(c, e);
     }
     pthread_mutex_unlock(&st->lock);
 }
 
-/* The request's answer went out (or never will): it is no longer in flight. */
-static void stub_done(struct stub *st, struct req *r)
+/* The request's answer went out, or never will (`answered` false: the connection went first):
+ * it is no longer in flight, and its side effect, if any, is done. */
+static void stub_done(struct conn *c, bool answered)
 {
+    struct stub *st = c->w->st;
+    struct req *r = &c->req;
+
     if (!r->in_flight)
         return;
     r->in_flight = false;
     pthread_mutex_lock(&st->lock);
     st->n.in_flight--;
+    if (r->effect && r->effect_gen == st->effects_gen && r->effect <= st->n_effects) {
+        struct effect *f = &st->effects[r->effect - 1];
+
+        f->done_ns = now_ns();
+        f->answered = answered;
+        f->peer_gone = c->peer_eof;
+    }
+    r->effect = 0;
     pthread_mutex_unlock(&st->lock);
+}
+
+static void effects_clear(struct stub *st)
+{
+    for (size_t i = 0; i < st->n_effects; i++)
+        free(st->effects[i].saved);
+    free(st->effects);
+    st->effects = NULL;
+    st->n_effects = st->cap_effects = 0;
+    st->effects_gen++;
 }
 
 static void stub_reset(struct stub *st)
@@ -720,6 +929,8 @@ static void stub_reset(struct stub *st)
     pthread_mutex_lock(&st->lock);
     keymap_clear(&st->keys);
     keymap_clear(&st->calls);
+    effects_clear(st);
+    st->dedup_replays = st->dedup_conflicts = 0;
     script_clear(&st->script);
     st->window_until_ns = st->window_hits = 0;
     free(st->arrivals);
@@ -900,7 +1111,7 @@ static void plan_request(struct conn *c)
     const char *err, *key = NULL;
     size_t key_len = 0;
 
-    *p = (struct plan){.status = 200, .body = BODY_ECHO};
+    *p = (struct plan){.status = 200, .body = BODY_ECHO, .delay_ms = st->delay_ms};
     if ((err = plan_body(st, r, p)) || (err = plan_outcome(r, p)) ||
         (err = plan_set_headers(r, p))) {
         plan_error(p, err);         /* a test bug: no side effect, no script line consumed */
@@ -908,7 +1119,7 @@ static void plan_request(struct conn *c)
     }
     if (!hval(r, H_IKEY, &key, &key_len) || key_len == 0)
         key = NULL;
-    stub_commit(st, r, key, key_len);
+    stub_commit(c, key, key_len);
 }
 
 /* ---- writing answers ------------------------------------------------------------------------ */
@@ -1027,6 +1238,8 @@ static void put_plain_headers(struct conn *c, struct evbuffer *o)
     evbuffer_add(o, "\r\n", 2);
     if (r->plan.retry_after)
         put_header(o, "Retry-After", r->plan.retry_after, r->plan.retry_after_len);
+    if (r->plan.replayed)
+        put(o, "Idempotent-Replayed: true\r\n");
     for (size_t i = r->plan.set_headers ? (size_t)r->slot[H_SET_HEADER] : r->head_hdrs;
          i < r->head_hdrs; i++) {
         const struct hdr *h = &r->hdrs[i];
@@ -1059,7 +1272,7 @@ static void send_drop(struct conn *c, enum drop drop)
  * is used up), or close if this was the last one. */
 static void answer_done(struct conn *c)
 {
-    stub_done(c->w->st, &c->req);
+    stub_done(c, true);
     if (c->state == C_CLOSING || c->state == C_LINGER)
         return;
     if (c->req.keep_alive)
@@ -1095,6 +1308,10 @@ static void send_plain(struct conn *c)
         ctype_len = 10;
     } else if (p->body == BODY_FILL) {
         src = NULL;
+    } else if (p->body == BODY_TMP) {
+        src = c->tmp;
+        ctype = r->ctype;
+        ctype_len = r->ctype_len;
     }
     head_start(o, p->status);
     put_plain_headers(c, o);
@@ -1124,12 +1341,16 @@ static int ctl_stats(struct conn *c, struct evbuffer *out)
                         "{\"requests\":%llu,\"accepted\":%llu,\"rejected\":%llu,"
                         "\"side_effects\":%llu,\"keys\":%zu,\"max_per_key\":%u,\"duplicates\":%llu,"
                         "\"in_flight\":%ld,\"in_flight_max\":%ld,\"script_pending\":%zu,"
-                        "\"arrivals\":%zu,\"max_calls_per_key\":%u,\"window_hits\":%llu}",
+                        "\"arrivals\":%zu,\"max_calls_per_key\":%u,\"window_hits\":%llu,"
+                        "\"dedup_hits\":%llu,\"dedup_replays\":%llu,\"dedup_conflicts\":%llu}",
                         (unsigned long long)st->n.requests, (unsigned long long)st->n.accepted,
                         (unsigned long long)st->n.rejected, (unsigned long long)st->n.side_effects,
                         st->keys.used, st->keys.max_count, (unsigned long long)st->keys.duplicates,
                         st->n.in_flight, st->n.in_flight_max, st->script.len, st->n_arrivals,
-                        st->calls.max_count, (unsigned long long)st->window_hits);
+                        st->calls.max_count, (unsigned long long)st->window_hits,
+                        (unsigned long long)(st->dedup_replays + st->dedup_conflicts),
+                        (unsigned long long)st->dedup_replays,
+                        (unsigned long long)st->dedup_conflicts);
     pthread_mutex_unlock(&st->lock);
     return 200;
 }
@@ -1165,19 +1386,31 @@ static int ctl_key(struct conn *c, struct evbuffer *out)
     char *key = r->buf + plen;
     char *q = memchr(r->buf, '?', r->url_len);
     size_t n = pct_decode(key, (size_t)((q ? q : r->buf + r->url_len) - key));
-    uint32_t count, calls;
+    const struct kentry *e;
 
     pthread_mutex_lock(&st->lock);
-    count = keymap_count(&st->keys, key, n);
-    calls = keymap_count(&st->calls, key, n);
-    pthread_mutex_unlock(&st->lock);
+    e = keymap_find(&st->keys, key, n);
     put(out, "{\"key\":");
     put_json_str(out, key, n);
     put(out, ",\"side_effects\":");
-    put_u(out, count);
+    put_u(out, e ? e->count : 0);
     put(out, ",\"calls\":");
-    put_u(out, calls);
-    put(out, "}");
+    put_u(out, keymap_count(&st->calls, key, n));
+    put(out, ",\"dedup_hits\":");
+    put_u(out, e ? e->dedup : 0);
+    put(out, ",\"effects\":[");
+    for (uint32_t i = e ? e->first : 0; i; i = st->effects[i - 1].next) {
+        const struct effect *f = &st->effects[i - 1];
+
+        evbuffer_add_printf(out, "%s{\"seq\":%llu,\"recv_ns\":%llu,\"done_ns\":%llu,"
+                            "\"status\":%d,\"answered\":%s,\"peer_gone\":%s}",
+                            i == e->first ? "" : ",", (unsigned long long)f->seq,
+                            (unsigned long long)f->recv_ns, (unsigned long long)f->done_ns,
+                            f->status, f->answered ? "true" : "false",
+                            f->peer_gone ? "true" : "false");
+    }
+    pthread_mutex_unlock(&st->lock);
+    put(out, "]}");
     return 200;
 }
 
@@ -1529,7 +1762,7 @@ static void conn_free(struct conn *c)
 {
     struct req *r = &c->req;
 
-    stub_done(c->w->st, r);
+    stub_done(c, false);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -1830,7 +2063,7 @@ static int worker_init(struct worker *w, struct stub *st, int fd)
     struct event_config *cfg = event_config_new();
 
     w->st = st;
-    if (cfg)    /* batches epoll_ctl calls: measurably cheaper per request (DESIGN.md) */
+    if (cfg)    /* batches epoll_ctl calls: measurably cheaper per request */
         event_config_set_flag(cfg, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
     w->base = cfg ? event_base_new_with_config(cfg) : NULL;
     if (cfg)
@@ -1935,6 +2168,7 @@ static void usage(FILE *f)
 {
     fputs("usage: sluice-stub [--listen HOST:PORT] [--tls-cert FILE --tls-key FILE]\n"
           "                   [--max-rate R] [--burst B] [--body-size N] [--threads N]\n"
+          "                   [--delay-ms N] [--honour-idempotency]\n"
           "  --listen HOST:PORT  address to serve on (default 127.0.0.1:9000; PORT 0 = any)\n"
           "  --tls-cert FILE     serve HTTPS with this PEM certificate chain (needs --tls-key)\n"
           "  --tls-key FILE      PEM private key of --tls-cert\n"
@@ -1942,6 +2176,10 @@ static void usage(FILE *f)
           "  --burst B           requests --max-rate lets through back to back (default 1)\n"
           "  --body-size N       answer plain requests with N bytes of 'x' instead of the echo\n"
           "  --threads N         event loops sharing the port (default 1)\n"
+          "  --delay-ms N        answer plain requests after N ms (default 0; headers, script\n"
+          "                      and windows override it)\n"
+          "  --honour-idempotency  a repeated Idempotency-Key gets the stored answer, or 409\n"
+          "                      while the first request is still being answered; no side effect\n"
           "See tests/stub/README.md for the X-Stub-* headers and the /_stub/ endpoints.\n",
           f);
 }
@@ -1960,6 +2198,7 @@ static bool parse_args(struct stub *st, int argc, char **argv)
         {"tls-key", required_argument, NULL, 'k'},  {"max-rate", required_argument, NULL, 'r'},
         {"burst", required_argument, NULL, 'b'},    {"body-size", required_argument, NULL, 's'},
         {"threads", required_argument, NULL, 't'},  {"help", no_argument, NULL, 'h'},
+        {"delay-ms", required_argument, NULL, 'd'}, {"honour-idempotency", no_argument, NULL, 'i'},
         {NULL, 0, NULL, 0},
     };
     uint64_t v;
@@ -1993,6 +2232,12 @@ static bool parse_args(struct stub *st, int argc, char **argv)
                 return bad_arg("--threads wants 1..64");
             st->threads = (int)v;
             break;
+        case 'd':
+            if (!parse_uint(optarg, n, MAX_DELAY_MS, &v))
+                return bad_arg("--delay-ms wants 0..3600000");
+            st->delay_ms = (unsigned)v;
+            break;
+        case 'i': st->honour = true; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return false;
         }
@@ -2043,6 +2288,7 @@ cleanup:
     free(st.workers);
     keymap_clear(&st.keys);
     keymap_clear(&st.calls);
+    effects_clear(&st);
     script_clear(&st.script);
     free(st.arrivals);
     SSL_CTX_free(st.tls);
