@@ -480,6 +480,10 @@ static enum MHD_Result on_first_call(struct exchange *ex, const char *url,
 
     if (!conn_head_done(ex->mc))
         return MHD_NO; /* too late: answered 408, the connection is closing */
+#ifdef SLUICE_FAILALLOC
+    failalloc_arm(atol(MHD_lookup_connection_value(ex->mc, MHD_HEADER_KIND,
+                                                   "X-Sluice-Failalloc") ?: "0"));
+#endif
     if (!ex->status && !ex->target)
         ex_refuse(ex, 500, OUT_REJECTED, R_INTERNAL, "out of memory");
     if (!ex->status && collect_fields(ex, stack, &l) != 0)
@@ -697,4 +701,9 @@ void exchange_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     }
     exchange_free(ex);
     *con_cls = NULL;
+#ifdef SLUICE_FAILALLOC
+    if (failalloc_fired())
+        log_warn("failalloc: the armed allocation failed during this request");
+    failalloc_arm(0);
+#endif
 }

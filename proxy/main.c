@@ -5,6 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef SLUICE_FAILALLOC
+#include <event2/event.h>
+#include <jansson.h>
+#endif
+
 #include "policies/config.h"
 #include "proxy/app.h"
 #include "proxy/log.h"
@@ -87,6 +92,12 @@ int main(int argc, char **argv)
     const char *path = NULL;
     int c;
 
+#ifdef SLUICE_FAILALLOC
+    /* The allocation-failure build: libevent's and jansson's allocations on
+     * a request's way count too (before any of their calls). */
+    event_set_mem_functions(failalloc_malloc, failalloc_realloc, free);
+    json_set_alloc_funcs(failalloc_malloc, free);
+#endif
     while ((c = getopt_long(argc, argv, "c:hv", opts, NULL)) != -1) {
         switch (c) {
         case 'c':

@@ -40,6 +40,8 @@ struct up_conn {
     bool head_told;         /* ... and reported (UP_EV_HEAD) */
     bool paused;            /* reading stopped: the body holds hold_max */
     bool in_value;          /* header parsing: last callback was a value */
+    bool in_setup;          /* inside conn_new: events are noted, not acted on */
+    bool setup_failed;
     size_t header_bytes;
     TAILQ_ENTRY(up_conn) link;
 };
@@ -573,6 +575,11 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
     struct up_conn *c = arg;
     char why[192];
 
+    if (c->in_setup) {
+        c->setup_failed = !(what & BEV_EVENT_CONNECTED);
+        c->connected = !c->setup_failed;
+        return;
+    }
     if (what & BEV_EVENT_CONNECTED) {
         c->connected = true;
         if (c->connect_timer)
@@ -733,10 +740,16 @@ static struct up_conn *conn_new(struct up_pool *pool)
     if (!c->bev || !c->connect_timer)
         goto fail;
     bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
+    /* libevent may report a failure (no descriptor, no memory, a connect
+     * refused at once) from inside the call: on_event must not free c then. */
+    c->in_setup = true;
     if (bufferevent_socket_connect_hostname(c->bev, pool->dns, AF_UNSPEC,
-                                            pool->u->host, pool->u->port) != 0)
+                                            pool->u->host, pool->u->port) != 0 ||
+        c->setup_failed)
         goto fail;
-    evtimer_add(c->connect_timer, &tv);
+    c->in_setup = false;
+    if (!c->connected)
+        evtimer_add(c->connect_timer, &tv);
     return c;
 fail:
     conn_free(c);
