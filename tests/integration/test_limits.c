@@ -193,26 +193,13 @@ Test(limits, malformed_request_line_is_400)
     cr_expect(still_serving());
 }
 
-static int connect_raw(int port)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 /* Connections beyond max_connections are closed at once. */
 Test(connections, max_connections)
 {
     int fds[40], closed = 0;
 
     for (int i = 0; i < 40; i++)
-        fds[i] = connect_raw(sl.port);
+        fds[i] = h_connect(sl.port);
     usleep(300000);
     for (int i = 0; i < 40; i++) {
         struct pollfd p = {fds[i], POLLIN, 0};
@@ -244,7 +231,7 @@ Test(limits, garbage_connections_leave_the_server_up)
 
     for (int i = 0; i < 200; i++) {
         const char *j = junk[i % 6];
-        fds[i] = connect_raw(sl.port);
+        fds[i] = h_connect(sl.port);
         if (fds[i] >= 0 && *j)
             send(fds[i], j, strlen(j), MSG_NOSIGNAL);
         if (i % 2 && fds[i] >= 0) {

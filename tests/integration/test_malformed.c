@@ -248,24 +248,11 @@ Test(malformed, climbing_above_the_root_is_400)
 
 /* ---- header timeout ----------------------------------------------------- */
 
-static int connect_raw(int port)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 /* Sends head one byte a second (each byte would restart an idle timeout)
  * and collects what comes back until the server closes; *ms is when. */
 static size_t trickle(const char *head, char *out, size_t cap, long *ms)
 {
-    int fd = connect_raw(sl.port);
+    int fd = h_connect(sl.port);
     size_t got = 0;
     struct timespec a, b;
     bool closed = false;
