@@ -421,7 +421,12 @@ static bool check_route(struct exchange *ex)
     ex->up = &ex->cfg->upstreams[ex->route->upstream];
     ex->pol = ex->route->policy >= 0 ? &ex->cfg->policies[ex->route->policy]
                                      : &ex->cfg->default_policy;
+    /* The request's facts the stages need, read from MHD once: the stages
+     * see plain fields (and tests can set them). */
     ex->key = MHD_lookup_connection_value(ex->mc, MHD_HEADER_KIND, key_header(ex));
+    if (ex->pol->partition_header)
+        ex->partition = MHD_lookup_connection_value(ex->mc, MHD_HEADER_KIND,
+                                                    ex->pol->partition_header);
     return true;
 }
 
@@ -576,7 +581,7 @@ static void log_exchange(const struct exchange *ex)
     e.attempt = ex->kind == ANSWER_INSTRUCTION ? ex->instr.attempt
                 : ex->attempt ? ex->attempt : 1;
     e.permit_wait_ms = (double)ex->permit_wait_ns / 1e6;
-    e.shadow = ex->shadow;
+    e.shadow = shadow_name(ex->shadow);
     e.upstream_ms = u->done_ns > u->sent_ns ? (double)(u->done_ns - u->sent_ns) / 1e6 : 0;
     e.total_ms = (double)(now - ex->t0_ns) / 1e6;
     e.key = ex->key;
@@ -674,7 +679,7 @@ __attribute__((unused)) static void record_metrics(const struct exchange *ex)
     record_queue_age(ex, sh, ids, r);
     if (!ex->route)
         return;
-    if (ex->shadow && !strcmp(ex->shadow, "rate_limited"))
+    if (ex->shadow == SHADOW_RATE_LIMITED)
         metrics_add(sh, ids->shadow[r], 1);
     if (ex->has_slot || ex->ureq.sent_ns)
         metrics_observe(sh, H_PERMIT_WAIT, ids->permit_wait[p],

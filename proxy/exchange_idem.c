@@ -64,8 +64,7 @@ static bool applies(const struct exchange *ex)
 /* Key and fingerprint; false when the request was refused. */
 static bool read_key(struct exchange *ex)
 {
-    const char *raw = MHD_lookup_connection_value(ex->mc, MHD_HEADER_KIND,
-                                                  ex->pol->idem.header);
+    const char *raw = ex->key; /* the policy's key header, read on arrival */
     char why[128];
     size_t blen = ex->body ? evbuffer_get_length(ex->body) : 0;
 

@@ -55,6 +55,16 @@ enum ex_verdict {
     EXV_ANSWER,     /* the answer is decided (kind, status, outcome...) */
 };
 
+/* Shadow mode: what enforcing would have done to a request sent at once. */
+enum shadow_verdict {
+    SHADOW_NONE = 0,
+    SHADOW_PERMIT_WAIT,     /* it would have waited for its permit */
+    SHADOW_RATE_LIMITED,    /* it would have been refused: rate_limited */
+    SHADOW_CONCURRENCY,     /* it would have waited for a slot */
+};
+/* "permit_wait", "rate_limited", "concurrency", or NULL for none. */
+const char *shadow_name(enum shadow_verdict v);
+
 /* Why a stage runs: the driver says. */
 enum ex_woke { WOKE_FIRST = 0, WOKE_TIMER, WOKE_EVENT };
 
@@ -78,6 +88,7 @@ struct exchange {
     struct evbuffer *body;
     uint32_t attempt;       /* this request's attempt number, 1-based */
     const char *key;        /* idempotency key (parsed) or header value or NULL */
+    const char *partition;  /* the policy's partition header value, or NULL */
 
     /* idempotency */
     bool idem;              /* the policy's idempotency applies, key valid */
@@ -96,7 +107,7 @@ struct exchange {
     bool slot_waiting;      /* queued for a slot (slot.queued is the lock's) */
     uint64_t wait_start_ns, wait_deadline_ns, permit_wait_ns;
     uint64_t permit_at;     /* reserved start (monotonic ns) */
-    const char *shadow;     /* what enforce would have done, or NULL */
+    enum shadow_verdict shadow; /* mode: shadow: what enforce would have done */
 
     /* the answer */
     enum ex_kind kind;

@@ -47,14 +47,6 @@ static enum ex_verdict refuse_rate(struct exchange *ex, uint64_t start_ns,
 
 /* ---- permits ------------------------------------------------------------ */
 
-static const char *partition_of(const struct exchange *ex)
-{
-    if (!ex->pol->partition_header)
-        return NULL;
-    return MHD_lookup_connection_value(ex->mc, MHD_HEADER_KIND,
-                                       ex->pol->partition_header);
-}
-
 /* Shadow mode: reserve as enforce would (so the bucket tracks real demand)
  * but forward at once, remembering what enforce would have done. */
 static void shadow_permit(struct exchange *ex, uint64_t now)
@@ -63,9 +55,9 @@ static void shadow_permit(struct exchange *ex, uint64_t now)
 
     if (!gcra_reserve(&ex->bucket->g, now, ex->pol->max_wait_ms * NS_PER_MS,
                       &start))
-        ex->shadow = "rate_limited";
+        ex->shadow = SHADOW_RATE_LIMITED;
     else if (start > now)
-        ex->shadow = "permit_wait";
+        ex->shadow = SHADOW_PERMIT_WAIT;
 }
 
 static enum ex_verdict first_permit(struct exchange *ex, uint64_t now)
@@ -75,7 +67,7 @@ static enum ex_verdict first_permit(struct exchange *ex, uint64_t now)
     ex->ps = pacing_policy(&ex->rt->pacing, ex->route->policy);
     ex->wait_start_ns = now;
     ex->wait_deadline_ns = now + ex->pol->max_wait_ms * NS_PER_MS;
-    ex->bucket = pacing_bucket(ex->ps, partition_of(ex), now);
+    ex->bucket = pacing_bucket(ex->ps, ex->partition, now);
     if (!ex->bucket)
         return EXV_NEXT;
     if (ex->pol->mode == SC_MODE_SHADOW) {
@@ -135,7 +127,7 @@ static enum ex_verdict first_slot(struct exchange *ex, uint64_t now)
     if (ex->pol->mode == SC_MODE_SHADOW || ex->pol->concurrency == 0) {
         /* Counted for the gauge, never waited on. */
         if (ex->pol->concurrency && pacing_inflight(ex->ps) >= ex->pol->concurrency)
-            ex->shadow = ex->shadow ? ex->shadow : "concurrency";
+            ex->shadow = ex->shadow ? ex->shadow : SHADOW_CONCURRENCY;
         atomic_fetch_add(&ex->ps->inflight, 1);
         return got_slot(ex, now);
     }
@@ -201,6 +193,17 @@ enum ex_verdict stage_send_check(struct exchange *ex, uint64_t now)
         return EXV_NEXT;
     ex->wake_at = at;
     return EXV_WAIT;
+}
+
+const char *shadow_name(enum shadow_verdict v)
+{
+    static const char *const names[] = {
+        [SHADOW_PERMIT_WAIT] = "permit_wait",
+        [SHADOW_RATE_LIMITED] = "rate_limited",
+        [SHADOW_CONCURRENCY] = "concurrency",
+    };
+
+    return v > SHADOW_NONE && v <= SHADOW_CONCURRENCY ? names[v] : NULL;
 }
 
 /* ---- the drain deadline --------------------------------------------------- */
