@@ -289,7 +289,10 @@ static void swap_in(struct app *app, struct runtime *rt)
     old = app->rt;
     app->rt = rt;
     pthread_mutex_unlock(&app->rt_mu);
-    /* Requests in flight keep the old one alive until they complete. */
+    /* Each loop takes its own reference, without a lock on the way of
+     * every request; requests in flight keep the old one alive. */
+    for (unsigned i = 0; rt && i < app->n_workers; i++)
+        worker_set_runtime(&app->workers[i], rt);
     runtime_put(old);
 }
 
@@ -400,6 +403,8 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
     if ((rc = runtime_new(app, cfg, NULL, &app->rt, err)) != 0)
         return rc;
     restore_pauses(app, app->rt);
+    for (unsigned i = 0; i < app->n_workers; i++)
+        app->workers[i].rt = runtime_acquire(app);
     if ((rc = workers_start(app, err)) != 0)
         return rc;
     app->admin = admin_start(app, err);
@@ -436,6 +441,8 @@ void app_free(struct app *app)
     for (unsigned i = 0; app->workers && i < app->n_workers; i++)
         worker_stop_daemon(&app->workers[i]);
     swap_in(app, NULL);
+    for (unsigned i = 0; app->workers && i < app->n_workers; i++)
+        worker_drop_runtime(&app->workers[i]);
     for (unsigned i = 0; app->workers && i < app->n_workers; i++)
         worker_stop(&app->workers[i]);
     free(app->workers);

@@ -98,7 +98,7 @@ void *exchange_uri_log(void *cls, const char *uri, struct MHD_Connection *c)
         return NULL;
     ex->w = w;
     ex->mc = c;
-    ex->rt = runtime_acquire(w->app);
+    ex->rt = worker_runtime(w);
     ex->cfg = ex->rt->cfg;
     ex->t0_ns = clock_mono_ns();
     ex->t0_wall_ms = clock_wall_ms();

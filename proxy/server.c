@@ -147,7 +147,7 @@ static void send_raw_problem(int fd, int status, enum reason r, const char *deta
 
 static void count_rejected(struct worker *w, enum reason r)
 {
-    struct runtime *rt = runtime_acquire(w->app);
+    struct runtime *rt = worker_runtime(w);
     const struct metrics_ids *ids = &rt->ids;
 
     metrics_add(&w->app->metrics.shards[w->idx],
@@ -196,7 +196,7 @@ static struct conn *conn_new(struct worker *w, struct MHD_Connection *c)
         return NULL;
     }
     /* Read per connection, so a reload applies to the connections after it. */
-    rt = runtime_acquire(w->app);
+    rt = worker_runtime(w);
     ms = rt->cfg->limits.header_timeout_ms;
     runtime_put(rt);
     cn->head_timeout.tv_sec = (time_t)(ms / 1000);
@@ -284,6 +284,54 @@ static struct MHD_Daemon *mhd_start(struct worker *w)
         MHD_OPTION_END);
 }
 
+/* ---- the loop's runtime --------------------------------------------------- */
+
+static void take_next_runtime(struct worker *w)
+{
+    struct runtime *next, *old;
+
+    if (!atomic_load_explicit(&w->next_rt, memory_order_acquire))
+        return;
+    next = atomic_exchange(&w->next_rt, NULL);
+    if (!next)
+        return;
+    old = w->rt;
+    w->rt = next;
+    runtime_put(old); /* requests still on it keep it alive */
+}
+
+struct runtime *worker_runtime(struct worker *w)
+{
+    take_next_runtime(w);
+    atomic_fetch_add(&w->rt->refs, 1);
+    return w->rt;
+}
+
+void worker_set_runtime(struct worker *w, struct runtime *rt)
+{
+    struct runtime *stale;
+
+    if (rt)
+        atomic_fetch_add(&rt->refs, 1);
+    stale = atomic_exchange(&w->next_rt, rt);
+    runtime_put(stale); /* two reloads before the loop took the first */
+    if (w->runtime_ev)
+        event_active(w->runtime_ev, EV_TIMEOUT, 0);
+}
+
+void worker_drop_runtime(struct worker *w)
+{
+    runtime_put(atomic_exchange(&w->next_rt, NULL));
+    runtime_put(w->rt);
+    w->rt = NULL;
+}
+
+/* An idle loop lets go of the old runtime (and its pools) at once. */
+static void on_runtime(evutil_socket_t fd, short what, void *arg)
+{
+    take_next_runtime(arg);
+}
+
 /* ---- commands from other threads ---------------------------------------- */
 
 static void on_quiesce(evutil_socket_t fd, short what, void *arg)
@@ -313,7 +361,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd,
     long max = (long)w->app->fixed.max_connections;
 
     if (atomic_fetch_add(&w->app->conns, 1) >= max) {
-        struct runtime *rt = runtime_acquire(w->app);
+        struct runtime *rt = worker_runtime(w);
 
         atomic_fetch_sub(&w->app->conns, 1);
         metrics_add(&w->app->metrics.shards[w->idx], rt->ids.conns_refused, 1);
@@ -368,7 +416,9 @@ static int events_init(struct worker *w, struct sc_error *err)
     w->mhd_timer_ev = evtimer_new(w->base, on_mhd_ready, w);
     w->quiesce_ev = event_new(w->base, -1, 0, on_quiesce, w);
     w->abort_ev = event_new(w->base, -1, 0, on_abort, w);
+    w->runtime_ev = event_new(w->base, -1, 0, on_runtime, w);
     if (!w->mhd_read_ev || !w->mhd_timer_ev || !w->quiesce_ev || !w->abort_ev ||
+        !w->runtime_ev ||
         event_add(w->mhd_read_ev, NULL) != 0) {
         sc_error_set(err, "cannot create the loop's events");
         return -ENOMEM;
@@ -498,6 +548,7 @@ void worker_stop(struct worker *w)
     worker_stop_daemon(w);
     free_event(&w->quiesce_ev);
     free_event(&w->abort_ev);
+    free_event(&w->runtime_ev);
     if (w->dns)
         evdns_base_free(w->dns, 0);
     w->dns = NULL;

@@ -7,6 +7,7 @@
 #define SLUICE_PROXY_SERVER_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/queue.h>
@@ -40,6 +41,9 @@ struct worker {
     struct event *mhd_timer_ev; /* MHD_get_timeout() expired */
     struct event *quiesce_ev;   /* command: stop accepting */
     struct event *abort_ev;     /* command: answer what is still in flight */
+    struct event *runtime_ev;   /* command: take the runtime a reload made */
+    struct runtime *rt;         /* the loop's current config (a ref); its own */
+    _Atomic(struct runtime *) next_rt; /* handed over by a reload (a ref) */
     struct exchange_list waiting; /* exchanges suspended on the upstream */
     pthread_t tid;
     bool started;
@@ -69,6 +73,16 @@ void worker_kick(struct worker *w);
 struct MHD_Connection;
 void conn_head_begun(struct MHD_Connection *c);
 bool conn_head_done(struct MHD_Connection *c);
+
+/* The loop's current runtime, with a reference taken for the caller; on
+ * the loop's thread only. No lock: a reload hands each loop its runtime
+ * (worker_set_runtime), and the loop takes it at its next request or
+ * command, whichever comes first. */
+struct runtime *worker_runtime(struct worker *w);
+/* Thread-safe: gives w a reference to rt as its next runtime. */
+void worker_set_runtime(struct worker *w, struct runtime *rt);
+/* After the loop stopped: drops the loop's references. */
+void worker_drop_runtime(struct worker *w);
 
 /* Thread-safe commands for the drain sequence. */
 void worker_quiesce(struct worker *w);
