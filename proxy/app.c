@@ -58,27 +58,27 @@ static void fixed_free(struct app_fixed *f)
     memset(f, 0, sizeof *f);
 }
 
-static int workers_init(struct app *app, struct sc_error *err)
+static int loops_init(struct app *app, struct sc_error *err)
 {
     int rc;
 
-    app->workers = calloc(app->n_workers, sizeof *app->workers);
-    if (!app->workers) {
+    app->loops = calloc(app->n_loops, sizeof *app->loops);
+    if (!app->loops) {
         sc_error_set(err, "out of memory");
         return -ENOMEM;
     }
-    for (unsigned i = 0; i < app->n_workers; i++) {
-        rc = worker_init(&app->workers[i], app, i, app->listen_fd, err);
+    for (unsigned i = 0; i < app->n_loops; i++) {
+        rc = loop_init(&app->loops[i], app, i, app->listen_fd, err);
         if (rc != 0)
             return rc;
     }
     return 0;
 }
 
-static int workers_start(struct app *app, struct sc_error *err)
+static int loops_start(struct app *app, struct sc_error *err)
 {
-    for (unsigned i = 0; i < app->n_workers; i++) {
-        int rc = worker_start(&app->workers[i], err);
+    for (unsigned i = 0; i < app->n_loops; i++) {
+        int rc = loop_start(&app->loops[i], err);
         if (rc != 0)
             return rc;
     }
@@ -148,8 +148,8 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
                  atomic_load(&app->inflight));
         app->aborted = true;
         app->abort_ns = now;
-        for (unsigned i = 0; i < app->n_workers; i++)
-            worker_abort_inflight(&app->workers[i]);
+        for (unsigned i = 0; i < app->n_loops; i++)
+            loop_abort_inflight(&app->loops[i]);
     } else if (app->aborted && now - app->abort_ns > ABORT_GRACE_NS) {
         event_base_loopbreak(app->main_base);
         return;
@@ -171,8 +171,8 @@ void app_begin_drain(struct app *app)
     log_info("draining: %ld requests in flight, drain_timeout %llu ms",
              atomic_load(&app->inflight), (unsigned long long)drain_ms);
     app->drain_deadline_ns = clock_mono_ns() + drain_ms * 1000000ull;
-    for (unsigned i = 0; i < app->n_workers; i++)
-        worker_quiesce(&app->workers[i]);
+    for (unsigned i = 0; i < app->n_loops; i++)
+        loop_quiesce(&app->loops[i]);
     evtimer_add(app->drain_tick, &tv);
 }
 
@@ -291,8 +291,8 @@ static void swap_in(struct app *app, struct runtime *rt)
     pthread_mutex_unlock(&app->rt_mu);
     /* Each loop takes its own reference, without a lock on the way of
      * every request; requests in flight keep the old one alive. */
-    for (unsigned i = 0; rt && i < app->n_workers; i++)
-        worker_set_runtime(&app->workers[i], rt);
+    for (unsigned i = 0; rt && i < app->n_loops; i++)
+        loop_set_runtime(&app->loops[i], rt);
     runtime_put(old);
 }
 
@@ -333,7 +333,7 @@ int app_reload(struct app *app, char **msg)
 {
     size_t len = 0;
     FILE *out = open_memstream(msg, &len);
-    struct metrics_shard *sh = &app->metrics.shards[app->n_workers];
+    struct metrics_shard *sh = &app->metrics.shards[app->n_loops];
     struct runtime *rt;
     int rc;
 
@@ -384,9 +384,9 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
         sc_error_set(err, "out of memory");
         return -ENOMEM;
     }
-    app->n_workers = resolve_threads(cfg->threads);
+    app->n_loops = resolve_threads(cfg->threads);
     /* One shard per loop plus one for the main and admin threads. */
-    metrics_init(&app->metrics, app->n_workers + 1);
+    metrics_init(&app->metrics, app->n_loops + 1);
     if ((rc = base_init(app, err)) != 0 || (rc = store_init(app, err)) != 0) {
         config_free(cfg);
         return rc;
@@ -396,16 +396,16 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
         config_free(cfg);
         return app->listen_fd;
     }
-    if ((rc = workers_init(app, err)) != 0) {
+    if ((rc = loops_init(app, err)) != 0) {
         config_free(cfg);
         return rc;
     }
     if ((rc = runtime_new(app, cfg, NULL, &app->rt, err)) != 0)
         return rc;
     restore_pauses(app, app->rt);
-    for (unsigned i = 0; i < app->n_workers; i++)
-        app->workers[i].rt = runtime_acquire(app);
-    if ((rc = workers_start(app, err)) != 0)
+    for (unsigned i = 0; i < app->n_loops; i++)
+        app->loops[i].rt = runtime_acquire(app);
+    if ((rc = loops_start(app, err)) != 0)
         return rc;
     app->admin = admin_start(app, err);
     if (!app->admin)
@@ -413,7 +413,7 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
     atomic_store(&app->ready, true);
     log_info("sluice %s listening on %s:%u (admin %s:%u), %u threads",
              SLUICE_VERSION, app->fixed.listen.host, app->fixed.listen.port,
-             app->fixed.admin.host, app->fixed.admin.port, app->n_workers);
+             app->fixed.admin.host, app->fixed.admin.port, app->n_loops);
     return 0;
 }
 
@@ -435,17 +435,17 @@ void app_free(struct app *app)
     admin_stop(app->admin);
     /* Loops first, so nothing uses a runtime; from here runtimes are freed
      * in place by whoever drops the last reference. */
-    for (unsigned i = 0; app->workers && i < app->n_workers; i++)
-        worker_join(&app->workers[i]);
+    for (unsigned i = 0; app->loops && i < app->n_loops; i++)
+        loop_join(&app->loops[i]);
     atomic_store(&app->loops_stopped, true);
-    for (unsigned i = 0; app->workers && i < app->n_workers; i++)
-        worker_stop_daemon(&app->workers[i]);
+    for (unsigned i = 0; app->loops && i < app->n_loops; i++)
+        loop_stop_daemon(&app->loops[i]);
     swap_in(app, NULL);
-    for (unsigned i = 0; app->workers && i < app->n_workers; i++)
-        worker_drop_runtime(&app->workers[i]);
-    for (unsigned i = 0; app->workers && i < app->n_workers; i++)
-        worker_stop(&app->workers[i]);
-    free(app->workers);
+    for (unsigned i = 0; app->loops && i < app->n_loops; i++)
+        loop_drop_runtime(&app->loops[i]);
+    for (unsigned i = 0; app->loops && i < app->n_loops; i++)
+        loop_stop(&app->loops[i]);
+    free(app->loops);
     free_event(app->sweep_ev);
     /* After the loops: every answered result is in the store; flush it. */
     store_close(app->store);

@@ -47,8 +47,8 @@ struct app {
     struct metrics metrics;     /* shard i: loop i; the last: main and admin */
     atomic_int listen_fd;       /* closed by the last loop to quiesce */
     atomic_uint quiesced;
-    struct worker *workers;
-    unsigned n_workers;
+    struct loop *loops;         /* the event loops, n_loops of them */
+    unsigned n_loops;
     struct MHD_Daemon *admin;
     struct event_base *main_base;
     struct event *sig_term, *sig_int, *sig_hup, *drain_tick;

@@ -91,14 +91,14 @@ static void take_target(struct exchange *ex, const char *uri)
 
 void *exchange_uri_log(void *cls, const char *uri, struct MHD_Connection *c)
 {
-    struct worker *w = cls;
+    struct loop *w = cls;
     struct exchange *ex = calloc(1, sizeof *ex);
 
     if (!ex)
         return NULL;
-    ex->w = w;
+    ex->loop = w;
     ex->mc = c;
-    ex->rt = worker_runtime(w);
+    ex->rt = loop_runtime(w);
     ex->cfg = ex->rt->cfg;
     ex->t0_ns = clock_mono_ns();
     ex->t0_wall_ms = clock_wall_ms();
@@ -123,7 +123,7 @@ static void exchange_free(struct exchange *ex)
         evbuffer_free(ex->ureq.wire);
     if (ex->body)
         evbuffer_free(ex->body);
-    atomic_fetch_sub(&ex->w->app->inflight, 1);
+    atomic_fetch_sub(&ex->loop->app->inflight, 1);
     runtime_put(ex->rt);
     free(ex->target);
     free(ex);
@@ -606,18 +606,18 @@ static void record_queue_age(const struct exchange *ex, struct metrics_shard *sh
     }
     at = (double)ex->t0_wall_ms / 1000.0 - at;
     metrics_observe(sh, H_QUEUE_AGE, ids->queue_age[r], at > 0 ? at : 0);
-    if (ex->w->statsd.fd >= 0) {
+    if (ex->loop->statsd.fd >= 0) {
         char tags[200], route[160];
         statsd_tag_value(ex->route ? ex->route->name : "none", route, sizeof route);
         snprintf(tags, sizeof tags, "route:%s", route);
-        statsd_timing(&ex->w->statsd, "queue_age", (at > 0 ? at : 0) * 1000, tags);
+        statsd_timing(&ex->loop->statsd, "queue_age", (at > 0 ? at : 0) * 1000, tags);
     }
 }
 
 void ex_record_upstream(const struct exchange *ex)
 {
 #ifndef SLUICE_METRICS_OFF /* a benchmark-only build, to price the metrics */
-    struct metrics_shard *sh = &ex->w->app->metrics.shards[ex->w->idx];
+    struct metrics_shard *sh = &ex->loop->app->metrics.shards[ex->loop->idx];
     const struct metrics_ids *ids = &ex->rt->ids;
     const struct up_request *u = &ex->ureq;
     size_t up = ex->route->upstream;
@@ -636,7 +636,7 @@ void ex_record_upstream(const struct exchange *ex)
 /* StatsD timings, when it is on: the same figures as the histograms. */
 static void record_statsd(const struct exchange *ex, size_t r, double total_s)
 {
-    struct statsd *sd = &ex->w->statsd;
+    struct statsd *sd = &ex->loop->statsd;
     const struct up_request *u = &ex->ureq;
     char tags[256], route[160];
 
@@ -664,8 +664,8 @@ static void record_statsd(const struct exchange *ex, size_t r, double total_s)
 
 __attribute__((unused)) static void record_metrics(const struct exchange *ex)
 {
-    struct app *app = ex->w->app;
-    struct metrics_shard *sh = &app->metrics.shards[ex->w->idx];
+    struct app *app = ex->loop->app;
+    struct metrics_shard *sh = &app->metrics.shards[ex->loop->idx];
     const struct metrics_ids *ids = &ex->rt->ids;
     size_t r = ex->route ? (size_t)(ex->route - ex->cfg->routes) : ids->n_routes;
     size_t p = ex->route && ex->route->policy >= 0 ? (size_t)ex->route->policy

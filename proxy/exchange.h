@@ -8,7 +8,7 @@
 #include <microhttpd.h>
 #include <stddef.h>
 
-struct worker;
+struct loop;
 
 /* MHD_OPTION_URI_LOG_CALLBACK: allocates the exchange with the raw request
  * target (MHD's `url` is decoded and lacks the query). cls is the worker. */
@@ -26,6 +26,6 @@ void exchange_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 
 /* Answers every exchange still waiting on the upstream with requeue /
  * connection_lost (the drain deadline passed) and resumes it. */
-void exchange_abort_all(struct worker *w);
+void exchange_abort_all(struct loop *w);
 
 #endif

@@ -42,7 +42,7 @@ static void suspend(struct exchange *ex)
     if (ex->suspended)
         return;
     ex->suspended = true;
-    TAILQ_INSERT_TAIL(&ex->w->waiting, ex, link);
+    TAILQ_INSERT_TAIL(&ex->loop->waiting, ex, link);
     MHD_suspend_connection(ex->mc);
 }
 
@@ -52,10 +52,10 @@ static void resume(struct exchange *ex)
 {
     if (!ex->suspended)
         return;
-    TAILQ_REMOVE(&ex->w->waiting, ex, link);
+    TAILQ_REMOVE(&ex->loop->waiting, ex, link);
     ex->suspended = false;
     MHD_resume_connection(ex->mc);
-    worker_kick(ex->w);
+    loop_kick(ex->loop);
 }
 
 /* ---- the release path ----------------------------------------------------- */
@@ -103,7 +103,7 @@ static void release_held(struct exchange *ex)
 void ex_release_all(struct exchange *ex)
 {
     if (ex->suspended) { /* a daemon stopped early */
-        TAILQ_REMOVE(&ex->w->waiting, ex, link);
+        TAILQ_REMOVE(&ex->loop->waiting, ex, link);
         ex->suspended = false;
     }
     release_upstream(ex);
@@ -133,7 +133,7 @@ static bool arm_timer(struct exchange *ex, uint64_t at, uint64_t now)
 {
     struct timeval tv = clock_ns_to_tv(at > now ? at - now : 0);
 
-    if (!ex->timer && !(ex->timer = evtimer_new(ex->w->base, on_timer, ex)))
+    if (!ex->timer && !(ex->timer = evtimer_new(ex->loop->base, on_timer, ex)))
         return false;
     return evtimer_add(ex->timer, &tv) == 0;
 }
@@ -278,7 +278,7 @@ static void watch_client(struct exchange *ex)
         ci = MHD_get_connection_info(ex->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
         if (!ci)
             return;
-        ex->client_ev = event_new(ex->w->base, ci->connect_fd, EV_READ,
+        ex->client_ev = event_new(ex->loop->base, ci->connect_fd, EV_READ,
                                   on_client_readable, ex);
         if (!ex->client_ev)
             return; /* not watched: the request goes on as before */
@@ -289,7 +289,7 @@ static void watch_client(struct exchange *ex)
 
 /* ---- the drain deadline ----------------------------------------------------- */
 
-void exchange_abort_all(struct worker *w)
+void exchange_abort_all(struct loop *w)
 {
     struct exchange *ex;
 

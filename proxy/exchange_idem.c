@@ -25,9 +25,9 @@ static const char *scope(const struct exchange *ex)
 
 static void count_store_error(struct exchange *ex)
 {
-    struct app *app = ex->w->app;
+    struct app *app = ex->loop->app;
 
-    metrics_add(&app->metrics.shards[ex->w->idx], ex->rt->ids.store_errors, 1);
+    metrics_add(&app->metrics.shards[ex->loop->idx], ex->rt->ids.store_errors, 1);
 }
 
 static void store_failed(struct exchange *ex, const char *what,
@@ -94,7 +94,7 @@ static bool look_up(struct exchange *ex)
     struct sc_error err = {0};
     uint64_t now = clock_wall_ms();
     struct store_record *rec = &ex->replay;
-    int rc = store_get(ex->w->app->store, scope(ex), ex->key, now, rec, &err);
+    int rc = store_get(ex->loop->app->store, scope(ex), ex->key, now, rec, &err);
 
     if (rc == -ENOENT)
         return true;
@@ -125,7 +125,7 @@ static bool claim(struct exchange *ex)
     uint64_t now = clock_mono_ns(), remaining;
     uint64_t deadline = now + ex->pol->max_wait_ms * NS_PER_MS;
 
-    if (claims_take(&ex->w->app->claims, scope(ex), ex->key, now, deadline,
+    if (claims_take(&ex->loop->app->claims, scope(ex), ex->key, now, deadline,
                     ex->up->timeout_ms * NS_PER_MS, &remaining)) {
         ex->claimed = true;
         return true;
@@ -155,7 +155,7 @@ static bool take_lease(struct exchange *ex)
 
     if (!ex->idem)
         return true;
-    rc = store_acquire(ex->w->app->store, scope(ex), ex->key, ex->fp, now,
+    rc = store_acquire(ex->loop->app->store, scope(ex), ex->key, ex->fp, now,
                        id->lease_ms, id->ttl_ms, &out, &err);
     if (rc != 0) {
         store_failed(ex, "lease", &err);
@@ -165,8 +165,8 @@ static bool take_lease(struct exchange *ex)
     case STORE_ACQUIRED:
         ex->attempt = out.attempt;
         ex->leased = true;
-        atomic_fetch_add(&ex->w->app->leases_active, 1);
-        claims_forwarded(&ex->w->app->claims, scope(ex), ex->key,
+        atomic_fetch_add(&ex->loop->app->leases_active, 1);
+        claims_forwarded(&ex->loop->app->claims, scope(ex), ex->key,
                          clock_mono_ns() + id->lease_ms * NS_PER_MS);
         return true;
     case STORE_HELD:
@@ -220,7 +220,7 @@ static void complete(struct exchange *ex, bool omit)
     int rc = -ENOMEM;
 
     if (h)
-        rc = store_complete(ex->w->app->store, scope(ex), ex->key,
+        rc = store_complete(ex->loop->app->store, scope(ex), ex->key,
                             clock_wall_ms(), ex->pol->idem.ttl_ms, r->status, h,
                             stored_headers(r, h),
                             blen ? evbuffer_pullup(r->body, -1) : NULL, blen,
@@ -238,7 +238,7 @@ static void complete(struct exchange *ex, bool omit)
 static void release(struct exchange *ex)
 {
     struct sc_error err = {0};
-    int rc = store_release(ex->w->app->store, scope(ex), ex->key, ex->attempt,
+    int rc = store_release(ex->loop->app->store, scope(ex), ex->key, ex->attempt,
                            clock_wall_ms(), ex->pol->idem.ttl_ms, &err);
 
     if (rc == -ESTALE) {
@@ -294,12 +294,12 @@ void idem_release_lease(struct exchange *ex)
             release(ex);
     }
     ex->leased = false;
-    atomic_fetch_sub(&ex->w->app->leases_active, 1);
+    atomic_fetch_sub(&ex->loop->app->leases_active, 1);
 }
 
 void idem_unclaim(struct exchange *ex)
 {
     if (ex->claimed)
-        claims_drop(&ex->w->app->claims, scope(ex), ex->key);
+        claims_drop(&ex->loop->app->claims, scope(ex), ex->key);
     ex->claimed = false;
 }

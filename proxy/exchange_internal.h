@@ -28,7 +28,7 @@
 #include "proxy/upstream.h"
 #include "store/store.h"
 
-struct worker;
+struct loop;
 struct evbuffer;
 struct event;
 
@@ -72,7 +72,7 @@ enum ex_woke { WOKE_FIRST = 0, WOKE_TIMER, WOKE_EVENT };
 enum ex_kind { ANSWER_PROBLEM = 0, ANSWER_UPSTREAM, ANSWER_INSTRUCTION, ANSWER_REPLAY };
 
 struct exchange {
-    struct worker *w;
+    struct loop *loop;       /* the event loop the request lives on */
     struct MHD_Connection *mc;
     struct runtime *rt;     /* the config this request started on (a ref) */
     const struct sc_config *cfg;

@@ -132,7 +132,7 @@ static enum ex_verdict first_slot(struct exchange *ex, uint64_t now)
         return got_slot(ex, now);
     }
     if (!ex->slot.granted_ev &&
-        !(ex->slot.granted_ev = event_new(ex->w->base, -1, 0, ex_event_cb, ex))) {
+        !(ex->slot.granted_ev = event_new(ex->loop->base, -1, 0, ex_event_cb, ex))) {
         ex_refuse(ex, 500, OUT_REJECTED, R_INTERNAL, "out of memory");
         return EXV_ANSWER;
     }

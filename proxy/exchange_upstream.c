@@ -132,7 +132,7 @@ static void persist_pause(struct exchange *ex, uint64_t hint_ms)
 
     if (!ex->ps || ex->bucket != &ex->ps->bucket)
         return;
-    if (store_pause_set(ex->w->app->store, ex->pol->name, now, now + hint_ms,
+    if (store_pause_set(ex->loop->app->store, ex->pol->name, now, now + hint_ms,
                         &err) != 0)
         log_warn("policy %s: cooldown not kept across restarts: %s",
                  ex->pol->name, err.text);
@@ -278,7 +278,7 @@ static enum ex_verdict send_request(struct exchange *ex)
     ex->ureq.done = on_upstream_done;
     ex->ureq.event = on_upstream_event;
     ex->ureq.arg = ex;
-    if (up_pool_send(ex->rt->pools[ex->w->idx][ex->route->upstream], &ex->ureq) != 0)
+    if (up_pool_send(ex->rt->pools[ex->loop->idx][ex->route->upstream], &ex->ureq) != 0)
         return not_sent(ex, "cannot queue the upstream request");
     ex->sent = true;
     return EXV_WAIT;

@@ -36,7 +36,7 @@ static int pools_init(struct runtime *rt, struct sc_error *err)
     const struct sc_config *cfg = rt->cfg;
     struct app *app = rt->app;
 
-    rt->n_loops = app->n_workers;
+    rt->n_loops = app->n_loops;
     rt->pools = calloc(rt->n_loops, sizeof *rt->pools);
     if (!rt->pools)
         goto nomem;
@@ -49,7 +49,7 @@ static int pools_init(struct runtime *rt, struct sc_error *err)
             /* The keep-alive limit is per upstream; each loop gets its share. */
             uint32_t share = (u->max_connections + rt->n_loops - 1) / rt->n_loops;
 
-            rt->pools[w][i] = up_pool_new(app->workers[w].base, app->workers[w].dns,
+            rt->pools[w][i] = up_pool_new(app->loops[w].base, app->loops[w].dns,
                                           u, rt->tls[i], share);
             if (!rt->pools[w][i])
                 goto nomem;
@@ -159,7 +159,7 @@ void runtime_put(struct runtime *rt)
             lf->rt = rt;
             lf->w = w;
         }
-        if (!lf || event_base_once(app->workers[w].base, -1, EV_TIMEOUT,
+        if (!lf || event_base_once(app->loops[w].base, -1, EV_TIMEOUT,
                                    on_loop_free, lf, NULL) != 0) {
             /* Cannot post to the loop: free there and then (rare, at exit). */
             free(lf);

@@ -63,7 +63,7 @@ fail:
 
 /* ---- joining MHD and libevent ------------------------------------------- */
 
-static void mhd_run(struct worker *w)
+static void mhd_run(struct loop *w)
 {
     MHD_UNSIGNED_LONG_LONG ms;
 
@@ -83,7 +83,7 @@ static void on_mhd_ready(evutil_socket_t fd, short what, void *arg)
     mhd_run(arg);
 }
 
-void worker_kick(struct worker *w)
+void loop_kick(struct loop *w)
 {
     /* One MHD_run per loop pass serves every resume made during it. */
     event_active(w->mhd_read_ev, EV_READ, 0);
@@ -104,7 +104,7 @@ static void mhd_logger(void *cls, const char *fmt, va_list ap)
  * timeout restarts with every byte, so a head sent a byte at a time would
  * hold a connection for ever; this clock does not restart. */
 struct conn {
-    struct worker *w;
+    struct loop *w;
     struct MHD_Connection *mc;
     struct event *head_timer;   /* pending while a request head is incomplete */
     struct timeval head_timeout;
@@ -145,9 +145,9 @@ static void send_raw_problem(int fd, int status, enum reason r, const char *deta
     free(body);
 }
 
-static void count_rejected(struct worker *w, enum reason r)
+static void count_rejected(struct loop *w, enum reason r)
 {
-    struct runtime *rt = worker_runtime(w);
+    struct runtime *rt = loop_runtime(w);
     const struct metrics_ids *ids = &rt->ids;
 
     metrics_add(&w->app->metrics.shards[w->idx],
@@ -177,10 +177,10 @@ static void on_head_timeout(evutil_socket_t fd, short what, void *arg)
     shutdown(i->connect_fd, SHUT_RDWR);
     log_info("request head not complete after %ld ms: 408, connection closed", ms);
     count_rejected(cn->w, R_TIMEOUT);
-    worker_kick(cn->w);
+    loop_kick(cn->w);
 }
 
-static struct conn *conn_new(struct worker *w, struct MHD_Connection *c)
+static struct conn *conn_new(struct loop *w, struct MHD_Connection *c)
 {
     struct conn *cn = calloc(1, sizeof *cn);
     struct runtime *rt;
@@ -196,7 +196,7 @@ static struct conn *conn_new(struct worker *w, struct MHD_Connection *c)
         return NULL;
     }
     /* Read per connection, so a reload applies to the connections after it. */
-    rt = worker_runtime(w);
+    rt = loop_runtime(w);
     ms = rt->cfg->limits.header_timeout_ms;
     runtime_put(rt);
     cn->head_timeout.tv_sec = (time_t)(ms / 1000);
@@ -241,7 +241,7 @@ bool conn_head_done(struct MHD_Connection *c)
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx,
                           enum MHD_ConnectionNotificationCode code)
 {
-    struct worker *w = cls;
+    struct loop *w = cls;
 
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         *socket_ctx = conn_new(w, c);
@@ -257,7 +257,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx
     }
 }
 
-static struct MHD_Daemon *mhd_start(struct worker *w)
+static struct MHD_Daemon *mhd_start(struct loop *w)
 {
     const struct app_fixed *cfg = &w->app->fixed;
     /* The pool holds the request head, the body read buffer and the
@@ -286,7 +286,7 @@ static struct MHD_Daemon *mhd_start(struct worker *w)
 
 /* ---- the loop's runtime --------------------------------------------------- */
 
-static void take_next_runtime(struct worker *w)
+static void take_next_runtime(struct loop *w)
 {
     struct runtime *next, *old;
 
@@ -300,14 +300,14 @@ static void take_next_runtime(struct worker *w)
     runtime_put(old); /* requests still on it keep it alive */
 }
 
-struct runtime *worker_runtime(struct worker *w)
+struct runtime *loop_runtime(struct loop *w)
 {
     take_next_runtime(w);
     atomic_fetch_add(&w->rt->refs, 1);
     return w->rt;
 }
 
-void worker_set_runtime(struct worker *w, struct runtime *rt)
+void loop_set_runtime(struct loop *w, struct runtime *rt)
 {
     struct runtime *stale;
 
@@ -319,7 +319,7 @@ void worker_set_runtime(struct worker *w, struct runtime *rt)
         event_active(w->runtime_ev, EV_TIMEOUT, 0);
 }
 
-void worker_drop_runtime(struct worker *w)
+void loop_drop_runtime(struct loop *w)
 {
     runtime_put(atomic_exchange(&w->next_rt, NULL));
     runtime_put(w->rt);
@@ -336,13 +336,13 @@ static void on_runtime(evutil_socket_t fd, short what, void *arg)
 
 static void on_quiesce(evutil_socket_t fd, short what, void *arg)
 {
-    struct worker *w = arg;
+    struct loop *w = arg;
 
     /* Stop accepting. The last loop to let go closes the socket, so new
      * connections are refused by the kernel rather than left in a backlog
      * nobody reads; closing earlier could pull the fd from under a loop. */
     evconnlistener_disable(w->listener);
-    if (atomic_fetch_add(&w->app->quiesced, 1) + 1 == w->app->n_workers) {
+    if (atomic_fetch_add(&w->app->quiesced, 1) + 1 == w->app->n_loops) {
         int lfd = atomic_exchange(&w->app->listen_fd, -1);
         if (lfd >= 0)
             close(lfd);
@@ -357,11 +357,11 @@ static void on_quiesce(evutil_socket_t fd, short what, void *arg)
 static void on_accept(struct evconnlistener *l, evutil_socket_t fd,
                       struct sockaddr *addr, int len, void *arg)
 {
-    struct worker *w = arg;
+    struct loop *w = arg;
     long max = (long)w->app->fixed.max_connections;
 
     if (atomic_fetch_add(&w->app->conns, 1) >= max) {
-        struct runtime *rt = worker_runtime(w);
+        struct runtime *rt = loop_runtime(w);
 
         atomic_fetch_sub(&w->app->conns, 1);
         metrics_add(&w->app->metrics.shards[w->idx], rt->ids.conns_refused, 1);
@@ -374,7 +374,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd,
         atomic_fetch_sub(&w->app->conns, 1);
         return;
     }
-    worker_kick(w);
+    loop_kick(w);
 }
 
 static void on_accept_error(struct evconnlistener *l, void *arg)
@@ -390,19 +390,19 @@ static void on_abort(evutil_socket_t fd, short what, void *arg)
     exchange_abort_all(arg);
 }
 
-void worker_quiesce(struct worker *w)
+void loop_quiesce(struct loop *w)
 {
     event_active(w->quiesce_ev, EV_TIMEOUT, 0);
 }
 
-void worker_abort_inflight(struct worker *w)
+void loop_abort_inflight(struct loop *w)
 {
     event_active(w->abort_ev, EV_TIMEOUT, 0);
 }
 
 /* ---- lifecycle ---------------------------------------------------------- */
 
-static int events_init(struct worker *w, struct sc_error *err)
+static int events_init(struct loop *w, struct sc_error *err)
 {
     const union MHD_DaemonInfo *info =
         MHD_get_daemon_info(w->mhd, MHD_DAEMON_INFO_EPOLL_FD);
@@ -443,7 +443,7 @@ static struct event_base *base_new(void)
     return base;
 }
 
-int worker_init(struct worker *w, struct app *app, unsigned idx,
+int loop_init(struct loop *w, struct app *app, unsigned idx,
                 int listen_fd, struct sc_error *err)
 {
     memset(w, 0, sizeof *w);
@@ -485,20 +485,20 @@ int worker_init(struct worker *w, struct app *app, unsigned idx,
     return 0;
 }
 
-static void *worker_main(void *arg)
+static void *loop_main(void *arg)
 {
-    struct worker *w = arg;
+    struct loop *w = arg;
 
     event_base_loop(w->base, EVLOOP_NO_EXIT_ON_EMPTY);
     return NULL;
 }
 
-int worker_start(struct worker *w, struct sc_error *err)
+int loop_start(struct loop *w, struct sc_error *err)
 {
-    int rc = pthread_create(&w->tid, NULL, worker_main, w);
+    int rc = pthread_create(&w->tid, NULL, loop_main, w);
 
     if (rc != 0) {
-        sc_error_set(err, "cannot start a worker thread: %s", strerror(rc));
+        sc_error_set(err, "cannot start an event-loop thread: %s", strerror(rc));
         return -rc;
     }
     w->started = true;
@@ -513,7 +513,7 @@ static void free_event(struct event **ev)
     }
 }
 
-void worker_join(struct worker *w)
+void loop_join(struct loop *w)
 {
     if (w->started) {
         event_base_loopexit(w->base, NULL);
@@ -522,7 +522,7 @@ void worker_join(struct worker *w)
     }
 }
 
-void worker_stop_daemon(struct worker *w)
+void loop_stop_daemon(struct loop *w)
 {
     /* Our events on MHD's epoll fd go before MHD closes it. */
     free_event(&w->mhd_read_ev);
@@ -542,10 +542,10 @@ void worker_stop_daemon(struct worker *w)
         event_base_loop(w->base, EVLOOP_NONBLOCK);
 }
 
-void worker_stop(struct worker *w)
+void loop_stop(struct loop *w)
 {
-    worker_join(w);
-    worker_stop_daemon(w);
+    loop_join(w);
+    loop_stop_daemon(w);
     free_event(&w->quiesce_ev);
     free_event(&w->abort_ev);
     free_event(&w->runtime_ev);

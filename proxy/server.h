@@ -29,7 +29,7 @@ TAILQ_HEAD(exchange_list, exchange);
 
 /* One event-loop thread. Everything in it is touched only by its thread,
  * except the command events, which other threads may activate. */
-struct worker {
+struct loop {
     unsigned idx;
     struct app *app;
     struct event_base *base;
@@ -51,19 +51,19 @@ struct worker {
 
 /* Creates worker w (loop, MHD daemon on listen_fd, pools); does not start
  * its thread. 0 or negative + err. */
-int worker_init(struct worker *w, struct app *app, unsigned idx,
+int loop_init(struct loop *w, struct app *app, unsigned idx,
                 int listen_fd, struct sc_error *err);
-int worker_start(struct worker *w, struct sc_error *err);
+int loop_start(struct loop *w, struct sc_error *err);
 /* Asks the thread to stop its loop and waits for it. */
-void worker_join(struct worker *w);
+void loop_join(struct loop *w);
 /* Stops accepting and the MHD daemon (completing what it still holds). */
-void worker_stop_daemon(struct worker *w);
+void loop_stop_daemon(struct loop *w);
 /* All of the above, then frees the loop. */
-void worker_stop(struct worker *w);
+void loop_stop(struct loop *w);
 
 /* Makes MHD process pending work on the next loop pass: needed after
  * MHD_resume_connection, which does not wake an external-epoll loop. */
-void worker_kick(struct worker *w);
+void loop_kick(struct loop *w);
 
 /* The request head clock of a worker connection (limits.header_timeout):
  * conn_head_begun starts it when a request line arrives on a reused
@@ -76,17 +76,17 @@ bool conn_head_done(struct MHD_Connection *c);
 
 /* The loop's current runtime, with a reference taken for the caller; on
  * the loop's thread only. No lock: a reload hands each loop its runtime
- * (worker_set_runtime), and the loop takes it at its next request or
+ * (loop_set_runtime), and the loop takes it at its next request or
  * command, whichever comes first. */
-struct runtime *worker_runtime(struct worker *w);
+struct runtime *loop_runtime(struct loop *w);
 /* Thread-safe: gives w a reference to rt as its next runtime. */
-void worker_set_runtime(struct worker *w, struct runtime *rt);
+void loop_set_runtime(struct loop *w, struct runtime *rt);
 /* After the loop stopped: drops the loop's references. */
-void worker_drop_runtime(struct worker *w);
+void loop_drop_runtime(struct loop *w);
 
 /* Thread-safe commands for the drain sequence. */
-void worker_quiesce(struct worker *w);
-void worker_abort_inflight(struct worker *w);
+void loop_quiesce(struct loop *w);
+void loop_abort_inflight(struct loop *w);
 
 /* Opens, binds and listens on addr (non-blocking). fd or negative + err. */
 int server_listen(const struct sc_addr *addr, int backlog,

@@ -29,7 +29,7 @@ static const char yaml[] =
 
 static struct sc_config *cfg;
 static struct runtime rt;
-static struct worker w;
+static struct loop w;
 
 static void setup(void)
 {
@@ -59,7 +59,7 @@ TestSuite(pace, .init = setup, .fini = teardown);
 static void fake(struct exchange *ex, size_t r)
 {
     memset(ex, 0, sizeof *ex);
-    ex->w = &w;
+    ex->loop = &w;
     ex->rt = &rt;
     ex->cfg = cfg;
     ex->route = &cfg->routes[r];

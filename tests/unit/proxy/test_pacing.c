@@ -518,12 +518,12 @@ Test(pacing_slots, hand_over_from_another_thread_wakes_the_loop)
 
 static _Atomic int holders, max_holders;
 
-struct worker {
+struct loop {
     struct policy_state *ps;
     int granted_late;
 };
 
-static void hold(struct worker *wk)
+static void hold(struct loop *wk)
 {
     int h = atomic_fetch_add(&holders, 1) + 1, m = atomic_load(&max_holders);
 
@@ -535,7 +535,7 @@ static void hold(struct worker *wk)
 
 static void *work(void *arg)
 {
-    struct worker *wk = arg;
+    struct loop *wk = arg;
     struct event_base *base = event_base_new();
     struct slot_waiter w = {0};
 
@@ -557,13 +557,13 @@ static void *work(void *arg)
 Test(pacing_slots, threads_never_exceed_the_limit)
 {
     struct policy_state *ps = policy("slots");
-    struct worker wk[N_THREADS];
+    struct loop wk[N_THREADS];
     pthread_t th[N_THREADS];
 
     atomic_store(&holders, 0);
     atomic_store(&max_holders, 0);
     for (int i = 0; i < N_THREADS; i++) {
-        wk[i] = (struct worker){ps, 0};
+        wk[i] = (struct loop){ps, 0};
         cr_assert_eq(pthread_create(&th[i], NULL, work, &wk[i]), 0);
     }
     for (int i = 0; i < N_THREADS; i++)
