@@ -5,7 +5,12 @@ set -eu
 PKGS="build-essential cmake pkg-config libmicrohttpd-dev libevent-dev
 librocksdb-dev libjansson-dev libyaml-dev libssl-dev libhttp-parser-dev
 libcriterion-dev openssl curl prometheus
-redis-server python3 python3-redis python3-yaml golang-go systemd"
+redis-server python3 python3-redis python3-yaml golang-go systemd
+clang libclang-rt-14-dev llvm-14"
+# clang builds the fuzz targets (tests/fuzz); libFuzzer and the sanitizer
+# runtimes are in libclang-rt-14-dev, which clang only recommends;
+# llvm-14 brings llvm-symbolizer for readable stacks.
+
 # The TypeScript worker example needs Node.js and npm; a machine that already
 # has them (say from NodeSource) keeps its own.
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then

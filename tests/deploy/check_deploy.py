@@ -424,7 +424,9 @@ def check_dockerfile(sluice_bin):
         check(re.fullmatch(r"debian:(bookworm|12)([-.][\w.-]*)?", image) is not None,
               "FROM %s is Debian 12 (bookworm)" % image)
     build, runtime = apt_packages(stages[0][1]), apt_packages(stages[-1][1])
-    wanted = {p for p in deps_sh_packages() if p.endswith("-dev") and p != "libcriterion-dev"}
+    # test-only: Criterion, and clang's libFuzzer runtime for tests/fuzz
+    test_only = {"libcriterion-dev", "libclang-rt-14-dev"}
+    wanted = {p for p in deps_sh_packages() if p.endswith("-dev") and p not in test_only}
     wanted |= {"build-essential", "cmake", "pkg-config"}
     check(wanted <= build, "the build stage installs scripts/deps.sh's build packages (missing: %s)"
           % (", ".join(sorted(wanted - build)) or "none"))
