@@ -65,6 +65,9 @@ enum shadow_verdict {
 /* "permit_wait", "rate_limited", "concurrency", or NULL for none. */
 const char *shadow_name(enum shadow_verdict v);
 
+/* A body up to this size goes out whole, from memory, with its head. */
+#define EX_WHOLE_MAX_BYTES ((size_t)64 * 1024)
+
 /* Why a stage runs: the driver says. */
 enum ex_woke { WOKE_FIRST = 0, WOKE_TIMER, WOKE_EVENT };
 

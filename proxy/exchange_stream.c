@@ -15,7 +15,6 @@
 /* Above this, or spread over more chains, a whole body goes through the
  * reader too: one iovec response per small answer is the cheap path, and
  * libmicrohttpd 0.9.75 aborts when destroying iovec responses of many MiB. */
-#define WHOLE_MAX_BYTES ((size_t)64 * 1024)
 #define WHOLE_MAX_CHAINS 16
 /* What MHD asks the reader for at a time. */
 #define READ_BLOCK ((size_t)32 * 1024)
@@ -44,7 +43,7 @@ static struct MHD_Response *response_whole(struct up_response *ur)
     struct MHD_Response *resp;
     int n;
 
-    if (evbuffer_get_length(ur->body) > WHOLE_MAX_BYTES)
+    if (evbuffer_get_length(ur->body) > EX_WHOLE_MAX_BYTES)
         return NULL;
     n = evbuffer_peek(ur->body, -1, NULL, v, WHOLE_MAX_CHAINS);
     if (n > WHOLE_MAX_CHAINS)

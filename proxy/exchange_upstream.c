@@ -284,14 +284,15 @@ static enum ex_verdict send_request(struct exchange *ex)
     return EXV_WAIT;
 }
 
-/* A keyed answer to store: the body is held up to max_stored_body so the
- * record can have it; one known to be longer is stored without it and
- * streams (commit, then the answer). */
-static enum ex_verdict hold_for_record(struct exchange *ex)
+/* The body is held up to max bytes before the answer goes: a keyed answer
+ * to store up to max_stored_body (so the record can have it), any other up
+ * to EX_WHOLE_MAX_BYTES (a small body, usually read with its head or just
+ * after it, then goes out whole with the head, without a streaming reader).
+ * A body known to be longer, or found to be, streams: commit, then answer. */
+static enum ex_verdict hold_body(struct exchange *ex, uint64_t max)
 {
     const struct up_response *r = &ex->ureq.resp;
     const char *cl = up_response_header(r, "Content-Length");
-    uint64_t max = ex->pol->idem.max_stored_body;
 
     if (evbuffer_get_length(r->body) > max ||
         (cl && !up_response_header(r, "Transfer-Encoding") &&
@@ -301,9 +302,9 @@ static enum ex_verdict hold_for_record(struct exchange *ex)
     return EXV_WAIT;
 }
 
-/* The head decides the answer. A pass-through answer goes on at once (its
- * body streams) unless its record must have the body; an instruction needs
- * no body, which is read and dropped so the connection can be reused. */
+/* The head decides the answer: passed through (its body held or streamed,
+ * above), or an instruction, which needs no body: that is read and dropped
+ * so the connection can be reused. */
 static enum ex_verdict head_in(struct exchange *ex)
 {
     if (!ex->classified) {
@@ -315,8 +316,8 @@ static enum ex_verdict head_in(struct exchange *ex)
         return EXV_WAIT;
     }
     if (ex->leased && ex_idem_replayable(ex))
-        return hold_for_record(ex);
-    return EXV_NEXT;
+        return hold_body(ex, ex->pol->idem.max_stored_body);
+    return hold_body(ex, EX_WHOLE_MAX_BYTES);
 }
 
 enum ex_verdict stage_upstream(struct exchange *ex, uint64_t now)

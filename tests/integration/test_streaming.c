@@ -68,14 +68,23 @@ static void send_str(int fd, const char *s)
     h_send_all(fd, s, strlen(s));
 }
 
+/* A body longer than what sluice holds before answering: the first 70,000
+ * bytes, then nothing until the test opens the gate, then the rest. */
+#define SLOW_FIRST 70000
+#define SLOW_REST 30000
+
 static void serve_slow(int fd)
 {
+    static char chunk[SLOW_FIRST];
     long deadline = ms_now() + 5000;
 
-    send_str(fd, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello");
+    memset(chunk, 'h', sizeof chunk);
+    send_str(fd, "HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n");
+    h_send_all(fd, chunk, SLOW_FIRST);
     while (!atomic_load(&raw.gate) && ms_now() < deadline)
         usleep(5000);
-    send_str(fd, "world");
+    memset(chunk, 'w', SLOW_REST);
+    h_send_all(fd, chunk, SLOW_REST);
 }
 
 static void serve_truncated(int fd)
@@ -314,31 +323,35 @@ Test(streaming, memory_is_bounded_per_connection)
 #endif
 }
 
-/* The worker has the first half while the upstream holds back the second. */
+/* The worker has the first part while the upstream holds back the rest. */
 Test(streaming, first_bytes_arrive_before_the_last_are_sent)
 {
-    char buf[4096];
+    static char buf[200000];
     size_t got = 0;
     long deadline = ms_now() + 5000;
     int fd = h_connect(sl.port);
     const char *req = "GET /raw/slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    char *body = NULL;
 
     raw.mode = RAW_SLOW;
     atomic_store(&raw.gate, 0);
     cr_assert(fd >= 0);
     h_send_all(fd, req, strlen(req));
-    while (!strstr(buf, "hello") && ms_now() < deadline && got < sizeof buf - 1) {
+    /* all the first part, before the gate opens */
+    while (ms_now() < deadline) {
         ssize_t n = recv(fd, buf + got, sizeof buf - 1 - got, MSG_DONTWAIT);
-        if (n > 0) {
+        if (n > 0)
             got += (size_t)n;
-            buf[got] = '\0';
-        } else {
-            buf[got] = '\0';
+        else
             usleep(5000);
-        }
+        buf[got] = '\0';
+        body = strstr(buf, "\r\n\r\n");
+        if (body && got - (size_t)(body + 4 - buf) >= SLOW_FIRST)
+            break;
     }
-    cr_assert(strstr(buf, "\r\n\r\nhello"), "no early bytes: %s", buf);
-    cr_expect(!strstr(buf, "world"));
+    cr_assert(body, "no head before the upstream finished");
+    cr_assert_eq(got - (size_t)(body + 4 - buf), SLOW_FIRST,
+                 "%zu body bytes before the rest was sent", got - (size_t)(body + 4 - buf));
     atomic_store(&raw.gate, 1);
     while (ms_now() < deadline && got < sizeof buf - 1) {
         ssize_t n = recv(fd, buf + got, sizeof buf - 1 - got, 0);
@@ -346,9 +359,10 @@ Test(streaming, first_bytes_arrive_before_the_last_are_sent)
             break;
         got += (size_t)n;
     }
-    buf[got] = '\0';
     close(fd);
-    cr_expect(strstr(buf, "\r\n\r\nhelloworld"), "whole body: %s", buf);
+    body = strstr(buf, "\r\n\r\n");
+    cr_expect_eq(got - (size_t)(body + 4 - buf), 100000u, "whole body: %zu",
+                 got - (size_t)(body + 4 - buf));
 }
 
 /* An upstream that breaks off after the head: the worker's response is
