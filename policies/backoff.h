@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "policies/config.h"
+#include "config/config.h"
 
 /* Retry-After: delta-seconds or an HTTP-date (IMF-fixdate, RFC 850,
  * asctime). A date in the past is 0. 0 or -EINVAL for a malformed value. */

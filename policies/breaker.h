@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "policies/config.h"
+#include "config/config.h"
 
 struct breaker_state {
     _Atomic uint32_t fail_streak;   /* upstream failures in a row */

@@ -6,7 +6,7 @@
 
 #include <openssl/evp.h>
 
-#include "policies/config.h"
+#include "config/config.h"
 
 static int sf_unquote(const char *raw, char *out, char *why, size_t wlen)
 {

@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-#include "policies/config.h"
+#include "config/config.h"
 
 /* Finds the route for a raw request target (origin-form, query included)
  * and method bit. Returns the route or NULL (404). When a prefix matches but

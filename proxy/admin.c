@@ -17,9 +17,9 @@
 
 #include "proxy/admin_guard.h"
 #include "proxy/app.h"
-#include "proxy/log.h"
+#include "obs/log.h"
 #include "policies/gcra.h"
-#include "proxy/metrics.h"
+#include "obs/metrics.h"
 #include "proxy/pacing.h"
 #include "proxy/server.h"
 #include "store/store.h"

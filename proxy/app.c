@@ -13,7 +13,7 @@
 
 #include "proxy/admin.h"
 #include "proxy/exchange.h"
-#include "proxy/log.h"
+#include "obs/log.h"
 #include "proxy/upstream.h"
 #include "store/store.h"
 #include "util/clock.h"

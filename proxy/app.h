@@ -9,9 +9,9 @@
 
 #include <openssl/ssl.h>
 
-#include "policies/config.h"
+#include "config/config.h"
 #include "proxy/claims.h"
-#include "proxy/metrics.h"
+#include "obs/metrics.h"
 #include "proxy/pacing.h"
 #include "proxy/runtime.h"
 #include "proxy/server.h"

@@ -19,7 +19,7 @@
 #include "proxy/app.h"
 #include "proxy/exchange_internal.h"
 #include "proxy/headers.h"
-#include "proxy/log.h"
+#include "obs/log.h"
 #include "proxy/problem.h"
 #include "proxy/server.h"
 #include "proxy/upstream.h"
@@ -614,6 +614,23 @@ static void record_queue_age(const struct exchange *ex, struct metrics_shard *sh
     }
 }
 
+/* The code label of sluice_upstream_responses_total. */
+static enum up_code up_code_of(const struct up_response *r)
+{
+    static const enum up_code failures[] = {
+        [UP_CONNECT_ERROR] = UC_CONNECT_ERROR,
+        [UP_CONNECTION_LOST] = UC_CONNECTION_LOST,
+        [UP_TIMEOUT] = UC_TIMEOUT,
+    };
+
+    if (r->result != UP_OK)
+        return failures[r->result];
+    if (r->status == 429)
+        return UC_429;
+    return r->status >= 500 ? UC_5XX : r->status >= 400 ? UC_4XX
+           : r->status >= 300 ? UC_3XX : UC_2XX;
+}
+
 void ex_record_upstream(const struct exchange *ex)
 {
 #ifndef SLUICE_METRICS_OFF /* a benchmark-only build, to price the metrics */
@@ -625,7 +642,7 @@ void ex_record_upstream(const struct exchange *ex)
     if (!u->done_ns || !u->sent_ns)
         return;
     metrics_add(sh, ids->up_codes[up * UC__COUNT +
-                                  metrics_up_code(u->resp.result, u->resp.status)], 1);
+                                  up_code_of(&u->resp)], 1);
     metrics_observe(sh, H_DURATION, ids->up_duration[up],
                     (double)(u->done_ns - u->sent_ns) / 1e9);
 #else

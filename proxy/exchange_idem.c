@@ -14,7 +14,7 @@
 #include "policies/idemkey.h"
 #include "proxy/app.h"
 #include "proxy/exchange_internal.h"
-#include "proxy/log.h"
+#include "obs/log.h"
 #include "proxy/server.h"
 #include "util/clock.h"
 

@@ -21,7 +21,7 @@
 
 #include <microhttpd.h>
 
-#include "policies/config.h"
+#include "config/config.h"
 #include "proxy/instruction.h"
 #include "proxy/pacing.h"
 #include "proxy/problem.h"

@@ -10,7 +10,7 @@
 
 #include "proxy/app.h"
 #include "proxy/exchange_internal.h"
-#include "proxy/log.h"
+#include "obs/log.h"
 #include "proxy/server.h"
 #include "util/clock.h"
 

@@ -15,7 +15,7 @@
 #include "proxy/app.h"
 #include "proxy/exchange_internal.h"
 #include "proxy/headers.h"
-#include "proxy/log.h"
+#include "obs/log.h"
 #include "proxy/server.h"
 #include "store/store.h"
 #include "util/clock.h"

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proxy/log.h"
+#include "obs/log.h"
 
 int instruction_status(enum reason r)
 {

@@ -10,9 +10,9 @@
 #include <jansson.h>
 #endif
 
-#include "policies/config.h"
+#include "config/config.h"
 #include "proxy/app.h"
-#include "proxy/log.h"
+#include "obs/log.h"
 
 static void usage(FILE *f)
 {

@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <sys/queue.h>
 
-#include "policies/config.h"
+#include "config/config.h"
 #include "policies/breaker.h"
 #include "policies/gcra.h"
 

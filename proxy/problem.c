@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proxy/log.h"
+#include "obs/log.h"
 
 static const char *const outcome_names[OUT__COUNT] = {
     "ok", "permanent_error", "replayed", "requeue", "dead_letter", "rejected",

@@ -10,8 +10,8 @@
 
 #include <openssl/ssl.h>
 
-#include "policies/config.h"
-#include "proxy/metrics.h"
+#include "config/config.h"
+#include "obs/metrics.h"
 #include "proxy/pacing.h"
 #include "util/error.h"
 

@@ -18,7 +18,7 @@
 
 #include "proxy/app.h"
 #include "proxy/exchange.h"
-#include "proxy/log.h"
+#include "obs/log.h"
 #include "proxy/problem.h"
 #include "proxy/runtime.h"
 #include "proxy/upstream.h"

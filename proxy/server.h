@@ -12,8 +12,8 @@
 #include <stddef.h>
 #include <sys/queue.h>
 
-#include "policies/config.h"
-#include "proxy/statsd.h"
+#include "config/config.h"
+#include "obs/statsd.h"
 #include "util/error.h"
 
 struct app;

@@ -13,7 +13,7 @@
 
 #include <openssl/ssl.h>
 
-#include "policies/config.h"
+#include "config/config.h"
 #include "util/error.h"
 
 struct event_base;

@@ -57,6 +57,7 @@ BENCH=$BUILD_DIR/storebench
 say "compiling $BENCH"
 gcc -O2 -g -Wall -Wextra -Wno-unused-parameter -I"$REPO" -o "$BENCH" "$HERE/storebench.c" \
     "$BUILD_DIR/libsluice_store.a" "$BUILD_DIR/libsluice_policies.a" \
+    "$BUILD_DIR/libsluice_config.a" "$BUILD_DIR/libsluice_util.a" \
     -lrocksdb -lyaml -ljansson -lssl -lcrypto -lpthread -lm ||
     die "cannot compile storebench.c"
 

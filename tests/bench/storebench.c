@@ -44,7 +44,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "policies/config.h"
+#include "config/config.h"
 #include "policies/idemkey.h"
 #include "store/store.h"
 #include "store/store_rocksdb_internal.h"

@@ -1,9 +1,9 @@
-/* The YAML config loader (policies/config.h) on arbitrary bytes: every
+/* The YAML config loader (config/config.h) on arbitrary bytes: every
  * input either loads, and then renders as JSON, or comes back as at least
  * one error message; never a crash, a hang or a leak. */
 #include <stdlib.h>
 
-#include "policies/config.h"
+#include "config/config.h"
 #include "fuzz_check.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)

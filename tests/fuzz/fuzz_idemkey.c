@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "fuzz_check.h"
-#include "policies/config.h"
+#include "config/config.h"
 #include "policies/idemkey.h"
 #include "store/record.h"
 

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "policies/backoff.h"
-#include "policies/config.h"
+#include "config/config.h"
 
 /* Sun, 06 Nov 1994 08:49:37 GMT, the example date of RFC 9110. */
 #define RFC_DATE_S 784111777ull

@@ -2,7 +2,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "policies/config.h"
+#include "config/config.h"
 #include "policies/idemkey.h"
 
 static int parse(const char *raw, char *out)

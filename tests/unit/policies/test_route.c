@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "policies/config.h"
+#include "config/config.h"
 #include "policies/route.h"
 
 static struct sc_config *load(const char *yaml)

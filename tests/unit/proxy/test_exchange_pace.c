@@ -8,7 +8,7 @@
 #include <event2/thread.h>
 #include <string.h>
 
-#include "policies/config.h"
+#include "config/config.h"
 #include "proxy/exchange_internal.h"
 #include "proxy/runtime.h"
 #include "proxy/server.h"

@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "policies/config.h"
+#include "config/config.h"
 #include "proxy/pacing.h"
 
 #define SEC 1000000000ull

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proxy/log.h"
+#include "obs/log.h"
 #include "proxy/problem.h"
 
 Test(problem, body_is_valid_rfc9457_json)

@@ -5,15 +5,15 @@
  * by metric name and label values, so a reload that keeps a route or policy
  * name keeps its series: counters never reset on reload. Labels come only
  * from config names and fixed sets, never from requests. */
-#ifndef SLUICE_PROXY_METRICS_H
-#define SLUICE_PROXY_METRICS_H
+#ifndef SLUICE_OBS_METRICS_H
+#define SLUICE_OBS_METRICS_H
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "policies/config.h"
+#include "config/config.h"
 #include "proxy/problem.h"
 
 #define METRICS_MAX_SHARDS 257   /* loops + one for the main/admin threads */
@@ -96,7 +96,5 @@ typedef void (*metrics_delta_fn)(void *arg, const char *name,
                                  const char *labels, uint64_t delta);
 void metrics_counter_deltas(struct metrics *m, unsigned shard, uint64_t **last,
                             size_t *n_last, metrics_delta_fn fn, void *arg);
-
-enum up_code metrics_up_code(int result, int status);
 
 #endif

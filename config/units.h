@@ -1,7 +1,7 @@
 /* Parsers for the config's value syntaxes (SPEC section 2). Each returns 0 or
  * -EINVAL / -ERANGE and writes a short reason into why (may be NULL). */
-#ifndef SLUICE_POLICIES_UNITS_H
-#define SLUICE_POLICIES_UNITS_H
+#ifndef SLUICE_CONFIG_UNITS_H
+#define SLUICE_CONFIG_UNITS_H
 
 #include <stddef.h>
 #include <stdint.h>

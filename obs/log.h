@@ -1,14 +1,14 @@
 /* Logging: one JSON object per line on stderr, so operational messages and
  * the access log (SPEC section 9) go through the same pipeline. Each line is
  * written with one write(2), so lines from different threads never mix. */
-#ifndef SLUICE_PROXY_LOG_H
-#define SLUICE_PROXY_LOG_H
+#ifndef SLUICE_OBS_LOG_H
+#define SLUICE_OBS_LOG_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "policies/config.h"
+#include "config/config.h"
 
 void log_set_level(enum sc_log_level level);
 bool log_enabled(enum sc_log_level level);

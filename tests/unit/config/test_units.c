@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "policies/config_internal.h"
-#include "policies/units.h"
+#include "config/config_internal.h"
+#include "config/units.h"
 
 struct dur_case {
     const char *in;

@@ -3,8 +3,8 @@
  * one and swaps it; requests in flight keep a reference to the one they
  * started with. All durations are milliseconds, sizes bytes, rates per
  * second. Every string is owned by the config and freed by config_free(). */
-#ifndef SLUICE_POLICIES_CONFIG_H
-#define SLUICE_POLICIES_CONFIG_H
+#ifndef SLUICE_CONFIG_CONFIG_H
+#define SLUICE_CONFIG_CONFIG_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -16,8 +16,8 @@
  * the password in store.url (redis://user:<redacted>@host), and so is a
  * non-empty admin_token. */
 #define _GNU_SOURCE
-#include "policies/config.h"
-#include "policies/config_internal.h"
+#include "config/config.h"
+#include "config/config_internal.h"
 
 #include <jansson.h>
 #include <stdio.h>

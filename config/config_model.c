@@ -1,8 +1,8 @@
 /* The config model's small queries and its destructor. config_free walks the
  * schema tables (config_internal.h), so it frees exactly what the loader may
  * have allocated, also in a half-built config after a failed load. */
-#include "policies/config.h"
-#include "policies/config_internal.h"
+#include "config/config.h"
+#include "config/config_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

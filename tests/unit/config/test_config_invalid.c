@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "policies/config.h"
+#include "config/config.h"
 #include "support/testutil.h"
 
 #define CASES SLUICE_SOURCE_DIR "/tests/config/invalid"

@@ -1,8 +1,8 @@
 /* The value syntaxes of sidecar.yaml (SPEC section 2). Numbers are read by
  * hand rather than with strtod/strtoull: those accept signs, blanks, hex,
  * exponents, "inf" and "nan", none of which belong in a config value. */
-#include "policies/units.h"
-#include "policies/config_internal.h"
+#include "config/units.h"
+#include "config/config_internal.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -2,8 +2,8 @@
  * as DogStatsD lines over UDP, in datagrams of at most 1432 bytes, flushed
  * at least once a second. One sender per event loop, never blocking: a
  * datagram the socket cannot take at once is dropped and counted. */
-#ifndef SLUICE_PROXY_STATSD_H
-#define SLUICE_PROXY_STATSD_H
+#ifndef SLUICE_OBS_STATSD_H
+#define SLUICE_OBS_STATSD_H
 
 #include <stddef.h>
 #include <stdint.h>

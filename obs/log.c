@@ -1,4 +1,4 @@
-#include "proxy/log.h"
+#include "obs/log.h"
 
 #include <openssl/sha.h>
 #include <stdarg.h>

@@ -6,15 +6,15 @@
  * and bounds written in the config's own syntax, validator. The loader, the
  * defaults, the JSON view and the destructor all walk the same rows, so a key
  * added here is parsed, defaulted, shown and freed without further code. */
-#ifndef SLUICE_POLICIES_CONFIG_INTERNAL_H
-#define SLUICE_POLICIES_CONFIG_INTERNAL_H
+#ifndef SLUICE_CONFIG_CONFIG_INTERNAL_H
+#define SLUICE_CONFIG_CONFIG_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <yaml.h>
 
-#include "policies/config.h"
+#include "config/config.h"
 
 enum cfg_type {
     CT_STRING,       /* char * */

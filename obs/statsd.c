@@ -1,5 +1,5 @@
 #define _GNU_SOURCE
-#include "proxy/statsd.h"
+#include "obs/statsd.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -12,8 +12,8 @@
 
 #include <event2/event.h>
 
-#include "policies/units.h"
-#include "proxy/metrics.h"
+#include "config/units.h"
+#include "obs/metrics.h"
 
 static void send_buf(struct statsd *s)
 {

@@ -1,5 +1,5 @@
 #define _GNU_SOURCE
-#include "proxy/metrics.h"
+#include "obs/metrics.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proxy/upstream.h"
 
 /* ---- bucket bounds (seconds) -------------------------------------------- */
 
@@ -150,25 +149,6 @@ static long slot_of(struct metrics *m, const char *name, const char *labels,
 static const char *up_code_names[UC__COUNT] = {
     "2xx", "3xx", "4xx", "429", "5xx", "connect_error", "connection_lost", "timeout",
 };
-
-enum up_code metrics_up_code(int result, int status)
-{
-    if (result == UP_CONNECT_ERROR)
-        return UC_CONNECT_ERROR;
-    if (result == UP_CONNECTION_LOST)
-        return UC_CONNECTION_LOST;
-    if (result == UP_TIMEOUT)
-        return UC_TIMEOUT;
-    if (status == 429)
-        return UC_429;
-    if (status >= 500)
-        return UC_5XX;
-    if (status >= 400)
-        return UC_4XX;
-    if (status >= 300)
-        return UC_3XX;
-    return UC_2XX;
-}
 
 struct build {
     struct metrics *m;

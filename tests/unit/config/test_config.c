@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "policies/config.h"
+#include "config/config.h"
 #include "support/testutil.h"
 
 #define MINIMAL                                  \

@@ -11,9 +11,9 @@
  * Every problem is collected, with file:line:col, rather than stopping at
  * the first; errors are sorted by position at the end. */
 #define _GNU_SOURCE
-#include "policies/config.h"
-#include "policies/config_internal.h"
-#include "policies/units.h"
+#include "config/config.h"
+#include "config/config_internal.h"
+#include "config/units.h"
 
 #include <ctype.h>
 #include <errno.h>
