@@ -150,6 +150,10 @@ struct sc_route {
     unsigned methods;         /* SC_M_ALL when not filtered */
     size_t upstream;          /* index into config->upstreams */
     long policy;              /* index into config->policies, -1 = default */
+    /* The same, resolved once the config is loaded: never NULL (the
+     * config's default_policy when the route names none). */
+    const struct sc_upstream *up;
+    const struct sc_policy *pol;
     char *strip_prefix;       /* "" = none */
     struct sc_pos pos;
 };

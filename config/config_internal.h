@@ -130,4 +130,8 @@ int units_parse_authority(const char *s, size_t n, char **host, int *port,
 /* True for an RFC 9110 token (methods, header names). */
 bool units_is_token(const char *s);
 
+/* Points each route at its upstream and policy (the default one when it
+ * names none), once the arrays are final. */
+void config_resolve(struct sc_config *cfg);
+
 #endif

@@ -2011,8 +2011,10 @@ int config_load_string(const char *name, const char *yaml, size_t len,
     if (rc == 0)
         load_root(&lc);
     rc = loader_end(&lc, rc);
-    if (rc == 0)
+    if (rc == 0) {
+        config_resolve(lc.cfg);
         *out = lc.cfg;
+    }
     else
         config_free(lc.cfg);
     sc_errors_free(&local);

@@ -150,3 +150,13 @@ void config_free(struct sc_config *cfg)
     free(cfg->file);
     free(cfg);
 }
+
+void config_resolve(struct sc_config *cfg)
+{
+    for (size_t i = 0; i < cfg->n_routes; i++) {
+        struct sc_route *r = &cfg->routes[i];
+
+        r->up = &cfg->upstreams[r->upstream];
+        r->pol = r->policy >= 0 ? &cfg->policies[r->policy] : &cfg->default_policy;
+    }
+}

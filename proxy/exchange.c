@@ -418,9 +418,8 @@ static bool check_route(struct exchange *ex)
                ex->method, (int)strcspn(ex->target, "?"), ex->target);
         return false;
     }
-    ex->up = &ex->cfg->upstreams[ex->route->upstream];
-    ex->pol = ex->route->policy >= 0 ? &ex->cfg->policies[ex->route->policy]
-                                     : &ex->cfg->default_policy;
+    ex->up = ex->route->up;
+    ex->pol = ex->route->pol;
     /* The request's facts the stages need, read from MHD once: the stages
      * see plain fields (and tests can set them). */
     ex->key = MHD_lookup_connection_value(ex->mc, MHD_HEADER_KIND, key_header(ex));
@@ -570,7 +569,7 @@ static void log_exchange(const struct exchange *ex)
     const struct up_request *u = &ex->ureq;
 
     e.route = ex->route ? ex->route->name : "none";
-    e.policy = ex->route && ex->route->policy >= 0 ? ex->pol->name : "";
+    e.policy = ex->route && ex->pol != &ex->cfg->default_policy ? ex->pol->name : "";
     e.method = ex->method ? ex->method : "-";
     e.target = ex->target ? ex->target : "";
     e.status = ex->status;

@@ -191,6 +191,25 @@ Test(config_defaults, default_policy)
     config_free(cfg);
 }
 
+/* Routes point at their upstream and policy once loaded: the default
+ * policy when they name none, never a NULL or an index to check. */
+Test(config_defaults, routes_are_resolved)
+{
+    static const char yaml[] =
+        "upstreams: { a: { url: http://127.0.0.1:1 }, b: { url: http://127.0.0.1:2 } }\n"
+        "policies: { p: { rate: 1/s } }\n"
+        "routes:\n"
+        "  - { prefix: /x, upstream: b, policy: p }\n"
+        "  - { prefix: /, upstream: a }\n";
+    struct sc_config *cfg = load_ok(yaml);
+
+    cr_expect_eq(cfg->routes[0].up, &cfg->upstreams[1]);
+    cr_expect_eq(cfg->routes[0].pol, &cfg->policies[0]);
+    cr_expect_eq(cfg->routes[1].up, &cfg->upstreams[0]);
+    cr_expect_eq(cfg->routes[1].pol, &cfg->default_policy);
+    config_free(cfg);
+}
+
 Test(config_defaults, empty_policy_and_idempotency_block)
 {
     struct sc_config *cfg = load_ok(
