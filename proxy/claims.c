@@ -1,4 +1,5 @@
 #include "proxy/claims.h"
+#include "util/hash.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -12,16 +13,10 @@ struct claim {
 
 #define CLAIMS_INITIAL 1024
 
+/* The scope and the key, apart (a separator no key holds). */
 static uint64_t hash2(const char *a, const char *b)
 {
-    uint64_t h = 1469598103934665603ull;
-
-    for (; *a; a++)
-        h = (h ^ (unsigned char)*a) * 1099511628211ull;
-    h = (h ^ 0xff) * 1099511628211ull;
-    for (; *b; b++)
-        h = (h ^ (unsigned char)*b) * 1099511628211ull;
-    return h;
+    return hash_str(hash_bytes(hash_str(HASH_INIT, a), "\xff", 1), b);
 }
 
 int claims_init(struct claims *c)

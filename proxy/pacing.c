@@ -1,4 +1,5 @@
 #include "proxy/pacing.h"
+#include "util/hash.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -14,15 +15,6 @@ struct partition {
     struct partition *next;       /* hash chain */
     TAILQ_ENTRY(partition) lru;
 };
-
-static uint64_t hash_str(const char *s)
-{
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
 
 static struct policy_state *state_new(const struct sc_policy *p)
 {
@@ -212,7 +204,8 @@ struct policy_state *pacing_policy(struct pacing *pc, long idx)
 
 static void chain_remove(struct policy_state *ps, struct partition *victim)
 {
-    struct partition **pp = &ps->table[hash_str(victim->name) & (ps->table_size - 1)];
+    struct partition **pp =
+        &ps->table[hash_str(HASH_INIT, victim->name) & (ps->table_size - 1)];
 
     while (*pp && *pp != victim)
         pp = &(*pp)->next;
@@ -258,7 +251,7 @@ static struct partition *partition_new(struct policy_state *ps, const char *name
 static struct bucket *partition_get(struct policy_state *ps, const char *name,
                                     uint64_t now)
 {
-    size_t slot = hash_str(name) & (ps->table_size - 1);
+    size_t slot = hash_str(HASH_INIT, name) & (ps->table_size - 1);
     struct partition *p;
     bool evicted;
 

@@ -3,6 +3,7 @@
  * atomic by striped in-process mutexes: RocksDB's LOCK file admits a single
  * process per directory, so no other writer can exist. */
 #include "store/store.h"
+#include "util/hash.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -65,11 +66,7 @@ static uint64_t add_sat(uint64_t a, uint64_t b)
 /* FNV-1a over the whole database key. */
 static pthread_mutex_t *stripe_of(struct store *st, const char *k, size_t len)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
-
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ (unsigned char)k[i]) * 0x100000001b3ull;
-    return &st->stripes[h % STRIPES];
+    return &st->stripes[hash_bytes(HASH_INIT, k, len) % STRIPES];
 }
 
 /* Reports a RocksDB failure on k and frees RocksDB's message. */
