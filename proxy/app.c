@@ -108,7 +108,7 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
 
 static int store_init(struct app *app, struct sc_error *err)
 {
-    struct timeval tv = {SWEEP_EVERY_MS / 1000, (SWEEP_EVERY_MS % 1000) * 1000};
+    struct timeval tv = clock_ms_to_tv(SWEEP_EVERY_MS);
     int rc;
 
     if (app->fixed.backend != SC_BACKEND_ROCKSDB) {
@@ -170,7 +170,7 @@ void app_begin_drain(struct app *app)
     runtime_put(rt);
     log_info("draining: %ld requests in flight, drain_timeout %llu ms",
              atomic_load(&app->inflight), (unsigned long long)drain_ms);
-    app->drain_deadline_ns = clock_mono_ns() + drain_ms * 1000000ull;
+    app->drain_deadline_ns = clock_mono_ns() + drain_ms * NS_PER_MS;
     for (unsigned i = 0; i < app->n_loops; i++)
         loop_quiesce(&app->loops[i]);
     evtimer_add(app->drain_tick, &tv);
@@ -270,7 +270,7 @@ static void restore_pauses(struct app *app, struct runtime *rt)
         if (rc == 0 && until - wall > rt->cfg->policies[i].retry.max_delay_ms)
             until = wall + rt->cfg->policies[i].retry.max_delay_ms;
         if (rc == 0) {
-            bucket_pause(&ps->bucket, mono, mono + (until - wall) * 1000000ull,
+            bucket_pause(&ps->bucket, mono, mono + (until - wall) * NS_PER_MS,
                          PAUSE_RESTORED);
             log_info("policy %s: %llu ms of cooldown restored from the store",
                      ps->name, (unsigned long long)(until - wall));

@@ -14,6 +14,11 @@
 #include "proxy/server.h"
 #include "util/clock.h"
 
+/* No slot within max_wait: the holders' end is unknown, so the worker comes
+ * back after about one upstream round trip. Also the least delay of a
+ * request the drain deadline met while it waited. */
+#define SLOT_RETRY_MS 1000
+
 static uint32_t attempts_so_far(const struct exchange *ex)
 {
     /* This request never reached the upstream: it adds no attempt. */
@@ -154,7 +159,7 @@ static enum ex_verdict slot_woken(struct exchange *ex, uint64_t now)
         event_del(ex->slot.granted_ev); /* a pending activation is ours */
         return got_slot(ex, now);
     }
-    ex_instruct(ex, OUT_REQUEUE, R_RATE_LIMITED, 1000, attempts_so_far(ex), 0);
+    ex_instruct(ex, OUT_REQUEUE, R_RATE_LIMITED, SLOT_RETRY_MS, attempts_so_far(ex), 0);
     ex->rate_headers = ex->bucket != NULL;
     return EXV_ANSWER;
 }
@@ -214,7 +219,7 @@ void pace_drain_answer(struct exchange *ex, uint64_t now)
 
     /* Nothing was sent: the job can simply come back when sluice does. */
     ex_instruct(ex, OUT_REQUEUE, R_RATE_LIMITED,
-                left / NS_PER_MS > 1000 ? left / NS_PER_MS : 1000,
+                left / NS_PER_MS > SLOT_RETRY_MS ? left / NS_PER_MS : SLOT_RETRY_MS,
                 attempts_so_far(ex), 0);
 }
 
@@ -228,7 +233,7 @@ void ex_rate_headers(const struct exchange *ex, char *policy, size_t plen,
     double w = p->rate >= 1 ? 1 : 1 / p->rate;
     unsigned long q = (unsigned long)(p->burst + p->rate * w);
     uint32_t r = gcra_available(&ex->bucket->g, clock_mono_ns(), &next_ns);
-    unsigned long long t = (next_ns + 999999999ull) / 1000000000ull;
+    unsigned long long t = (next_ns + NS_PER_S - 1) / NS_PER_S;
 
     snprintf(policy, plen, "\"%s\";q=%lu;w=%.0f", p->name, q, w);
     snprintf(state, slen, "\"%s\";r=%u;t=%llu", p->name, r, t);
