@@ -697,7 +697,7 @@ __attribute__((unused)) static void record_metrics(const struct exchange *ex)
         return;
     if (ex->shadow == SHADOW_RATE_LIMITED)
         metrics_add(sh, ids->shadow[r], 1);
-    if (ex->has_slot || ex->ureq.sent_ns)
+    if (ex->got_slot || ex->ureq.sent_ns)
         metrics_observe(sh, H_PERMIT_WAIT, ids->permit_wait[p],
                         (double)ex->permit_wait_ns / 1e9);
     if (ex->kind == ANSWER_INSTRUCTION && ex->outcome == OUT_REQUEUE)

@@ -108,6 +108,7 @@ struct exchange {
     struct slot_waiter slot;
     bool has_slot;
     bool slot_waiting;      /* queued for a slot (slot.queued is the lock's) */
+    bool got_slot;          /* permit and slot were had (permit_wait_ns is set) */
     uint64_t wait_start_ns, wait_deadline_ns, permit_wait_ns;
     uint64_t permit_at;     /* reserved start (monotonic ns) */
     enum shadow_verdict shadow; /* mode: shadow: what enforce would have done */

@@ -123,6 +123,7 @@ enum ex_verdict stage_permit(struct exchange *ex, uint64_t now)
 static enum ex_verdict got_slot(struct exchange *ex, uint64_t now)
 {
     ex->has_slot = true;
+    ex->got_slot = true;
     ex->permit_wait_ns = now - ex->wait_start_ns;
     return EXV_NEXT;
 }
