@@ -378,6 +378,8 @@ static bool check_head(struct exchange *ex, const char *url, const char *version
 static bool check_limits(struct exchange *ex, const struct field_list *l)
 {
     const struct sc_config *cfg = ex->cfg;
+    const union MHD_ConnectionInfo *hs =
+        MHD_get_connection_info(ex->mc, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
     size_t bytes = strlen(ex->method) + strlen(ex->target) + 12;
     unsigned long long cl = 0;
 
@@ -386,6 +388,9 @@ static bool check_limits(struct exchange *ex, const struct field_list *l)
         if (strcasecmp(l->v[i].name, "Content-Length") == 0)
             cl = strtoull(l->v[i].value, NULL, 10);
     }
+    /* The head as received, whitespace MHD trimmed included. */
+    if (hs && hs->header_size > bytes)
+        bytes = hs->header_size;
     if (bytes > cfg->limits.max_header) {
         ex_refuse(ex, 431, OUT_REJECTED, R_HEADERS_TOO_LARGE,
                "request headers of %zu bytes exceed limits.max_header (%llu)",
