@@ -1,5 +1,5 @@
 /* The configuration model: an immutable object built once from sidecar.yaml
- * (SPEC section 2) and shared read-only by every thread. Reload builds a new
+ * (docs/contract.md §2) and shared read-only by every thread. Reload builds a new
  * one and swaps it; requests in flight keep a reference to the one they
  * started with. All durations are milliseconds, sizes bytes, rates per
  * second. Every string is owned by the config and freed by config_free(). */
@@ -115,7 +115,7 @@ bool sc_idem_replays_status(const struct sc_idempotency *i, int status);
 enum sc_mode { SC_MODE_ENFORCE = 0, SC_MODE_SHADOW };
 enum sc_shared { SC_SHARED_LOCAL = 0, SC_SHARED_REDIS };
 
-/* A policy's breaker (an extension of SPEC section 4's cooldown): after
+/* A policy's breaker (an extension of docs/contract.md §4's cooldown): after
  * `failures` upstream failures in a row (5xx, connect errors, lost
  * connections, timeouts) the policy's bucket pauses for `pause`, doubling
  * while the probe after each pause fails, up to `max_pause`. */

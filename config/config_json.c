@@ -1,6 +1,6 @@
 /* config_to_json: the effective config for GET /config. It walks the same
  * schema rows as the loader, so every key appears, defaults included, in
- * the order of SPEC section 2, written in the config's own syntax:
+ * the order of docs/contract.md §2, written in the config's own syntax:
  *
  *   durations  strings in the largest exact unit: "30s", "250ms", "7d", "0s"
  *   sizes      strings in the largest exact binary unit: "8MiB", "512"

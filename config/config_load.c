@@ -1265,7 +1265,7 @@ static void parse_seq(struct cfg_loader *lc, const struct cfg_key *k,
 
 /* ---- upstream headers ------------------------------------------------ */
 
-/* Headers sluice itself owns on the upstream connection (SPEC section 3). */
+/* Headers sluice itself owns on the upstream connection (docs/contract.md §3). */
 static bool reserved_header(const char *name)
 {
     static const char *const owned[] = {

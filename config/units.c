@@ -1,4 +1,4 @@
-/* The value syntaxes of sidecar.yaml (SPEC section 2). Numbers are read by
+/* The value syntaxes of sidecar.yaml (docs/contract.md §2). Numbers are read by
  * hand rather than with strtod/strtoull: those accept signs, blanks, hex,
  * exponents, "inf" and "nan", none of which belong in a config value. */
 #include "config/units.h"

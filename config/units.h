@@ -1,4 +1,4 @@
-/* Parsers for the config's value syntaxes (SPEC section 2). Each returns 0 or
+/* Parsers for the config's value syntaxes (docs/contract.md §2). Each returns 0 or
  * -EINVAL / -ERANGE and writes a short reason into why (may be NULL). */
 #ifndef SLUICE_CONFIG_UNITS_H
 #define SLUICE_CONFIG_UNITS_H

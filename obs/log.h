@@ -1,5 +1,5 @@
 /* Logging: one JSON object per line on stderr, so operational messages and
- * the access log (SPEC section 9) go through the same pipeline. Each line is
+ * the access log (docs/contract.md §9) go through the same pipeline. Each line is
  * written with one write(2), so lines from different threads never mix. */
 #ifndef SLUICE_OBS_LOG_H
 #define SLUICE_OBS_LOG_H

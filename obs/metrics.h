@@ -1,4 +1,4 @@
-/* Metrics (SPEC section 8). Every series is a slot id in a registry shared
+/* Metrics (docs/contract.md §8). Every series is a slot id in a registry shared
  * by the process; each event-loop thread owns a shard of counters indexed by
  * slot id and adds to it without a lock shared with other threads (relaxed
  * atomics on its own cache lines). A scrape sums the shards. Slots are keyed

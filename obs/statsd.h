@@ -1,4 +1,4 @@
-/* StatsD push (SPEC section 8): the same counters and timings as /metrics,
+/* StatsD push (docs/contract.md §8): the same counters and timings as /metrics,
  * as DogStatsD lines over UDP, in datagrams of at most 1432 bytes, flushed
  * at least once a second. One sender per event loop, never blocking: a
  * datagram the socket cannot take at once is dropped and counted. */

@@ -1,4 +1,4 @@
-/* Delay rules of SPEC section 4: reset hints (Retry-After in every RFC 9110
+/* Delay rules of docs/contract.md §4: reset hints (Retry-After in every RFC 9110
  * form, the draft RateLimit header's t=, X-RateLimit-Reset), bounded
  * exponential backoff with jitter, the clamps and the dead-letter edges.
  * Pure functions: time and randomness come in as arguments. */

@@ -1,4 +1,4 @@
-/* Idempotency keys and request fingerprints (SPEC section 6). */
+/* Idempotency keys and request fingerprints (docs/contract.md §6). */
 #ifndef SLUICE_POLICIES_IDEMKEY_H
 #define SLUICE_POLICIES_IDEMKEY_H
 

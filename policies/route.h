@@ -1,4 +1,4 @@
-/* Route matching (SPEC section 2, `routes`): the longest matching prefix wins,
+/* Route matching (docs/contract.md §2, `routes`): the longest matching prefix wins,
  * the first of equal prefixes wins; a prefix matches the path itself, the
  * path followed by "/" or "?", or anything under it when it ends in "/". */
 #ifndef SLUICE_POLICIES_ROUTE_H

@@ -1,5 +1,5 @@
 /* The process: config, TLS contexts, the listening socket, the worker
- * threads, the admin listener, and the drain sequence of SPEC section 1. */
+ * threads, the admin listener, and the drain sequence of docs/contract.md §1. */
 #ifndef SLUICE_PROXY_APP_H
 #define SLUICE_PROXY_APP_H
 

@@ -1,4 +1,4 @@
-/* In-memory claims on idempotency keys (SPEC section 6): between a request's
+/* In-memory claims on idempotency keys (docs/contract.md §6): between a request's
  * arrival and its forwarding (while it waits for a permit and a slot) its
  * claim lives only here, shared by every thread, and ends with the process:
  * nothing was sent, so nothing durable is left behind. */

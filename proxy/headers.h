@@ -1,4 +1,4 @@
-/* Header rules of SPEC section 3: hop-by-hop headers are dropped both ways
+/* Header rules of docs/contract.md §3: hop-by-hop headers are dropped both ways
  * (Connection and the tokens it names, Keep-Alive, Proxy-*, TE, Trailer,
  * Transfer-Encoding, Upgrade); request headers starting with "Sluice-" stay
  * with sluice; Host is always rewritten. */

@@ -1,4 +1,4 @@
-/* Requeue and dead-letter instructions (SPEC section 4): the status, the
+/* Requeue and dead-letter instructions (docs/contract.md §4): the status, the
  * headers and the JSON body a worker hands to its queue. */
 #ifndef SLUICE_PROXY_INSTRUCTION_H
 #define SLUICE_PROXY_INSTRUCTION_H

@@ -1,4 +1,4 @@
-/* sluice's command line (SPEC section 1). The only place that prints to
+/* sluice's command line (docs/contract.md §1). The only place that prints to
  * stdout or decides the exit status. */
 #include <getopt.h>
 #include <stdio.h>

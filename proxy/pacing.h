@@ -1,4 +1,4 @@
-/* Runtime state of the policies (SPEC section 5): one bucket per policy (or
+/* Runtime state of the policies (docs/contract.md §5): one bucket per policy (or
  * per partition), shared by every thread; cooldowns; the concurrency limit
  * with a FIFO of waiters that may sit on any thread's loop. The config stays
  * immutable; this is the mutable part that lives beside it. */

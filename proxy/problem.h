@@ -1,5 +1,5 @@
-/* What sluice tells the worker: the Sluice-Outcome values and reasons of SPEC
- * section 4, and RFC 9457 problem+json bodies for sluice's own refusals. */
+/* What sluice tells the worker: the Sluice-Outcome values and reasons of
+ * docs/contract.md §4, and RFC 9457 problem+json bodies for sluice's own refusals. */
 #ifndef SLUICE_PROXY_PROBLEM_H
 #define SLUICE_PROXY_PROBLEM_H
 

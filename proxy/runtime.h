@@ -1,7 +1,7 @@
 /* What a config becomes when it runs: TLS contexts, policy states, metric
  * ids and upstream pools (one set per event loop). Refcounted: every request
  * holds the runtime it started on until it completes, so a reload swaps in a
- * new one while requests in flight finish on the old (SPEC section 1). */
+ * new one while requests in flight finish on the old (docs/contract.md §1). */
 #ifndef SLUICE_PROXY_RUNTIME_H
 #define SLUICE_PROXY_RUNTIME_H
 

@@ -1,6 +1,6 @@
 /* The upstream client: a keep-alive connection pool per (thread, upstream)
  * on libevent bufferevents (OpenSSL bufferevents for https), responses parsed
- * with http-parser. It tells apart what SPEC section 4 needs: a failure before
+ * with http-parser. It tells apart what docs/contract.md §4 needs: a failure before
  * the request was fully sent (connect_error: nothing reached the upstream),
  * a connection lost after it (unknown outcome) and a timeout. */
 #ifndef SLUICE_PROXY_UPSTREAM_H

@@ -34,7 +34,7 @@
 
 #define RECORD_VERSION 2
 #define RECORD_SCOPE_MAX 64  /* policy names (config_load.c valid_name) */
-#define RECORD_KEY_MAX 255   /* SPEC 6, policies/idemkey.h */
+#define RECORD_KEY_MAX 255   /* docs/contract.md §6, policies/idemkey.h */
 
 /* A database key: scope, '\0', key. '\0' occurs in neither, so no two
  * (scope, key) pairs share an encoding and a scope's keys sort together. */

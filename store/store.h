@@ -1,4 +1,4 @@
-/* The idempotency store (SPEC section 6): per (policy, key), a record that is
+/* The idempotency store (docs/contract.md §6): per (policy, key), a record that is
  * absent, in progress (a lease with its expiry and the attempt count), or
  * completed (status, end-to-end headers, body, times). One interface; the
  * RocksDB implementation (store_rocksdb.c) is the default, and a Redis one can
@@ -115,7 +115,7 @@ int store_sweep(struct store *st, uint64_t now_ms, size_t max, size_t *removed,
 
 /* A policy's pause that must outlive the process: an upstream asked the
  * policy (scope) to send nothing before until_ms (a 429 with a reset hint,
- * SPEC section 4, "Cooldown"). Kept beside the records under a key that no
+ * docs/contract.md §4, "Cooldown"). Kept beside the records under a key that no
  * idempotency key can take, and reclaimed like a record once it has passed.
  * A later moment replaces an earlier one, never the reverse. */
 int store_pause_set(struct store *st, const char *scope, uint64_t now_ms,

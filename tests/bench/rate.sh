@@ -2,7 +2,7 @@
 # Rate benchmark (see tests/bench/README.md, "rate.sh"):
 #  1. rate accuracy: closed-loop wrk load through one sluice policy (max_wait 1h, so requests
 #     wait instead of being refused) at several rates and client counts; the stub's arrival
-#     times give the achieved rate and the worst window overshoot of the SPEC 5 bound
+#     times give the achieved rate and the worst window overshoot of the docs/contract.md §5 bound
 #     (at most burst + rate * t requests start in any interval of length t);
 #  2. the bucket's cost on the hot path: pass-through throughput through a policy far above
 #     the load vs no policy, next to nginx with and without limit_req, runs interleaved.

@@ -18,7 +18,7 @@
 Figures of one cell (arrival times a_0 <= ... <= a_{n-1}, in s from the first):
   achieved  = (n - burst) / (a_{n-1} - a_0)
   over_raw  = max over all windows [a_i, a_j] of (j - i + 1) - (burst + rate * (a_j - a_i)), in
-              requests; <= 0 means the SPEC 5 bound held at the stub. Exact, O(n).
+              requests; <= 0 means the docs/contract.md §5 bound held at the stub. Exact, O(n).
   over_1ms  = the same with 1 ms of slack on every window, bound burst + rate * (a_j - a_i + 1 ms):
               the stub stamps an arrival when its loop has read the headers, after loopback
               and scheduling, so a few hundred µs of jitter look like a (small) overshoot.
@@ -234,7 +234,7 @@ def table_rate(rows_path, ceilings_path, burst):
     print(f"Rate accuracy: closed-loop wrk through one policy (burst {burst}, max_wait 1h), "
           "sluice threads: 2; figures from the stub's arrival times. Overshoot = max over all "
           "windows of arrivals - (burst + rate × window length), in requests: <= 0 means the "
-          "SPEC 5 bound held. Raw = as stamped; 1 ms slack = every window 1 ms longer (stub "
+          "docs/contract.md §5 bound held. Raw = as stamped; 1 ms slack = every window 1 ms longer (stub "
           "stamping jitter); as time = raw / rate."
           + (" At send: the same from the kernel's timestamps of sluice's send() to the "
              "stub (SNIFF=1), independent of the stub's scheduling." if any(

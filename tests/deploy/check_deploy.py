@@ -67,7 +67,7 @@ def run(cmd, env=None):
     return p.returncode, p.stdout
 
 
-# ---- units of the sluice config (SPEC section 2) ---------------------------
+# ---- units of the sluice config (docs/contract.md §2) ---------------------------
 
 DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 

@@ -228,7 +228,7 @@ def plan(args):
     """Event times in seconds from the start, as fractions of the batch's time at full rate.
 
     sluice dies in the middle of the burst, while its policy cools down and the bounced jobs wait
-    in the delayed set (the seeds' "restart during the delay window"), and comes back as the
+    in the delayed set ("a restart during the delay window"), and comes back as the
     burst ends. Nothing is in flight to the downstream then, so the outcome does not depend on
     where in a request the kill lands (see the README on unknown outcomes)."""
     t = args.jobs / args.rate

@@ -1,4 +1,4 @@
-/* Forwarding as SPEC section 3 says, through the real sluice to the real stub:
+/* Forwarding as docs/contract.md §3 says, through the real sluice to the real stub:
  * byte-exact round trips, routing, strip_prefix and base paths, header rules. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>

@@ -1,4 +1,4 @@
-/* Idempotency (SPEC section 6) through the real sluice, a real RocksDB store
+/* Idempotency (docs/contract.md §6) through the real sluice, a real RocksDB store
  * in a temp dir and the real stub, which counts side effects per key. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>

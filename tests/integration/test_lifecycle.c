@@ -1,5 +1,5 @@
 /* The process as an operator meets it: the command line, the admin
- * listener, and the SIGTERM drain of SPEC section 1. */
+ * listener, and the SIGTERM drain of docs/contract.md §1. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <pthread.h>

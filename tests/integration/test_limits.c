@@ -1,4 +1,4 @@
-/* Limits on what workers send (SPEC section 2, `limits`) and robustness:
+/* Limits on what workers send (docs/contract.md §2, `limits`) and robustness:
  * every refusal is a problem+json with Sluice-Outcome: rejected, and nothing
  * a client sends brings the server down. */
 #define _GNU_SOURCE

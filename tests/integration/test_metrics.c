@@ -1,4 +1,4 @@
-/* Metrics (SPEC sections 7 and 8) as Prometheus meets them: the exposition
+/* Metrics (docs/contract.md §7 and §8) as Prometheus meets them: the exposition
  * of GET /metrics on the admin listener after traffic that makes every
  * family speak, label discipline against hostile requests, and the shipped
  * Grafana dashboard and Prometheus rules (deploy/) checked against the live
@@ -572,7 +572,7 @@ static void drive_all(void)
 
 static const struct {
     const char *name, *type;
-    bool spec;  /* listed in SPEC section 8 */
+    bool spec;  /* listed in docs/contract.md §8 */
 } known[] = {
     {"sluice_requests_total", "counter", true},
     {"sluice_upstream_responses_total", "counter", true},

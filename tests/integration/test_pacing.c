@@ -1,4 +1,4 @@
-/* Pacing and instructions (SPEC sections 4 and 5) through the real sluice to
+/* Pacing and instructions (docs/contract.md §4 and §5) through the real sluice to
  * the real stub, which records when each request arrived. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>

@@ -1,4 +1,4 @@
-/* Live reload (SPEC section 1, section 7 POST /reload): a valid file takes
+/* Live reload (docs/contract.md §1, section 7 POST /reload): a valid file takes
  * effect, an invalid one changes nothing, state of unchanged policies
  * carries over, and requests in flight finish on their config. */
 #define _GNU_SOURCE

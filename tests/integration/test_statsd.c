@@ -1,4 +1,4 @@
-/* StatsD push (SPEC section 8): DogStatsD lines over UDP to a socket the
+/* StatsD push (docs/contract.md §8): DogStatsD lines over UDP to a socket the
  * test binds on loopback, within a second or so, in datagrams <= 1432 bytes. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>

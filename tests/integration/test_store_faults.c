@@ -1,4 +1,4 @@
-/* Store faults (SPEC section 6): when the idempotency store cannot be
+/* Store faults (docs/contract.md §6): when the idempotency store cannot be
  * written, sluice answers requeue / store_unavailable and forwards nothing;
  * other policies keep working. The store lives on a 128 MiB tmpfs that the
  * test fills with incompressible answers until the store refuses to write

@@ -1,4 +1,4 @@
-/* policies/config_*.c: loading sidecar.yaml (SPEC section 2): defaults,
+/* policies/config_*.c: loading sidecar.yaml (docs/contract.md §2): defaults,
  * the full example, ${ENV}, error reporting, the JSON view and its
  * redaction. Invalid configs one by one live in test_config_invalid.c. */
 #include <criterion/criterion.h>

@@ -1,4 +1,4 @@
-/* policies/units.c: every value syntax of SPEC section 2, its malformed
+/* policies/units.c: every value syntax of docs/contract.md §2, its malformed
  * variants and its overflows, plus the writers used by /config. */
 #include <criterion/criterion.h>
 #include <errno.h>

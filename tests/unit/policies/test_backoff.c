@@ -1,4 +1,4 @@
-/* policies/backoff.c: the delay rules of SPEC section 4. Reset hints in
+/* policies/backoff.c: the delay rules of docs/contract.md §4. Reset hints in
  * every form (Retry-After delta-seconds and the three HTTP-date forms, the
  * draft RateLimit header's t=, X-RateLimit-Reset), their malformed variants,
  * backoff with each jitter, the hint's jitter, and retry_decide's edges. */
@@ -624,7 +624,7 @@ Test(retry_decide, random_inputs_stay_within_the_rules)
     }
 }
 
-/* The defaults of SPEC section 2 (base 1s, x2, cap 6h, 8 attempts, 7d, full)
+/* The defaults of docs/contract.md §2 (base 1s, x2, cap 6h, 8 attempts, 7d, full)
  * through the config loader. */
 Test(retry_decide, default_retry_block)
 {

@@ -1,4 +1,4 @@
-/* policies/gcra.c: the token bucket as GCRA (SPEC section 5) against a fake
+/* policies/gcra.c: the token bucket as GCRA (docs/contract.md §5) against a fake
  * clock: bursts, pacing in arrival order, max_wait, emptying and cooldowns,
  * the state of new partitions, the exactness bound checked by brute force,
  * and the CAS loop under several threads.

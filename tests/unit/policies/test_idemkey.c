@@ -1,4 +1,4 @@
-/* Idempotency keys and fingerprints (SPEC section 6). */
+/* Idempotency keys and fingerprints (docs/contract.md §6). */
 #include <criterion/criterion.h>
 #include <string.h>
 

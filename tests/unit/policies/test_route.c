@@ -1,4 +1,4 @@
-/* policies/route.c: the routing rules of SPEC section 2 (`routes`) and the
+/* policies/route.c: the routing rules of docs/contract.md §2 (`routes`) and the
  * target sent upstream (strip_prefix under the base path). */
 #include <criterion/criterion.h>
 #include <stdlib.h>

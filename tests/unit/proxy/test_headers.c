@@ -1,4 +1,4 @@
-/* Header filtering rules of SPEC section 3. */
+/* Header filtering rules of docs/contract.md §3. */
 #include <criterion/criterion.h>
 
 #include "proxy/headers.h"

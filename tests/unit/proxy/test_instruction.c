@@ -1,5 +1,5 @@
-/* proxy/instruction.c: requeue and dead-letter instructions (SPEC section
- * 4): the status of every reason, delay_seconds' rounding, and JSON bodies
+/* proxy/instruction.c: requeue and dead-letter instructions (docs/contract.md
+ * §4): the status of every reason, delay_seconds' rounding, and JSON bodies
  * that carry exactly the contract's fields. */
 #include <criterion/criterion.h>
 #include <jansson.h>

@@ -1,4 +1,4 @@
-/* proxy/pacing.c: the runtime state of policies (SPEC section 5).
+/* proxy/pacing.c: the runtime state of policies (docs/contract.md §5).
  * Partitions: one bucket per header value, created full while there is
  * room and empty once creating one costs an eviction, at most `max` live,
  * the least recently used evicted and coming back empty (never full),

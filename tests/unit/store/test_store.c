@@ -1,4 +1,4 @@
-/* The idempotency store (SPEC section 6) on a real RocksDB in a temp dir,
+/* The idempotency store (docs/contract.md §6) on a real RocksDB in a temp dir,
  * driven by a fake clock. The clock starts at the real wall clock so the
  * expiry compaction filter (which reads the real one) keeps live records. */
 #include <criterion/criterion.h>

@@ -1,5 +1,5 @@
 // A BullMQ worker that calls a partner API through sluice and does what every
-// `Sluice-Outcome` says (SPEC §4, deploy/examples/README.md).
+// `Sluice-Outcome` says (docs/contract.md §4, deploy/examples/README.md).
 //
 //   ok, replayed                        -> return: the job is completed
 //   requeue                             -> job.moveToDelayed(now + delay_ms) + DelayedError:
