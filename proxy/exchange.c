@@ -271,6 +271,7 @@ static enum MHD_Result answer(struct exchange *ex)
 struct field_list {
     struct http_field *v;
     size_t n, cap;
+    size_t head_size;       /* the head as received (MHD's count), 0 unknown */
 };
 
 static enum MHD_Result collect_field(void *cls, enum MHD_ValueKind kind,
@@ -295,7 +296,10 @@ static int collect_fields(struct exchange *ex, struct http_field *stack,
                           struct field_list *l)
 {
     int n = MHD_get_connection_values(ex->mc, MHD_HEADER_KIND, NULL, NULL);
+    const union MHD_ConnectionInfo *hs =
+        MHD_get_connection_info(ex->mc, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
 
+    l->head_size = hs ? hs->header_size : 0;
     l->v = stack;
     l->cap = FIELDS_ON_STACK;
     if (n > FIELDS_ON_STACK) {
@@ -348,8 +352,6 @@ static bool check_head(struct exchange *ex, const char *url, const char *version
 {
     struct sc_error err = {0};
     size_t mlen = strlen(ex->method);
-    const union MHD_ConnectionInfo *hs =
-        MHD_get_connection_info(ex->mc, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
     struct http_head h = {ex->method, mlen, ex->target, strlen(ex->target),
                           version, strlen(version), l->v, l->n};
 
@@ -360,8 +362,8 @@ static bool check_head(struct exchange *ex, const char *url, const char *version
                   "the request line is not \"method SP target SP version\"");
         return false;
     }
-    if (hs)
-        widen_to_raw(l, ex->method, ex->method + hs->header_size);
+    if (l->head_size)
+        widen_to_raw(l, ex->method, ex->method + l->head_size);
     if (has_fold(l)) {
         ex_refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST, "obsolete line folding");
         return false;
@@ -378,8 +380,6 @@ static bool check_head(struct exchange *ex, const char *url, const char *version
 static bool check_limits(struct exchange *ex, const struct field_list *l)
 {
     const struct sc_config *cfg = ex->cfg;
-    const union MHD_ConnectionInfo *hs =
-        MHD_get_connection_info(ex->mc, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
     size_t bytes = strlen(ex->method) + strlen(ex->target) + 12;
     unsigned long long cl = 0;
 
@@ -389,8 +389,8 @@ static bool check_limits(struct exchange *ex, const struct field_list *l)
             cl = strtoull(l->v[i].value, NULL, 10);
     }
     /* The head as received, whitespace MHD trimmed included. */
-    if (hs && hs->header_size > bytes)
-        bytes = hs->header_size;
+    if (l->head_size > bytes)
+        bytes = l->head_size;
     if (bytes > cfg->limits.max_header) {
         ex_refuse(ex, 431, OUT_REJECTED, R_HEADERS_TOO_LARGE,
                "request headers of %zu bytes exceed limits.max_header (%llu)",

@@ -83,18 +83,19 @@ static void release_upstream(struct exchange *ex)
     }
 }
 
-/* Gives back, in reverse order of taking, what the exchange holds once its
- * answer is decided. A body still streaming keeps its upstream request and
- * its concurrency slot (the request is in flight until its end). */
-static void release_held(struct exchange *ex)
+/* Gives back, in reverse order of taking, what the exchange holds: once
+ * its answer is decided, and at its end (all). Until the end, a body still
+ * streaming keeps its upstream request and its concurrency slot (the
+ * request is in flight until its last byte). */
+static void release(struct exchange *ex, bool all)
 {
-    bool in_flight = ex->streaming && !ex->up_done;
+    bool keep_flight = !all && ex->streaming && !ex->up_done;
 
-    if (!in_flight)
+    if (!keep_flight)
         release_upstream(ex);
     release_timer(ex);
     release_client_watch(ex);
-    if (!in_flight)
+    if (!keep_flight)
         pace_release_slot(ex);
     idem_release_lease(ex);
     idem_unclaim(ex);
@@ -106,12 +107,7 @@ void ex_release_all(struct exchange *ex)
         TAILQ_REMOVE(&ex->loop->waiting, ex, link);
         ex->suspended = false;
     }
-    release_upstream(ex);
-    release_timer(ex);
-    release_client_watch(ex);
-    pace_release_slot(ex);
-    idem_release_lease(ex);
-    idem_unclaim(ex);
+    release(ex, true);
 }
 
 /* ---- the driver ----------------------------------------------------------- */
@@ -124,7 +120,7 @@ static void answer_now(struct exchange *ex)
         ex->ureq.hold_max = UP_STREAM_HOLD;
         ex->ureq.discard = false;
     }
-    release_held(ex);
+    release(ex, false);
     ex->state = EX_READY;
     resume(ex);
 }

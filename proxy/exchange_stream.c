@@ -5,7 +5,6 @@
  * stops reading while UP_STREAM_HOLD bytes wait. So a response of any size
  * costs a bounded amount of memory per connection, and a worker sees the
  * first bytes of a long answer without waiting for the last. */
-#include <stdlib.h>
 #include <string.h>
 
 #include <event2/buffer.h>
@@ -89,16 +88,12 @@ static ssize_t read_body(void *cls, uint64_t pos, char *buf, size_t max)
 static uint64_t promised_length(const struct exchange *ex)
 {
     const struct up_response *ur = &ex->ureq.resp;
-    const char *cl = up_response_header(ur, "Content-Length");
-    char *end;
-    unsigned long long n;
+    uint64_t n;
 
     /* A HEAD answer keeps the length a GET would have (MHD sends no body). */
-    if (!cl || up_response_header(ur, "Transfer-Encoding") ||
-        ur->status == 204 || ur->status == 304)
-        return ex->ureq.no_body ? 0 : MHD_SIZE_UNKNOWN;
-    n = strtoull(cl, &end, 10);
-    return (*cl >= '0' && *cl <= '9' && *end == '\0') ? n : MHD_SIZE_UNKNOWN;
+    if (ur->status != 204 && ur->status != 304 && up_response_length(ur, &n))
+        return n;
+    return ex->ureq.no_body ? 0 : MHD_SIZE_UNKNOWN;
 }
 
 struct MHD_Response *ex_stream_response(struct exchange *ex)

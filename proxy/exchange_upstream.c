@@ -241,7 +241,7 @@ static void classify_failure(struct exchange *ex)
 
 /* The upstream client's callbacks: the result is counted as soon as it is
  * known, then the driver decides what the wake means. */
-static void on_upstream_event(struct up_request *req, enum up_event ev, void *arg)
+static void on_upstream_progress(struct up_request *req, void *arg)
 {
     ex_wake(arg);
 }
@@ -276,7 +276,7 @@ static enum ex_verdict send_request(struct exchange *ex)
         return not_sent(ex, "out of memory building the upstream request");
     ex->ureq.no_body = strcmp(ex->method, "HEAD") == 0;
     ex->ureq.done = on_upstream_done;
-    ex->ureq.event = on_upstream_event;
+    ex->ureq.progress = on_upstream_progress;
     ex->ureq.arg = ex;
     if (up_pool_send(ex->rt->pools[ex->loop->idx][ex->route->upstream], &ex->ureq) != 0)
         return not_sent(ex, "cannot queue the upstream request");
@@ -292,11 +292,10 @@ static enum ex_verdict send_request(struct exchange *ex)
 static enum ex_verdict hold_body(struct exchange *ex, uint64_t max)
 {
     const struct up_response *r = &ex->ureq.resp;
-    const char *cl = up_response_header(r, "Content-Length");
+    uint64_t len;
 
     if (evbuffer_get_length(r->body) > max ||
-        (cl && !up_response_header(r, "Transfer-Encoding") &&
-         strtoull(cl, NULL, 10) > max))
+        (up_response_length(r, &len) && len > max))
         return EXV_NEXT;
     ex->ureq.hold_max = max + 1;
     return EXV_WAIT;

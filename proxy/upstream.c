@@ -37,7 +37,7 @@ struct up_conn {
     bool sent;              /* the whole request left our buffer */
     bool complete;          /* a final response was parsed */
     bool head;              /* the final response head was parsed */
-    bool head_told;         /* ... and reported (UP_EV_HEAD) */
+    bool head_told;         /* ... and reported (progress) */
     bool paused;            /* reading stopped: the body holds hold_max */
     bool in_value;          /* header parsing: last callback was a value */
     bool in_setup;          /* inside conn_new: events are noted, not acted on */
@@ -150,6 +150,18 @@ const char *up_response_header(const struct up_response *resp,
         if (strcasecmp(resp->headers[i].name, name) == 0)
             return resp->headers[i].value;
     return NULL;
+}
+
+bool up_response_length(const struct up_response *resp, uint64_t *len)
+{
+    const char *cl = up_response_header(resp, "Content-Length");
+    char *end;
+
+    if (!cl || *cl < '0' || *cl > '9' ||
+        up_response_header(resp, "Transfer-Encoding"))
+        return false;
+    *len = strtoull(cl, &end, 10);
+    return *end == '\0';
 }
 
 size_t up_response_end_to_end(const struct up_response *resp,
@@ -467,18 +479,17 @@ static void report_progress(struct up_conn *c, size_t before)
 {
     struct up_request *req = c->req;
     struct evbuffer *body = req->resp.body;
+    bool news = !c->complete && evbuffer_get_length(body) > before;
 
-    if (!req->event)
+    if (!req->progress)
         return;
-    if (c->head && !c->head_told) {
-        c->head_told = true;
-        req->event(req, UP_EV_HEAD, req->arg);
-        if (req->discard)
+    if (c->head && !c->head_told)
+        c->head_told = news = true;
+    if (news) {
+        req->progress(req, req->arg);
+        if (req->discard) /* decided on the head: what came with it goes */
             evbuffer_drain(body, evbuffer_get_length(body));
-        before = 0; /* all of the body so far is news to the caller */
     }
-    if (!c->complete && evbuffer_get_length(body) > before)
-        req->event(req, UP_EV_BODY, req->arg);
     if (!c->complete && req->hold_max &&
         evbuffer_get_length(body) >= req->hold_max) {
         c->paused = true;

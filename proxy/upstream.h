@@ -54,14 +54,11 @@ struct up_response {
 struct up_request;
 typedef void (*up_done_cb)(struct up_request *req, void *arg);
 
-/* What a streaming caller hears before `done`. */
-enum up_event {
-    UP_EV_HEAD = 0,         /* the final response head is in (status, headers) */
-    UP_EV_BODY,             /* more body bytes are in resp.body */
-};
-/* Runs from the pool's loop; it may change `discard` and `hold_max` and
- * drain resp.body, never cancel or free the request. */
-typedef void (*up_event_cb)(struct up_request *req, enum up_event ev, void *arg);
+/* What a streaming caller hears before `done`: the final response head is
+ * in (resp.status > 0), or more body bytes are in resp.body. Runs from the
+ * pool's loop; it may change `discard` and `hold_max` and drain resp.body,
+ * never cancel or free the request. */
+typedef void (*up_progress_cb)(struct up_request *req, void *arg);
 
 /* How much a streamed response may hold before reading from the upstream
  * stops: the body passes through, memory stays bounded per connection. */
@@ -70,13 +67,13 @@ typedef void (*up_event_cb)(struct up_request *req, enum up_event ev, void *arg)
 /* One exchange with the upstream. The caller owns the struct, fills the
  * first block and calls up_pool_send(); `done` runs exactly once, from the
  * pool's event loop (never from inside up_pool_send), unless the request is
- * cancelled first. With `event` set, the head and body progress are reported before
- * `done`, so the body can be passed on while it arrives. */
+ * cancelled first. With `progress` set, the head and the body's progress are
+ * reported before `done`, so the body can be passed on while it arrives. */
 struct up_request {
     struct evbuffer *wire;  /* full request bytes; the pool drains it */
     bool no_body;           /* HEAD: the response carries no body */
     up_done_cb done;
-    up_event_cb event;      /* optional */
+    up_progress_cb progress; /* optional */
     void *arg;
     bool discard;           /* drop body bytes as they arrive */
     size_t hold_max;        /* stop reading while resp.body holds this much;
@@ -121,6 +118,10 @@ void up_response_clear(struct up_response *resp);
 /* The first header with this name (case-insensitive), or NULL. */
 const char *up_response_header(const struct up_response *resp,
                                const char *name);
+
+/* The body length the response announced with Content-Length (digits only,
+ * no Transfer-Encoding); false for a chunked or close-delimited body. */
+bool up_response_length(const struct up_response *resp, uint64_t *len);
 
 /* The end-to-end headers of a response, as the worker gets them (and as a
  * replay returns them): hop-by-hop ones (with those Connection names),
