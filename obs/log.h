@@ -37,9 +37,4 @@ struct access_entry {
 
 void log_access(const struct access_entry *e);
 
-/* Appends s as a JSON string (with quotes) to buf at *pos, escaping what JSON
- * requires; stops short of len. Exposed for tests and the problem bodies. */
-void json_escape_append(char *buf, size_t len, size_t *pos, const char *s,
-                        size_t slen);
-
 #endif

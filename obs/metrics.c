@@ -111,7 +111,8 @@ static long find(struct metrics *m, const char *name, const char *labels)
     return -1;
 }
 
-/* The slot of (name, labels), registering it when new. Returns -1 on error. */
+/* The slot of (name, labels), registering it when new; -ENOMEM when it
+ * cannot grow. */
 static long slot_of(struct metrics *m, const char *name, const char *labels,
                     enum series_type t, enum hist_kind hk)
 {
@@ -125,16 +126,16 @@ static long slot_of(struct metrics *m, const char *name, const char *labels,
         size_t cap = m->cap_series ? m->cap_series * 2 : 256;
         struct series *n = realloc(m->series, cap * sizeof *n);
         if (!n)
-            return -1;
+            return -ENOMEM;
         m->series = n;
         m->cap_series = cap;
     }
     if (ensure_slots(m, m->n_slots + need) != 0)
-        return -1;
+        return -ENOMEM;
     s = &m->series[m->n_series];
     s->labels = strdup(labels);
     if (!s->labels)
-        return -1;
+        return -ENOMEM;
     s->name = name;
     s->type = t;
     s->hk = hk;

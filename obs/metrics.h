@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "config/config.h"
-#include "proxy/problem.h"
+#include "policies/problem.h"
 
 #define METRICS_MAX_SHARDS 257   /* loops + one for the main/admin threads */
 #define METRICS_CHUNK 4096       /* slots per chunk; chunks never move */

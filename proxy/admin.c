@@ -597,13 +597,14 @@ static unsigned admin_conn_limit(void)
     return quarter > ADMIN_MAX_CONNS ? ADMIN_MAX_CONNS : (unsigned)quarter;
 }
 
-struct MHD_Daemon *admin_start(struct app *app, struct sc_error *err)
+int admin_start(struct app *app, struct MHD_Daemon **out,
+                struct sc_error *err)
 {
     struct MHD_Daemon *d;
     int fd = server_listen(&app->fixed.admin, ADMIN_BACKLOG, err);
 
     if (fd < 0)
-        return NULL;
+        return fd;
     d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL, 0,
                          NULL, NULL, on_admin, app,
                          MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
@@ -614,8 +615,10 @@ struct MHD_Daemon *admin_start(struct app *app, struct sc_error *err)
         sc_error_set(err, "cannot start the admin server on %s:%u",
                      app->fixed.admin.host, app->fixed.admin.port);
         close(fd);
+        return -EIO;
     }
-    return d;
+    *out = d;
+    return 0;
 }
 
 void admin_stop(struct MHD_Daemon *d)

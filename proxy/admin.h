@@ -11,8 +11,9 @@
 struct app;
 struct MHD_Daemon;
 
-/* Starts the admin server on app->cfg->admin. NULL + err on failure. */
-struct MHD_Daemon *admin_start(struct app *app, struct sc_error *err);
+/* Starts the admin server on app->cfg->admin into *out. 0, or a negative
+ * code and err. */
+int admin_start(struct app *app, struct MHD_Daemon **out, struct sc_error *err);
 void admin_stop(struct MHD_Daemon *d);
 
 #endif

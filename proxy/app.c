@@ -115,7 +115,7 @@ static int store_init(struct app *app, struct sc_error *err)
         sc_error_set(err, "store.backend redis is not available in this build");
         return -ENOTSUP;
     }
-    rc = store_open(app->fixed.store_path, app->fixed.store_sync, &app->store, err);
+    rc = store_open_rocksdb(app->fixed.store_path, app->fixed.store_sync, &app->store, err);
     if (rc != 0)
         return rc;
     if (claims_init(&app->claims) != 0) {
@@ -407,9 +407,8 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
         app->loops[i].rt = runtime_acquire(app);
     if ((rc = loops_start(app, err)) != 0)
         return rc;
-    app->admin = admin_start(app, err);
-    if (!app->admin)
-        return -EINVAL;
+    if ((rc = admin_start(app, &app->admin, err)) != 0)
+        return rc;
     atomic_store(&app->ready, true);
     log_info("sluice %s listening on %s:%u (admin %s:%u), %u threads",
              SLUICE_VERSION, app->fixed.listen.host, app->fixed.listen.port,

@@ -10,7 +10,7 @@
 #include <openssl/ssl.h>
 
 #include "config/config.h"
-#include "proxy/claims.h"
+#include "policies/claims.h"
 #include "obs/metrics.h"
 #include "proxy/pacing.h"
 #include "proxy/runtime.h"

@@ -245,7 +245,9 @@ static void release(struct exchange *ex)
         /* This request outlived its lease (a stalled loop) and another took
          * the key over: its lease is not ours to end. */
         log_warn("policy %s: lease not released: %s", scope(ex), err.text);
-    } else if (rc != 0 && err.text[0]) {
+    } else if (rc != 0 && rc != -ENOENT) {
+        /* -ENOENT: nothing to release (expired and swept): an answer, not
+         * a failure. */
         count_store_error(ex);
         log_error("policy %s: cannot release a lease: %s", scope(ex), err.text);
     }

@@ -22,9 +22,9 @@
 #include <microhttpd.h>
 
 #include "config/config.h"
-#include "proxy/instruction.h"
+#include "policies/instruction.h"
 #include "proxy/pacing.h"
-#include "proxy/problem.h"
+#include "policies/problem.h"
 #include "proxy/upstream.h"
 #include "store/store.h"
 

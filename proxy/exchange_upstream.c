@@ -2,6 +2,7 @@
  * answer means for the worker: pass it through, or turn a retryable one into
  * a requeue / dead-letter instruction, with cooldowns for 429s and the
  * breaker's streak. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,10 +12,11 @@
 
 #include "policies/backoff.h"
 #include "policies/breaker.h"
+#include "policies/outcome.h"
 #include "policies/route.h"
 #include "proxy/app.h"
 #include "proxy/exchange_internal.h"
-#include "proxy/headers.h"
+#include "policies/headers.h"
 #include "obs/log.h"
 #include "proxy/server.h"
 #include "store/store.h"
@@ -59,7 +61,7 @@ static enum MHD_Result copy_header(void *cls, enum MHD_ValueKind kind,
         configured_header(w->up, key))
         return MHD_YES;
     if (evbuffer_add_printf(w->out, "%s: %s\r\n", key, value ? value : "") < 0)
-        w->rc = -1;
+        w->rc = -ENOMEM;
     return MHD_YES;
 }
 
@@ -73,7 +75,7 @@ static int build_wire(struct exchange *ex)
     struct wire_ctx w = {.up = ex->up};
     size_t blen = ex->body ? evbuffer_get_length(ex->body) : 0;
     char *target = route_upstream_target(ex->route, ex->up, ex->target);
-    int rc = -1;
+    int rc = -ENOMEM;
 
     w.out = evbuffer_new();
     if (!target || !w.out)
@@ -103,24 +105,6 @@ out:
 }
 
 /* ---- what the result means ---------------------------------------------- */
-
-/* A retryable failure becomes an instruction: requeue with a delay, or
- * dead_letter when the budget is spent or the upstream's hint is too far. */
-static void retryable(struct exchange *ex, enum reason r, int status,
-                      bool has_hint, uint64_t hint_ms)
-{
-    const struct sc_retry *rt = &ex->pol->retry;
-    uint64_t delay = 0;
-    enum retry_verdict v =
-        retry_decide(rt, ex->attempt, has_hint, hint_ms, rand_u64(), &delay);
-
-    if (v == RETRY_REQUEUE)
-        ex_instruct(ex, OUT_REQUEUE, r, delay, ex->attempt, status);
-    else
-        ex_instruct(ex, OUT_DEAD_LETTER,
-                    v == RETRY_DELAY_EXCEEDS_MAX ? R_DELAY_EXCEEDS_MAX : r, 0,
-                    ex->attempt, status);
-}
 
 /* A policy's own cooldown is written to the store, so a restart inside it
  * (a crash, a deploy) does not send into a partner that asked for quiet.
@@ -179,62 +163,74 @@ static void note_breaker(struct exchange *ex, bool failed)
              ex->up->name, (unsigned long long)pause_ms);
 }
 
+/* The verdict of policies/outcome.h, applied: the policy hears of a 429 and
+ * of the breaker's streak, then the exchange gets its answer. */
+static void apply(struct exchange *ex, const struct outcome_input *in)
+{
+    const struct up_response *r = &ex->ureq.resp;
+    struct outcome_verdict v;
+
+    outcome_classify(&ex->pol->retry, in, &v);
+    if (v.cool_down)
+        cool_down(ex, in->has_hint, in->hint_ms);
+    if (v.breaker != OB_NONE)
+        note_breaker(ex, v.breaker == OB_FAILURE);
+    switch (v.action) {
+    case OA_PASS:
+        ex->kind = ANSWER_UPSTREAM;
+        ex->status = v.status;
+        ex->reason = R_NONE;
+        ex->outcome = v.outcome;
+        break;
+    case OA_REQUEUE:
+    case OA_DEAD_LETTER:
+        ex_instruct(ex, v.outcome, v.reason, v.delay_ms, ex->attempt,
+                    in->status);
+        break;
+    case OA_REFUSE:
+        ex_refuse(ex, v.status, v.outcome, v.reason, "upstream %s: %s",
+                  ex->up->name, r->detail);
+        break;
+    }
+    ex->classified = true;
+}
+
 static void classify_response(struct exchange *ex)
 {
     const struct up_response *r = &ex->ureq.resp;
-    int s = r->status;
-    uint64_t hint = 0;
-    bool has_hint = hint_pick(up_response_header(r, "Retry-After"),
-                              up_response_header(r, "RateLimit"),
-                              up_response_header(r, "X-RateLimit-Reset"),
-                              clock_wall_ms(), &hint);
+    struct outcome_input in = {
+        .transport = OT_ANSWERED,
+        .status = r->status,
+        .attempt = ex->attempt,
+        .rnd = rand_u64(),
+    };
 
-    if (s == 429)
-        cool_down(ex, has_hint, hint);
-    note_breaker(ex, s >= 500);
-    if (sc_retry_on_status(&ex->pol->retry, s)) {
-        retryable(ex, s == 429 ? R_UPSTREAM_429 : R_UPSTREAM_5XX, s, has_hint,
-                  hint);
-        return;
-    }
-    ex->kind = ANSWER_UPSTREAM;
-    ex->status = s;
-    ex->reason = R_NONE;
-    ex->outcome = s < 400 ? OUT_OK : OUT_PERMANENT_ERROR;
+    in.has_hint = hint_pick(up_response_header(r, "Retry-After"),
+                            up_response_header(r, "RateLimit"),
+                            up_response_header(r, "X-RateLimit-Reset"),
+                            clock_wall_ms(), &in.hint_ms);
+    apply(ex, &in);
 }
 
 static void classify_failure(struct exchange *ex)
 {
     const struct up_response *r = &ex->ureq.resp;
-    static const struct {
-        enum reason reason;
-        unsigned bit;
-        int status;
-    } map[] = {
-        [UP_CONNECT_ERROR] = {R_CONNECT_ERROR, SC_T_CONNECT_ERROR, 502},
-        [UP_CONNECTION_LOST] = {R_CONNECTION_LOST, SC_T_CONNECTION_LOST, 502},
-        [UP_TIMEOUT] = {R_TIMEOUT, SC_T_TIMEOUT, 504},
+    static const enum outcome_transport transport[] = {
+        [UP_CONNECT_ERROR] = OT_CONNECT_ERROR,
+        [UP_CONNECTION_LOST] = OT_CONNECTION_LOST,
+        [UP_TIMEOUT] = OT_TIMEOUT,
     };
-    enum reason reason = map[r->result].reason;
+    struct outcome_input in = {
+        .transport = transport[r->result],
+        .status = r->status,
+        .head_too_big = r->head_too_big,
+        .attempt = ex->attempt,
+        .rnd = rand_u64(),
+    };
 
     log_warn("route %s: upstream %s: %s", ex->route->name, ex->up->name,
              r->detail);
-    if (r->head_too_big) {
-        /* The upstream worked and will answer the same way again: passing
-         * the job back would only repeat the side effect. As nginx's "upstream
-         * sent too big header": 502. The lease stays (the outcome is not
-         * known to the worker). */
-        ex_refuse(ex, 502, OUT_PERMANENT_ERROR, R_CONNECTION_LOST,
-                  "upstream %s: %s", ex->up->name, r->detail);
-        return;
-    }
-    note_breaker(ex, true);
-    if (ex->pol->retry.on_transport & map[r->result].bit) {
-        retryable(ex, reason, r->status, false, 0);
-        return;
-    }
-    ex_refuse(ex, map[r->result].status, OUT_PERMANENT_ERROR, reason,
-              "upstream %s: %s", ex->up->name, r->detail);
+    apply(ex, &in);
 }
 
 /* ---- the stage ------------------------------------------------------------ */
@@ -266,7 +262,6 @@ static enum ex_verdict not_sent(struct exchange *ex, const char *why)
     snprintf(ex->ureq.resp.detail, sizeof ex->ureq.resp.detail, "%s", why);
     ex->up_done = true;
     classify_failure(ex);
-    ex->classified = true;
     return EXV_NEXT;
 }
 
@@ -306,10 +301,8 @@ static enum ex_verdict hold_body(struct exchange *ex, uint64_t max)
  * so the connection can be reused. */
 static enum ex_verdict head_in(struct exchange *ex)
 {
-    if (!ex->classified) {
+    if (!ex->classified)
         classify_response(ex);
-        ex->classified = true;
-    }
     if (ex->kind != ANSWER_UPSTREAM) {
         ex->ureq.discard = true;
         return EXV_WAIT;
@@ -328,7 +321,6 @@ enum ex_verdict stage_upstream(struct exchange *ex, uint64_t now)
             classify_response(ex);
         else if (!ex->classified)
             classify_failure(ex);
-        ex->classified = true;
         return EXV_NEXT;
     }
     if (ex->ureq.resp.status >= 200) /* the head is in */

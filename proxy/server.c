@@ -19,7 +19,7 @@
 #include "proxy/app.h"
 #include "proxy/exchange.h"
 #include "obs/log.h"
-#include "proxy/problem.h"
+#include "policies/problem.h"
 #include "proxy/runtime.h"
 #include "proxy/upstream.h"
 

@@ -17,7 +17,7 @@
 #include <openssl/err.h>
 #include <openssl/x509v3.h>
 
-#include "proxy/headers.h"
+#include "policies/headers.h"
 #include "util/clock.h"
 
 /* Upper bound on what an upstream may make us hold for one response body
@@ -199,7 +199,7 @@ static int str_append(char **s, const char *at, size_t len)
     char *n = realloc(*s, old + len + 1);
 
     if (!n)
-        return -1;
+        return -ENOMEM;
     memcpy(n + old, at, len);
     n[old + len] = '\0';
     *s = n;
@@ -702,13 +702,13 @@ static int conn_start(struct up_conn *c, struct up_request *req)
     http_parser_init(&c->parser, HTTP_RESPONSE);
     c->parser.data = c;
     if (req_arm_timer(req, req->pool->u->timeout_ms) != 0)
-        return -1;
+        return -ENOMEM;
     write_now(c, req->wire);
     if (c->sent)
-        return bufferevent_enable(c->bev, EV_READ) != 0 ? -1 : 0;
+        return bufferevent_enable(c->bev, EV_READ) != 0 ? -EIO : 0;
     if (bufferevent_write_buffer(c->bev, req->wire) != 0 ||
         bufferevent_enable(c->bev, EV_READ | EV_WRITE) != 0)
-        return -1;
+        return -ENOMEM;
     return 0;
 }
 

@@ -1,14 +1,19 @@
 /* The idempotency store (docs/contract.md §6): per (policy, key), a record that is
  * absent, in progress (a lease with its expiry and the attempt count), or
- * completed (status, end-to-end headers, body, times). One interface; the
- * RocksDB implementation (store_rocksdb.c) is the default, and a Redis one can
- * follow behind the same calls.
+ * completed (status, end-to-end headers, body, times). One interface, two
+ * backends behind it (store_backend.h): RocksDB in a local directory
+ * (store_rocksdb.c, the default) and Redis shared by a fleet.
  *
- * All calls are blocking and thread-safe; they are short (one point read or
- * one write) and run on the event-loop threads. Times are Unix milliseconds
- * passed in by the caller (tests use a fake clock). Every write is durable
- * before the call returns: it survives a crash of the process, and with
- * `sync` a power loss too. */
+ * Two ways to call:
+ * - The blocking calls below are thread-safe and short (one point read or
+ *   one write); the admin server, start-up and tests use them.
+ * - The request path uses the asynchronous calls at the end of this file: a
+ *   call, then a completion on the caller's loop, so a loop never waits for
+ *   a network round trip. RocksDB completes them at once.
+ * Times are Unix milliseconds passed in by the caller (tests use a fake
+ * clock); a backend shared by several hosts may use its own clock for
+ * leases instead. Every write is durable before its call completes: it
+ * survives a crash of the process, and with `sync` a power loss too. */
 #ifndef SLUICE_STORE_STORE_H
 #define SLUICE_STORE_STORE_H
 
@@ -50,9 +55,10 @@ void store_record_clear(struct store_record *rec);
 
 struct store;
 
-/* Opens (creating if missing) the store at path. 0 or negative + err. */
-int store_open(const char *path, bool sync, struct store **out,
-               struct sc_error *err);
+/* Opens (creating if missing) the RocksDB store at path. 0 or negative +
+ * err. */
+int store_open_rocksdb(const char *path, bool sync, struct store **out,
+                       struct sc_error *err);
 /* Flushes and closes; NULL is fine. */
 void store_close(struct store *st);
 
@@ -136,5 +142,64 @@ bool store_healthy(struct store *st);
 
 /* Live records, estimated (for the sluice_store_records gauge). */
 uint64_t store_count(struct store *st);
+
+/* The backend's name ("rocksdb", "redis"), for logs and /readyz. */
+const char *store_backend_name(const struct store *st);
+
+/* ---- asynchronous calls: the request path -------------------------------- */
+
+struct event_base;
+
+/* A backend's state on one event loop (its connection there). One per loop,
+ * used only from that loop's thread. */
+struct store_loop;
+
+int store_loop_new(struct store *st, struct event_base *base,
+                   struct store_loop **out, struct sc_error *err);
+/* Cancels what is still in flight on it (no completion runs). NULL is fine. */
+void store_loop_free(struct store_loop *sl);
+
+/* One call in flight, owned by the caller (an exchange), which sets done and
+ * arg, and reads rc, err and the result once it has completed. */
+struct store_call {
+    void (*done)(struct store_call *c);
+    void *arg;
+    int rc;                         /* as the blocking call would return */
+    struct sc_error err;
+    struct store_record rec;        /* get: the record (clear it after) */
+    struct store_acquire_out acq;   /* acquire (acq.rec: clear it after) */
+    struct store_loop *loop;        /* where it was issued */
+    void *pending;                  /* the backend's, while in flight */
+};
+
+/* Each call returns 0 when it completed at once (c->rc holds the result;
+ * done does not run), or -EINPROGRESS: done runs later on sl's loop, never
+ * from inside the call. The arguments are copied: they need not outlive the
+ * call. Anything else is a failure to start, reported in c->rc as well. */
+int store_get_async(struct store_loop *sl, struct store_call *c,
+                    const char *scope, const char *key, uint64_t now_ms);
+int store_acquire_async(struct store_loop *sl, struct store_call *c,
+                        const char *scope, const char *key,
+                        const uint8_t fp[STORE_FP_LEN], uint64_t now_ms,
+                        uint64_t lease_ms, uint64_t ttl_ms);
+int store_complete_async(struct store_loop *sl, struct store_call *c,
+                         const char *scope, const char *key, uint64_t now_ms,
+                         uint64_t ttl_ms, int status,
+                         const struct store_header *headers, size_t n_headers,
+                         const uint8_t *body, size_t body_len,
+                         bool body_omitted);
+int store_release_async(struct store_loop *sl, struct store_call *c,
+                        const char *scope, const char *key, uint32_t attempt,
+                        uint64_t now_ms, uint64_t ttl_ms);
+int store_pause_set_async(struct store_loop *sl, struct store_call *c,
+                          const char *scope, uint64_t now_ms,
+                          uint64_t until_ms);
+
+/* Whether a call is in flight (issued, -EINPROGRESS, not yet completed). */
+bool store_call_pending(const struct store_call *c);
+
+/* Forgets a call in flight: its done will not run and its reply is
+ * dropped; a write it carried may still happen. Nothing when none is. */
+void store_call_cancel(struct store_call *c);
 
 #endif

@@ -18,6 +18,7 @@
 #include <rocksdb/c.h>
 
 #include "store/record.h"
+#include "store/store_backend.h"
 #include "store/store_rocksdb_internal.h"
 #include "util/clock.h"
 
@@ -37,7 +38,8 @@
 #define SWEEP_SCAN_FACTOR 16
 #define CURSOR_MAX (sizeof ((struct record_key *)0)->buf + 1)
 
-struct store {
+struct rocks_store {
+    struct store base;                  /* first: the interface (store_backend.h) */
     rocksdb_t *db;
     rocksdb_options_t *opts;
     rocksdb_compactionfilter_t *filter; /* opts points at it: outlives db */
@@ -56,6 +58,14 @@ struct store {
     char failure[256];                  /* the first failure, for messages */
 };
 
+static const struct store_ops rocks_ops;
+static void rocks_close(struct store *base);
+
+static struct rocks_store *rocks(struct store *base)
+{
+    return (struct rocks_store *)base;
+}
+
 /* ---- small helpers ---- */
 
 static uint64_t add_sat(uint64_t a, uint64_t b)
@@ -64,7 +74,7 @@ static uint64_t add_sat(uint64_t a, uint64_t b)
 }
 
 /* FNV-1a over the whole database key. */
-static pthread_mutex_t *stripe_of(struct store *st, const char *k, size_t len)
+static pthread_mutex_t *stripe_of(struct rocks_store *st, const char *k, size_t len)
 {
     return &st->stripes[hash_bytes(HASH_INIT, k, len) % STRIPES];
 }
@@ -94,7 +104,7 @@ static void key_error(struct sc_error *err, const struct record_key *k,
 /* ---- records in the database ---- */
 
 /* The raw stored value (rocksdb_free it); -ENOENT when there is none. */
-static int db_get(struct store *st, const char *k, size_t klen, char **val,
+static int db_get(struct rocks_store *st, const char *k, size_t klen, char **val,
                   size_t *len, char **msg)
 {
     *msg = NULL;
@@ -105,7 +115,7 @@ static int db_get(struct store *st, const char *k, size_t klen, char **val,
 }
 
 /* The decoded record at k, whether it still counts or not. */
-static int load(struct store *st, const struct record_key *k,
+static int load(struct rocks_store *st, const struct record_key *k,
                 struct store_record *rec, struct sc_error *err)
 {
     struct sc_error derr;
@@ -127,7 +137,7 @@ static int load(struct store *st, const struct record_key *k,
 }
 
 /* As load, but a record that no longer counts at now is absent. */
-static int load_live(struct store *st, const struct record_key *k,
+static int load_live(struct rocks_store *st, const struct record_key *k,
                      uint64_t now_ms, struct store_record *rec,
                      struct sc_error *err)
 {
@@ -146,7 +156,7 @@ static int load_live(struct store *st, const struct record_key *k,
  * So the first failure is sticky: later writes are refused here with the
  * original reason, the store reports itself unhealthy (/readyz), and a
  * restart, after the operator has made room, clears it. */
-static bool write_refused(struct store *st, const struct record_key *k,
+static bool write_refused(struct rocks_store *st, const struct record_key *k,
                           struct sc_error *err)
 {
     if (!atomic_load(&st->failed))
@@ -155,7 +165,7 @@ static bool write_refused(struct store *st, const struct record_key *k,
     return true;
 }
 
-static int write_failed(struct store *st, struct sc_error *err, const char *op,
+static int write_failed(struct rocks_store *st, struct sc_error *err, const char *op,
                         const struct record_key *k, char *msg)
 {
     if (!atomic_exchange(&st->failed, true))
@@ -182,7 +192,7 @@ static uint64_t mono_ms(void)
 /* Refuses a write while the disk is nearly full; looks at most every 100 ms,
  * so the cost is one statvfs per interval, not per write. Not sticky: once
  * room is made, writes go on. */
-static bool low_space(struct store *st, const struct record_key *k,
+static bool low_space(struct rocks_store *st, const struct record_key *k,
                       struct sc_error *err)
 {
     uint64_t now = mono_ms(), free_b;
@@ -201,12 +211,13 @@ static bool low_space(struct store *st, const struct record_key *k,
     return true;
 }
 
-bool store_healthy(struct store *st)
+static bool rocks_healthy(struct store *base)
 {
+    struct rocks_store *st = rocks(base);
     return st && !atomic_load(&st->failed);
 }
 
-static int save(struct store *st, const struct record_key *k,
+static int save(struct rocks_store *st, const struct record_key *k,
                 const struct store_record *rec, struct sc_error *err)
 {
     char *msg = NULL;
@@ -270,7 +281,7 @@ static rocksdb_block_based_table_options_t *table_options(void)
     return t;
 }
 
-static void make_options(struct store *st, bool sync)
+static void make_options(struct rocks_store *st, bool sync)
 {
     rocksdb_options_t *o = rocksdb_options_create();
     rocksdb_block_based_table_options_t *t = table_options();
@@ -317,7 +328,7 @@ static int open_error(const char *path, const char *msg, struct sc_error *err)
     return -EIO;
 }
 
-static int open_db(struct store *st, const char *path, struct sc_error *err)
+static int open_db(struct rocks_store *st, const char *path, struct sc_error *err)
 {
     char *msg = NULL;
     int rc;
@@ -338,10 +349,10 @@ static int open_db(struct store *st, const char *path, struct sc_error *err)
     return rc;
 }
 
-int store_open(const char *path, bool sync, struct store **out,
+int store_open_rocksdb(const char *path, bool sync, struct store **out,
                struct sc_error *err)
 {
-    struct store *st;
+    struct rocks_store *st;
     int rc;
 
     *out = NULL;
@@ -354,6 +365,7 @@ int store_open(const char *path, bool sync, struct store **out,
         sc_error_set(err, "store: out of memory");
         return -ENOMEM;
     }
+    st->base.ops = &rocks_ops;
     for (size_t i = 0; i < STRIPES; i++)
         pthread_mutex_init(&st->stripes[i], NULL);
     pthread_mutex_init(&st->sweep_lock, NULL);
@@ -367,15 +379,17 @@ int store_open(const char *path, bool sync, struct store **out,
     }
     if ((rc = open_db(st, path, err)) != 0)
         goto fail;
-    *out = st;
+    *out = &st->base;
     return 0;
 fail:
-    store_close(st);
+    rocks_close(&st->base);
     return rc;
 }
 
-void store_close(struct store *st)
+static void rocks_close(struct store *base)
 {
+    struct rocks_store *st = rocks(base);
+
     if (!st)
         return;
     if (st->db && !atomic_load(&st->failed)) {
@@ -406,13 +420,16 @@ void store_close(struct store *st)
     free(st);
 }
 
-void store_rocksdb_compact(struct store *st)
+void store_rocksdb_compact(struct store *base)
 {
+    struct rocks_store *st = rocks(base);
+
     rocksdb_compact_range(st->db, NULL, 0, NULL, 0);
 }
 
-uint64_t store_count(struct store *st)
+static uint64_t rocks_count(struct store *base)
 {
+    struct rocks_store *st = rocks(base);
     uint64_t n = 0;
 
     if (!st || rocksdb_property_int(st->db, "rocksdb.estimate-num-keys", &n))
@@ -422,9 +439,10 @@ uint64_t store_count(struct store *st)
 
 /* ---- reading ---- */
 
-int store_get(struct store *st, const char *scope, const char *key,
+static int rocks_get(struct store *base, const char *scope, const char *key,
               uint64_t now_ms, struct store_record *out, struct sc_error *err)
 {
+    struct rocks_store *st = rocks(base);
     struct record_key k;
     int rc;
 
@@ -449,7 +467,7 @@ static enum store_claim judge(const struct store_record *rec,
     return rec->lease_expires_ms > now_ms ? STORE_HELD : STORE_ACQUIRED;
 }
 
-static int take_lease(struct store *st, const struct record_key *k,
+static int take_lease(struct rocks_store *st, const struct record_key *k,
                       const struct store_record *cur, uint64_t now_ms,
                       uint64_t lease_ms, uint64_t ttl_ms,
                       struct store_acquire_out *out, struct sc_error *err)
@@ -472,7 +490,7 @@ static int take_lease(struct store *st, const struct record_key *k,
 
 /* Called with k's stripe held, so the read and the write below are one
  * step for every other caller of this key. */
-static int acquire_locked(struct store *st, const struct record_key *k,
+static int acquire_locked(struct rocks_store *st, const struct record_key *k,
                           const uint8_t fp[STORE_FP_LEN], uint64_t now_ms,
                           uint64_t lease_ms, uint64_t ttl_ms,
                           struct store_acquire_out *out, struct sc_error *err)
@@ -503,11 +521,12 @@ static int acquire_locked(struct store *st, const struct record_key *k,
     return rc;
 }
 
-int store_acquire(struct store *st, const char *scope, const char *key,
+static int rocks_acquire(struct store *base, const char *scope, const char *key,
                   const uint8_t fp[STORE_FP_LEN], uint64_t now_ms,
                   uint64_t lease_ms, uint64_t ttl_ms,
                   struct store_acquire_out *out, struct sc_error *err)
 {
+    struct rocks_store *st = rocks(base);
     pthread_mutex_t *lock;
     struct record_key k;
     int rc;
@@ -535,7 +554,7 @@ static int refuse_completed(const struct store_record *cur,
     return -EALREADY;
 }
 
-static int complete_locked(struct store *st, const struct record_key *k,
+static int complete_locked(struct rocks_store *st, const struct record_key *k,
                            uint64_t now_ms, uint64_t ttl_ms,
                            const struct store_record *result,
                            struct sc_error *err)
@@ -562,12 +581,13 @@ out:
     return rc;
 }
 
-int store_complete(struct store *st, const char *scope, const char *key,
+static int rocks_complete(struct store *base, const char *scope, const char *key,
                    uint64_t now_ms, uint64_t ttl_ms, int status,
                    const struct store_header *headers, size_t n_headers,
                    const uint8_t *body, size_t body_len, bool body_omitted,
                    struct sc_error *err)
 {
+    struct rocks_store *st = rocks(base);
     /* Borrows the caller's headers and body for encoding only; never
      * cleared, so the casts drop const without writing through it. */
     struct store_record result = {
@@ -591,7 +611,7 @@ int store_complete(struct store *st, const char *scope, const char *key,
     return rc;
 }
 
-static int release_locked(struct store *st, const struct record_key *k,
+static int release_locked(struct rocks_store *st, const struct record_key *k,
                           uint32_t attempt, uint64_t now_ms, uint64_t ttl_ms,
                           struct sc_error *err)
 {
@@ -618,10 +638,11 @@ out:
     return rc;
 }
 
-int store_release(struct store *st, const char *scope, const char *key,
+static int rocks_release(struct store *base, const char *scope, const char *key,
                   uint32_t attempt, uint64_t now_ms, uint64_t ttl_ms,
                   struct sc_error *err)
 {
+    struct rocks_store *st = rocks(base);
     pthread_mutex_t *lock;
     struct record_key k;
     int rc;
@@ -637,7 +658,7 @@ int store_release(struct store *st, const char *scope, const char *key,
 
 /* Deletes whatever is stored, expired or unreadable alike: forget takes no
  * clock, and it is how an operator clears a record that fails to decode. */
-static int forget_locked(struct store *st, const struct record_key *k,
+static int forget_locked(struct rocks_store *st, const struct record_key *k,
                          struct sc_error *err)
 {
     char *val, *msg;
@@ -655,9 +676,10 @@ static int forget_locked(struct store *st, const struct record_key *k,
     return msg ? write_failed(st, err, "delete", k, msg) : 0;
 }
 
-int store_forget(struct store *st, const char *scope, const char *key,
+static int rocks_forget(struct store *base, const char *scope, const char *key,
                  struct sc_error *err)
 {
+    struct rocks_store *st = rocks(base);
     pthread_mutex_t *lock;
     struct record_key k;
     int rc;
@@ -688,7 +710,7 @@ static int pause_key(struct record_key *k, const char *scope,
     return 0;
 }
 
-static int pause_set_locked(struct store *st, const struct record_key *k,
+static int pause_set_locked(struct rocks_store *st, const struct record_key *k,
                             uint64_t now_ms, uint64_t until_ms,
                             struct sc_error *err)
 {
@@ -709,9 +731,10 @@ static int pause_set_locked(struct store *st, const struct record_key *k,
     return save(st, k, &rec, err);
 }
 
-int store_pause_set(struct store *st, const char *scope, uint64_t now_ms,
+static int rocks_pause_set(struct store *base, const char *scope, uint64_t now_ms,
                     uint64_t until_ms, struct sc_error *err)
 {
+    struct rocks_store *st = rocks(base);
     pthread_mutex_t *lock;
     struct record_key k;
     int rc;
@@ -725,9 +748,10 @@ int store_pause_set(struct store *st, const char *scope, uint64_t now_ms,
     return rc;
 }
 
-int store_pause_get(struct store *st, const char *scope, uint64_t now_ms,
+static int rocks_pause_get(struct store *base, const char *scope, uint64_t now_ms,
                     uint64_t *until_ms, struct sc_error *err)
 {
+    struct rocks_store *st = rocks(base);
     struct store_record rec;
     struct record_key k;
     int rc;
@@ -741,8 +765,9 @@ int store_pause_get(struct store *st, const char *scope, uint64_t now_ms,
     return 0;
 }
 
-int store_pause_clear(struct store *st, const char *scope, struct sc_error *err)
+static int rocks_pause_clear(struct store *base, const char *scope, struct sc_error *err)
 {
+    struct rocks_store *st = rocks(base);
     pthread_mutex_t *lock;
     struct record_key k;
     int rc;
@@ -777,7 +802,7 @@ static bool expired_value(const char *val, size_t len, uint64_t now_ms)
  * since, so it is read again under the key's stripe before deleting. Not
  * synced even in sync mode: a delete lost to a power cut leaves a record
  * that is still expired and is swept again. */
-static int sweep_one(struct store *st, const char *key, size_t klen,
+static int sweep_one(struct rocks_store *st, const char *key, size_t klen,
                      struct sweep *sw, struct sc_error *err)
 {
     pthread_mutex_t *lock = stripe_of(st, key, klen);
@@ -806,7 +831,7 @@ static int sweep_one(struct store *st, const char *key, size_t klen,
 
 /* The cursor is the key's successor in byte order (the key with '\0'
  * appended), so seeking to it resumes just after the key. */
-static void set_cursor(struct store *st, const char *key, size_t klen)
+static void set_cursor(struct rocks_store *st, const char *key, size_t klen)
 {
     if (klen > CURSOR_MAX - 1)
         klen = CURSOR_MAX - 1; /* never for record_key keys */
@@ -824,7 +849,7 @@ static int key_cmp(const char *a, size_t alen, const char *b, size_t blen)
 
 /* Examines records from the iterator's position until the end, a key at or
  * past stop (when stop_len), or a limit. 1 at the end, 0 when stopped. */
-static int sweep_run(struct store *st, rocksdb_iterator_t *it,
+static int sweep_run(struct rocks_store *st, rocksdb_iterator_t *it,
                      struct sweep *sw, const char *stop, size_t stop_len,
                      struct sc_error *err)
 {
@@ -855,7 +880,7 @@ static int sweep_run(struct store *st, rocksdb_iterator_t *it,
 
 /* From the cursor to the end, then around from the beginning up to where
  * this call started: at most one lap per call. */
-static int sweep_lap(struct store *st, rocksdb_iterator_t *it,
+static int sweep_lap(struct rocks_store *st, rocksdb_iterator_t *it,
                      struct sweep *sw, struct sc_error *err)
 {
     char start[CURSOR_MAX];
@@ -880,9 +905,10 @@ static int sweep_lap(struct store *st, rocksdb_iterator_t *it,
     return rc < 0 ? rc : 0;
 }
 
-int store_sweep(struct store *st, uint64_t now_ms, size_t max, size_t *removed,
+static int rocks_sweep(struct store *base, uint64_t now_ms, size_t max, size_t *removed,
                 struct sc_error *err)
 {
+    struct rocks_store *st = rocks(base);
     struct sweep sw = {
         .now_ms = now_ms,
         .max = max,
@@ -903,3 +929,21 @@ int store_sweep(struct store *st, uint64_t now_ms, size_t max, size_t *removed,
     *removed = sw.removed;
     return rc;
 }
+
+/* Every call completes before it returns: the generic asynchronous calls
+ * (store.c) run these at once, with no per-loop state. */
+static const struct store_ops rocks_ops = {
+    .name = "rocksdb",
+    .close = rocks_close,
+    .get = rocks_get,
+    .acquire = rocks_acquire,
+    .complete = rocks_complete,
+    .release = rocks_release,
+    .forget = rocks_forget,
+    .sweep = rocks_sweep,
+    .pause_set = rocks_pause_set,
+    .pause_get = rocks_pause_get,
+    .pause_clear = rocks_pause_clear,
+    .healthy = rocks_healthy,
+    .count = rocks_count,
+};

@@ -100,7 +100,7 @@ static struct store *open_store(const char *dir, bool sync)
     struct sc_error err = {0};
     struct store *st;
 
-    if (store_open(dir, sync, &st, &err) != 0)
+    if (store_open_rocksdb(dir, sync, &st, &err) != 0)
         die("open", &err);
     return st;
 }

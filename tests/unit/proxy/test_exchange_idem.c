@@ -41,7 +41,7 @@ static void setup(void)
     rt.cfg = cfg;
     memset(&app, 0, sizeof app);
     dir = tu_mkdtemp("idem");
-    cr_assert_eq(store_open(dir, false, &app.store, &err), 0, "%s", err.text);
+    cr_assert_eq(store_open_rocksdb(dir, false, &app.store, &err), 0, "%s", err.text);
     cr_assert_eq(claims_init(&app.claims), 0);
     memset(&lp, 0, sizeof lp);
     lp.app = &app;

@@ -33,7 +33,7 @@ static uint8_t fp_a[STORE_FP_LEN], fp_b[STORE_FP_LEN];
 
 static void open_store(bool sync)
 {
-    int rc = store_open(dir, sync, &st, &err);
+    int rc = store_open_rocksdb(dir, sync, &st, &err);
 
     cr_assert_eq(rc, 0, "store_open: %s", err.text);
 }
@@ -556,7 +556,7 @@ Test(store, sync_mode)
 Test(store, second_open_in_this_process_fails_clearly)
 {
     struct store *again = (struct store *)1;
-    int rc = store_open(dir, false, &again, &err);
+    int rc = store_open_rocksdb(dir, false, &again, &err);
 
     cr_expect_eq(rc, -EBUSY, "%d %s", rc, err.text);
     cr_expect_null(again);
@@ -571,7 +571,7 @@ Test(store, open_refuses_an_empty_path)
 {
     struct store *s;
 
-    cr_expect_eq(store_open("", false, &s, &err), -EINVAL);
+    cr_expect_eq(store_open_rocksdb("", false, &s, &err), -EINVAL);
     cr_expect_null(s);
 }
 
@@ -581,7 +581,7 @@ Test(store, open_failure_names_the_path)
     char *file = tu_write_file(dir, "plain", "x");
 
     /* A regular file where the directory should be. */
-    cr_expect_lt(store_open(file, false, &s, &err), 0);
+    cr_expect_lt(store_open_rocksdb(file, false, &s, &err), 0);
     cr_expect_null(s);
     cr_expect(strstr(err.text, file), "%s", err.text);
     free(file);
@@ -613,7 +613,7 @@ Test(store_lock, second_open_in_another_process_fails_clearly)
         struct sc_error e;
         struct store *held;
 
-        c = store_open(path, false, &held, &e) == 0 ? 'y' : 'n';
+        c = store_open_rocksdb(path, false, &held, &e) == 0 ? 'y' : 'n';
         if (write(ready[1], &c, 1) != 1 || read(done[0], &c, 1) != 1)
             _exit(2);
         store_close(held);
@@ -621,7 +621,7 @@ Test(store_lock, second_open_in_another_process_fails_clearly)
     }
     cr_assert_eq(read(ready[0], &c, 1), 1);
     cr_assert_eq(c, 'y', "the child could not open the store");
-    rc = store_open(path, false, &s, &err);
+    rc = store_open_rocksdb(path, false, &s, &err);
     cr_expect_eq(rc, -EBUSY, "%d %s", rc, err.text);
     cr_expect(strstr(err.text, "in use by another process"), "%s", err.text);
     cr_expect(strstr(err.text, path), "%s", err.text);
@@ -629,7 +629,7 @@ Test(store_lock, second_open_in_another_process_fails_clearly)
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     /* released with the child */
-    cr_assert_eq(store_open(path, false, &s, &err), 0, "%s", err.text);
+    cr_assert_eq(store_open_rocksdb(path, false, &s, &err), 0, "%s", err.text);
     store_close(s);
     tu_rm_rf(path);
     free(path);

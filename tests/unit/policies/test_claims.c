@@ -4,7 +4,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 
-#include "proxy/claims.h"
+#include "policies/claims.h"
 
 static struct claims c;
 

@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "obs/log.h"
-#include "proxy/problem.h"
+#include "util/json_escape.h"
+#include "policies/problem.h"
 
 Test(problem, body_is_valid_rfc9457_json)
 {

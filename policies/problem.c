@@ -1,10 +1,11 @@
-#include "proxy/problem.h"
+#include "policies/problem.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "obs/log.h"
+#include "util/json_escape.h"
+
 
 static const char *const outcome_names[OUT__COUNT] = {
     "ok", "permanent_error", "replayed", "requeue", "dead_letter", "rejected",

@@ -1,11 +1,12 @@
-#include "proxy/instruction.h"
+#include "policies/instruction.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "obs/log.h"
+#include "util/json_escape.h"
+
 
 int instruction_status(enum reason r)
 {

@@ -1,4 +1,4 @@
-#include "proxy/headers.h"
+#include "policies/headers.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proxy/instruction.h"
-#include "proxy/problem.h"
+#include "policies/instruction.h"
+#include "policies/problem.h"
 
 /* Builds, parses and checks the body's basic shape; the caller decrefs. */
 static json_t *body_of(const struct instruction *in)

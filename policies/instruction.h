@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "proxy/problem.h"
+#include "policies/problem.h"
 
 struct instruction {
     enum outcome outcome;   /* OUT_REQUEUE or OUT_DEAD_LETTER */

@@ -1,4 +1,4 @@
-#include "proxy/claims.h"
+#include "policies/claims.h"
 #include "util/hash.h"
 
 #include <errno.h>

@@ -1,7 +1,7 @@
 /* Header filtering rules of docs/contract.md §3. */
 #include <criterion/criterion.h>
 
-#include "proxy/headers.h"
+#include "policies/headers.h"
 
 Test(headers, fixed_hop_by_hop_set)
 {

@@ -1,0 +1,229 @@
+/* The store's calls, dispatched to its backend (store_backend.h); the
+ * asynchronous ones run at once through the blocking ones when the backend
+ * has none of its own. */
+#include "store/store.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/store_backend.h"
+
+void store_close(struct store *st)
+{
+    if (st)
+        st->ops->close(st);
+}
+
+const char *store_backend_name(const struct store *st)
+{
+    return st->ops->name;
+}
+
+int store_get(struct store *st, const char *scope, const char *key,
+              uint64_t now_ms, struct store_record *out, struct sc_error *err)
+{
+    return st->ops->get(st, scope, key, now_ms, out, err);
+}
+
+int store_acquire(struct store *st, const char *scope, const char *key,
+                  const uint8_t fp[STORE_FP_LEN], uint64_t now_ms,
+                  uint64_t lease_ms, uint64_t ttl_ms,
+                  struct store_acquire_out *out, struct sc_error *err)
+{
+    return st->ops->acquire(st, scope, key, fp, now_ms, lease_ms, ttl_ms, out,
+                            err);
+}
+
+int store_complete(struct store *st, const char *scope, const char *key,
+                   uint64_t now_ms, uint64_t ttl_ms, int status,
+                   const struct store_header *headers, size_t n_headers,
+                   const uint8_t *body, size_t body_len, bool body_omitted,
+                   struct sc_error *err)
+{
+    return st->ops->complete(st, scope, key, now_ms, ttl_ms, status, headers,
+                             n_headers, body, body_len, body_omitted, err);
+}
+
+int store_release(struct store *st, const char *scope, const char *key,
+                  uint32_t attempt, uint64_t now_ms, uint64_t ttl_ms,
+                  struct sc_error *err)
+{
+    return st->ops->release(st, scope, key, attempt, now_ms, ttl_ms, err);
+}
+
+int store_forget(struct store *st, const char *scope, const char *key,
+                 struct sc_error *err)
+{
+    return st->ops->forget(st, scope, key, err);
+}
+
+int store_sweep(struct store *st, uint64_t now_ms, size_t max, size_t *removed,
+                struct sc_error *err)
+{
+    return st->ops->sweep(st, now_ms, max, removed, err);
+}
+
+int store_pause_set(struct store *st, const char *scope, uint64_t now_ms,
+                    uint64_t until_ms, struct sc_error *err)
+{
+    return st->ops->pause_set(st, scope, now_ms, until_ms, err);
+}
+
+int store_pause_get(struct store *st, const char *scope, uint64_t now_ms,
+                    uint64_t *until_ms, struct sc_error *err)
+{
+    return st->ops->pause_get(st, scope, now_ms, until_ms, err);
+}
+
+int store_pause_clear(struct store *st, const char *scope, struct sc_error *err)
+{
+    return st->ops->pause_clear(st, scope, err);
+}
+
+bool store_healthy(struct store *st)
+{
+    return st->ops->healthy(st);
+}
+
+uint64_t store_count(struct store *st)
+{
+    return st ? st->ops->count(st) : 0;
+}
+
+/* ---- asynchronous calls ------------------------------------------------- */
+
+int store_loop_new(struct store *st, struct event_base *base,
+                   struct store_loop **out, struct sc_error *err)
+{
+    struct store_loop *sl;
+
+    if (st->ops->loop_new)
+        return st->ops->loop_new(st, base, out, err);
+    sl = calloc(1, sizeof *sl);
+    if (!sl) {
+        sc_error_set(err, "store: out of memory");
+        return -ENOMEM;
+    }
+    sl->st = st;
+    sl->base = base;
+    *out = sl;
+    return 0;
+}
+
+void store_loop_free(struct store_loop *sl)
+{
+    if (!sl)
+        return;
+    if (sl->st->ops->loop_free)
+        sl->st->ops->loop_free(sl);
+    else
+        free(sl);
+}
+
+static int run_now(struct store *st, struct store_call *c, enum store_op op,
+                   const struct store_args *a)
+{
+    switch (op) {
+    case STORE_OP_GET:
+        return st->ops->get(st, a->scope, a->key, a->now_ms, &c->rec, &c->err);
+    case STORE_OP_ACQUIRE:
+        return st->ops->acquire(st, a->scope, a->key, a->fp, a->now_ms,
+                                a->lease_ms, a->ttl_ms, &c->acq, &c->err);
+    case STORE_OP_COMPLETE:
+        return st->ops->complete(st, a->scope, a->key, a->now_ms, a->ttl_ms,
+                                 a->status, a->headers, a->n_headers, a->body,
+                                 a->body_len, a->body_omitted, &c->err);
+    case STORE_OP_RELEASE:
+        return st->ops->release(st, a->scope, a->key, a->attempt, a->now_ms,
+                                a->ttl_ms, &c->err);
+    case STORE_OP_PAUSE_SET:
+        return st->ops->pause_set(st, a->scope, a->now_ms, a->until_ms,
+                                  &c->err);
+    }
+    return -EINVAL;
+}
+
+static int start(struct store_loop *sl, struct store_call *c, enum store_op op,
+                 const struct store_args *a)
+{
+    struct store *st = sl->st;
+
+    memset(&c->err, 0, sizeof c->err);
+    c->loop = sl;
+    c->pending = NULL;
+    if (st->ops->start)
+        c->rc = st->ops->start(sl, c, op, a);
+    else
+        c->rc = run_now(st, c, op, a);
+    return c->rc;
+}
+
+int store_get_async(struct store_loop *sl, struct store_call *c,
+                    const char *scope, const char *key, uint64_t now_ms)
+{
+    struct store_args a = {.scope = scope, .key = key, .now_ms = now_ms};
+
+    return start(sl, c, STORE_OP_GET, &a);
+}
+
+int store_acquire_async(struct store_loop *sl, struct store_call *c,
+                        const char *scope, const char *key,
+                        const uint8_t fp[STORE_FP_LEN], uint64_t now_ms,
+                        uint64_t lease_ms, uint64_t ttl_ms)
+{
+    struct store_args a = {.scope = scope, .key = key, .fp = fp,
+                           .now_ms = now_ms, .lease_ms = lease_ms,
+                           .ttl_ms = ttl_ms};
+
+    return start(sl, c, STORE_OP_ACQUIRE, &a);
+}
+
+int store_complete_async(struct store_loop *sl, struct store_call *c,
+                         const char *scope, const char *key, uint64_t now_ms,
+                         uint64_t ttl_ms, int status,
+                         const struct store_header *headers, size_t n_headers,
+                         const uint8_t *body, size_t body_len,
+                         bool body_omitted)
+{
+    struct store_args a = {.scope = scope, .key = key, .now_ms = now_ms,
+                           .ttl_ms = ttl_ms, .status = status,
+                           .headers = headers, .n_headers = n_headers,
+                           .body = body, .body_len = body_len,
+                           .body_omitted = body_omitted};
+
+    return start(sl, c, STORE_OP_COMPLETE, &a);
+}
+
+int store_release_async(struct store_loop *sl, struct store_call *c,
+                        const char *scope, const char *key, uint32_t attempt,
+                        uint64_t now_ms, uint64_t ttl_ms)
+{
+    struct store_args a = {.scope = scope, .key = key, .attempt = attempt,
+                           .now_ms = now_ms, .ttl_ms = ttl_ms};
+
+    return start(sl, c, STORE_OP_RELEASE, &a);
+}
+
+int store_pause_set_async(struct store_loop *sl, struct store_call *c,
+                          const char *scope, uint64_t now_ms, uint64_t until_ms)
+{
+    struct store_args a = {.scope = scope, .now_ms = now_ms,
+                           .until_ms = until_ms};
+
+    return start(sl, c, STORE_OP_PAUSE_SET, &a);
+}
+
+bool store_call_pending(const struct store_call *c)
+{
+    return c->pending != NULL;
+}
+
+void store_call_cancel(struct store_call *c)
+{
+    /* Only backends with asynchronous calls leave a call pending. */
+    if (!c->pending)
+        return;
+    c->loop->st->ops->cancel(c);
+    c->pending = NULL;
+}

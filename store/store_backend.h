@@ -1,0 +1,89 @@
+/* What a store backend implements (store.h is what callers see). A backend's
+ * own struct starts with struct store, whose ops point at its table.
+ *
+ * The blocking operations are required. The asynchronous ones are optional:
+ * a backend without them (RocksDB, whose calls take microseconds and never
+ * wait on a network) has them run at once by store.c through the blocking
+ * ones. A backend with them completes each call on the loop of the
+ * store_loop it was issued on, and owns c->pending while it is in flight. */
+#ifndef SLUICE_STORE_STORE_BACKEND_H
+#define SLUICE_STORE_STORE_BACKEND_H
+
+#include "store/store.h"
+
+struct store_ops;
+
+struct store {
+    const struct store_ops *ops;
+};
+
+/* The generic per-loop state; a backend with asynchronous calls embeds it
+ * first in its own. */
+struct store_loop {
+    struct store *st;
+    struct event_base *base;
+};
+
+/* Arguments of an asynchronous call, as the caller gave them. */
+struct store_args {
+    const char *scope, *key;
+    const uint8_t *fp;
+    uint64_t now_ms, lease_ms, ttl_ms, until_ms;
+    uint32_t attempt;
+    int status;
+    const struct store_header *headers;
+    size_t n_headers;
+    const uint8_t *body;
+    size_t body_len;
+    bool body_omitted;
+};
+
+enum store_op {
+    STORE_OP_GET,
+    STORE_OP_ACQUIRE,
+    STORE_OP_COMPLETE,
+    STORE_OP_RELEASE,
+    STORE_OP_PAUSE_SET,
+};
+
+struct store_ops {
+    const char *name;
+    void (*close)(struct store *st);
+    int (*get)(struct store *st, const char *scope, const char *key,
+               uint64_t now_ms, struct store_record *out, struct sc_error *err);
+    int (*acquire)(struct store *st, const char *scope, const char *key,
+                   const uint8_t fp[STORE_FP_LEN], uint64_t now_ms,
+                   uint64_t lease_ms, uint64_t ttl_ms,
+                   struct store_acquire_out *out, struct sc_error *err);
+    int (*complete)(struct store *st, const char *scope, const char *key,
+                    uint64_t now_ms, uint64_t ttl_ms, int status,
+                    const struct store_header *headers, size_t n_headers,
+                    const uint8_t *body, size_t body_len, bool body_omitted,
+                    struct sc_error *err);
+    int (*release)(struct store *st, const char *scope, const char *key,
+                   uint32_t attempt, uint64_t now_ms, uint64_t ttl_ms,
+                   struct sc_error *err);
+    int (*forget)(struct store *st, const char *scope, const char *key,
+                  struct sc_error *err);
+    int (*sweep)(struct store *st, uint64_t now_ms, size_t max,
+                 size_t *removed, struct sc_error *err);
+    int (*pause_set)(struct store *st, const char *scope, uint64_t now_ms,
+                     uint64_t until_ms, struct sc_error *err);
+    int (*pause_get)(struct store *st, const char *scope, uint64_t now_ms,
+                     uint64_t *until_ms, struct sc_error *err);
+    int (*pause_clear)(struct store *st, const char *scope,
+                       struct sc_error *err);
+    bool (*healthy)(struct store *st);
+    uint64_t (*count)(struct store *st);
+
+    /* Optional: asynchronous calls (see above). start returns -EINPROGRESS
+     * or a failure to start (with c->err). */
+    int (*loop_new)(struct store *st, struct event_base *base,
+                    struct store_loop **out, struct sc_error *err);
+    void (*loop_free)(struct store_loop *sl);
+    int (*start)(struct store_loop *sl, struct store_call *c, enum store_op op,
+                 const struct store_args *a);
+    void (*cancel)(struct store_call *c);
+};
+
+#endif
