@@ -30,6 +30,7 @@ struct app_fixed {
     uint32_t max_connections;
     char *store_path;
     bool store_sync;
+    uint64_t store_timeout_ms;  /* one store round trip; 0: no limit */
     enum sc_backend backend;
     char *statsd;               /* "" = off */
 };

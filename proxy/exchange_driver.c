@@ -6,8 +6,12 @@
  * order of taking, on every way out (answer, worker gone, drain deadline,
  * allocation failure), so that no exit can forget a release.
  *
- *   body in -> key -> permit -> slot -> send check -> lease -> upstream
- *           -> commit -> answer (a streamed body keeps flowing after it)
+ *   body in -> key -> lookup -> permit -> slot -> send check -> lease
+ *           -> upstream -> commit -> answer (a streamed body keeps flowing
+ *           after it)
+ * Waits: a moment (a permit), a slot's grant, a store call's completion
+ * (lookup, lease, commit: at once on RocksDB, a round trip on Redis), the
+ * upstream's progress.
  */
 #include <errno.h>
 #include <sys/socket.h>
@@ -24,6 +28,7 @@ typedef enum ex_verdict (*stage_fn)(struct exchange *ex, uint64_t now);
 
 static const stage_fn stages[] = {
     [EX_KEY] = stage_key,
+    [EX_LOOKUP] = stage_lookup,
     [EX_PERMIT] = stage_permit,
     [EX_SLOT] = stage_slot,
     [EX_SEND_CHECK] = stage_send_check,
@@ -91,6 +96,7 @@ static void release(struct exchange *ex, bool all)
 {
     bool keep_flight = !all && ex->streaming && !ex->up_done;
 
+    idem_cancel_call(ex);
     if (!keep_flight)
         release_upstream(ex);
     release_timer(ex);
@@ -297,6 +303,13 @@ void exchange_abort_all(struct loop *w)
             log_warn("route %s: response body cut short by the drain deadline",
                      ex->route->name);
             ex_wake(ex);
+            continue;
+        }
+        if (ex->state == EX_COMMIT) {
+            /* The answer is known; only its store write is awaited: given
+             * up, as at its deadline (the lease then expires). */
+            ex->woke = WOKE_TIMER;
+            drive(ex);
             continue;
         }
         if (ex->state == EX_UPSTREAM)

@@ -1,9 +1,13 @@
 /* The idempotency stages of an exchange:
- *   key:    key checked, fingerprint taken, the store looked up (replay,
- *           422, lease_held), then an in-memory claim while pacing;
+ *   key:    key checked, fingerprint taken;
+ *   lookup: the store read (replay, 422, lease_held), then an in-memory
+ *           claim while pacing;
  *   lease:  the durable lease, taken atomically in the store as it forwards;
  *   commit: completed (before the worker sees it), released (a known,
- *           retryable result), or kept (unknown outcome) until expiry. */
+ *           retryable result), or kept (unknown outcome) until expiry.
+ * Lookup, lease and commit are store calls: each stage starts its call
+ * and, when the backend answers later (Redis), waits for the completion or
+ * the store's timeout, whichever comes first. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +57,51 @@ static void mismatch(struct exchange *ex)
               "(method, path or body differ)", ex->key);
 }
 
+/* ---- waiting for the store ---------------------------------------------- */
+
+static void on_store_done(struct store_call *c)
+{
+    ex_wake(c->arg);
+}
+
+/* Runs a store call for the current stage: starts it on the first run and
+ * goes on when it completed at once; else waits for its completion, or
+ * gives it up at the store's timeout (-ETIMEDOUT, a failure like any
+ * other). EXV_NEXT means ex->scall holds the result. */
+static enum ex_verdict store_wait(struct exchange *ex, uint64_t now,
+                                  int (*start)(struct exchange *ex))
+{
+    uint64_t timeout_ms = ex->loop->app->fixed.store_timeout_ms;
+
+    if (ex->woke == WOKE_FIRST) {
+        ex->scall.done = on_store_done;
+        ex->scall.arg = ex;
+        if (start(ex) != -EINPROGRESS)
+            return EXV_NEXT;
+        ex->store_deadline = timeout_ms ? now + timeout_ms * NS_PER_MS : 0;
+        ex->wake_at = ex->store_deadline;
+        return EXV_WAIT;
+    }
+    if (!store_call_pending(&ex->scall))
+        return EXV_NEXT;
+    if (ex->woke == WOKE_TIMER) {
+        store_call_cancel(&ex->scall);
+        ex->scall.rc = -ETIMEDOUT;
+        sc_error_set(&ex->scall.err, "no answer within %llu ms",
+                     (unsigned long long)timeout_ms);
+        return EXV_NEXT;
+    }
+    ex->wake_at = ex->store_deadline;
+    return EXV_WAIT;
+}
+
+void idem_cancel_call(struct exchange *ex)
+{
+    store_call_cancel(&ex->scall);
+    store_record_clear(&ex->scall.rec);
+    store_record_clear(&ex->scall.acq.rec);
+}
+
 /* ---- arrival ------------------------------------------------------------ */
 
 static bool applies(const struct exchange *ex)
@@ -88,20 +137,27 @@ static bool read_key(struct exchange *ex)
     return true;
 }
 
-/* What the store already knows; false when that answers the request. */
-static bool look_up(struct exchange *ex)
+static int start_get(struct exchange *ex)
 {
-    struct sc_error err = {0};
+    return store_get_async(ex->loop->store, &ex->scall, scope(ex), ex->key,
+                           clock_wall_ms());
+}
+
+/* What the store already knows; false when that answers the request. */
+static bool looked_up(struct exchange *ex)
+{
     uint64_t now = clock_wall_ms();
     struct store_record *rec = &ex->replay;
-    int rc = store_get(ex->loop->app->store, scope(ex), ex->key, now, rec, &err);
+    int rc = ex->scall.rc;
 
     if (rc == -ENOENT)
         return true;
     if (rc != 0) {
-        store_failed(ex, "read", &err);
+        store_failed(ex, "read", &ex->scall.err);
         return false;
     }
+    *rec = ex->scall.rec; /* the exchange owns it now */
+    memset(&ex->scall.rec, 0, sizeof ex->scall.rec);
     if (memcmp(rec->fingerprint, ex->fp, STORE_FP_LEN) != 0) {
         mismatch(ex);
         return false;
@@ -138,42 +194,54 @@ enum ex_verdict stage_key(struct exchange *ex, uint64_t now)
 {
     if (!applies(ex))
         return EXV_NEXT;
-    if (!read_key(ex) || (ex->idem && (!look_up(ex) || !claim(ex))))
-        return EXV_ANSWER;
-    return EXV_NEXT;
+    return read_key(ex) ? EXV_NEXT : EXV_ANSWER;
+}
+
+enum ex_verdict stage_lookup(struct exchange *ex, uint64_t now)
+{
+    enum ex_verdict v;
+
+    if (!ex->idem)
+        return EXV_NEXT;
+    if ((v = store_wait(ex, now, start_get)) != EXV_NEXT)
+        return v;
+    return looked_up(ex) && claim(ex) ? EXV_NEXT : EXV_ANSWER;
 }
 
 /* ---- forwarding --------------------------------------------------------- */
 
-static bool take_lease(struct exchange *ex)
+static int start_acquire(struct exchange *ex)
 {
-    struct store_acquire_out out = {0};
-    struct sc_error err = {0};
     const struct sc_idempotency *id = &ex->pol->idem;
-    uint64_t now = clock_wall_ms();
-    int rc;
 
-    if (!ex->idem)
-        return true;
-    rc = store_acquire(ex->loop->app->store, scope(ex), ex->key, ex->fp, now,
-                       id->lease_ms, id->ttl_ms, &out, &err);
-    if (rc != 0) {
-        store_failed(ex, "lease", &err);
+    return store_acquire_async(ex->loop->store, &ex->scall, scope(ex), ex->key,
+                               ex->fp, clock_wall_ms(), id->lease_ms,
+                               id->ttl_ms);
+}
+
+static bool took_lease(struct exchange *ex)
+{
+    struct store_acquire_out *out = &ex->scall.acq;
+    const struct sc_idempotency *id = &ex->pol->idem;
+
+    if (ex->scall.rc != 0) {
+        store_failed(ex, "lease", &ex->scall.err);
         return false;
     }
-    switch (out.claim) {
+    switch (out->claim) {
     case STORE_ACQUIRED:
-        ex->attempt = out.attempt;
+        ex->attempt = out->attempt;
         ex->leased = true;
         atomic_fetch_add(&ex->loop->app->leases_active, 1);
         claims_forwarded(&ex->loop->app->claims, scope(ex), ex->key,
                          clock_mono_ns() + id->lease_ms * NS_PER_MS);
         return true;
     case STORE_HELD:
-        lease_held(ex, out.remaining_ms);
+        lease_held(ex, out->remaining_ms);
         return false;
     case STORE_DONE:
-        ex->replay = out.rec;
+        ex->replay = out->rec; /* the exchange owns it now */
+        memset(&out->rec, 0, sizeof out->rec);
         ex->kind = ANSWER_REPLAY;
         return false;
     default:
@@ -184,7 +252,13 @@ static bool take_lease(struct exchange *ex)
 
 enum ex_verdict stage_lease(struct exchange *ex, uint64_t now)
 {
-    return take_lease(ex) ? EXV_NEXT : EXV_ANSWER;
+    enum ex_verdict v;
+
+    if (!ex->idem)
+        return EXV_NEXT;
+    if ((v = store_wait(ex, now, start_acquire)) != EXV_NEXT)
+        return v;
+    return took_lease(ex) ? EXV_NEXT : EXV_ANSWER;
 }
 
 /* ---- result ------------------------------------------------------------- */
@@ -209,47 +283,60 @@ static size_t stored_headers(const struct up_response *r, struct store_header *h
     return n;
 }
 
-/* Stores the answer for replay; with omit (a body over max_stored_body)
- * status and headers only. */
-static void complete(struct exchange *ex, bool omit)
+/* Stores the answer for replay; head-only (a body over max_stored_body, or
+ * one still streaming) status and headers only. The backend copies what it
+ * needs before the call returns. */
+static int start_complete(struct exchange *ex)
 {
     const struct up_response *r = &ex->ureq.resp;
+    bool omit = ex->commit == COMMIT_COMPLETE_HEAD;
     struct store_header *h = calloc(r->n_headers + 1, sizeof *h);
     size_t blen = omit ? 0 : evbuffer_get_length(r->body);
-    struct sc_error err = {0};
-    int rc = -ENOMEM;
+    int rc;
 
-    if (h)
-        rc = store_complete(ex->loop->app->store, scope(ex), ex->key,
-                            clock_wall_ms(), ex->pol->idem.ttl_ms, r->status, h,
-                            stored_headers(r, h),
-                            blen ? evbuffer_pullup(r->body, -1) : NULL, blen,
-                            omit, &err);
-    free(h);
-    if (rc != 0) {
-        /* The side effect happened; the worker must still learn the truth.
-         * The lease stays, so a duplicate waits for its expiry. */
-        count_store_error(ex);
-        log_error("policy %s: cannot store the completed result of a key: %s",
-                  scope(ex), rc == -ENOMEM ? "out of memory" : err.text);
+    if (!h) {
+        ex->scall.rc = -ENOMEM;
+        sc_error_set(&ex->scall.err, "out of memory");
+        return -ENOMEM;
     }
+    rc = store_complete_async(ex->loop->store, &ex->scall, scope(ex), ex->key,
+                              clock_wall_ms(), ex->pol->idem.ttl_ms, r->status,
+                              h, stored_headers(r, h),
+                              blen ? evbuffer_pullup(r->body, -1) : NULL, blen,
+                              omit);
+    free(h);
+    return rc;
 }
 
-static void release(struct exchange *ex)
+static void completed(struct exchange *ex)
 {
-    struct sc_error err = {0};
-    int rc = store_release(ex->loop->app->store, scope(ex), ex->key, ex->attempt,
-                           clock_wall_ms(), ex->pol->idem.ttl_ms, &err);
+    if (ex->scall.rc == 0)
+        return;
+    /* The side effect happened; the worker must still learn the truth.
+     * The lease stays, so a duplicate waits for its expiry. */
+    count_store_error(ex);
+    log_error("policy %s: cannot store the completed result of a key: %s",
+              scope(ex), ex->scall.err.text);
+}
 
+static int start_release(struct exchange *ex)
+{
+    return store_release_async(ex->loop->store, &ex->scall, scope(ex), ex->key,
+                               ex->attempt, clock_wall_ms(),
+                               ex->pol->idem.ttl_ms);
+}
+
+static void released(struct exchange *ex, int rc, const struct sc_error *err)
+{
     if (rc == -ESTALE) {
         /* This request outlived its lease (a stalled loop) and another took
          * the key over: its lease is not ours to end. */
-        log_warn("policy %s: lease not released: %s", scope(ex), err.text);
-    } else if (rc != 0 && rc != -ENOENT) {
+        log_warn("policy %s: lease not released: %s", scope(ex), err->text);
+    } else if (rc != 0 && rc != -ENOENT && rc != -EINPROGRESS) {
         /* -ENOENT: nothing to release (expired and swept): an answer, not
          * a failure. */
         count_store_error(ex);
-        log_error("policy %s: cannot release a lease: %s", scope(ex), err.text);
+        log_error("policy %s: cannot release a lease: %s", scope(ex), err->text);
     }
 }
 
@@ -264,24 +351,65 @@ static void keep(struct exchange *ex)
         ex->instr.delay_ms = lease_ms;
 }
 
-/* Runs when the answer is known: at the upstream's end, or at its head
- * when the body is to stream (stored then without it). */
-enum ex_verdict stage_commit(struct exchange *ex, uint64_t now)
+/* What the commit writes: nothing for an unknown outcome (the lease is
+ * kept), the answer for replay, or the key freed for a known, retryable
+ * result. */
+static enum ex_commit commit_op(struct exchange *ex)
 {
     bool head_only = !ex->up_done && ex->kind == ANSWER_UPSTREAM;
     enum up_result r = ex->ureq.resp.result;
 
+    if (!head_only && (r == UP_TIMEOUT || r == UP_CONNECTION_LOST))
+        return COMMIT_KEEP;
+    if (!ex_idem_replayable(ex))
+        return COMMIT_RELEASE;
+    if (head_only || evbuffer_get_length(ex->ureq.resp.body) >
+                         ex->pol->idem.max_stored_body)
+        return COMMIT_COMPLETE_HEAD;
+    return COMMIT_COMPLETE;
+}
+
+/* Runs when the answer is known: at the upstream's end, or at its head
+ * when the body is to stream (stored then without it). The worker sees
+ * the answer only once the store has it. */
+enum ex_verdict stage_commit(struct exchange *ex, uint64_t now)
+{
+    enum ex_verdict v;
+
     if (!ex->leased || ex->settled)
         return EXV_ANSWER;
-    ex->settled = true;
-    if (!head_only && (r == UP_TIMEOUT || r == UP_CONNECTION_LOST))
+    if (ex->woke == WOKE_FIRST)
+        ex->commit = commit_op(ex);
+    if (ex->commit == COMMIT_KEEP) {
         keep(ex);
-    else if (ex_idem_replayable(ex))
-        complete(ex, head_only || evbuffer_get_length(ex->ureq.resp.body) >
-                                      ex->pol->idem.max_stored_body);
+        ex->settled = true;
+        return EXV_ANSWER;
+    }
+    v = store_wait(ex, now, ex->commit == COMMIT_RELEASE ? start_release
+                                                         : start_complete);
+    if (v != EXV_NEXT)
+        return v;
+    ex->settled = true;
+    if (ex->commit == COMMIT_RELEASE)
+        released(ex, ex->scall.rc, &ex->scall.err);
     else
-        release(ex);
+        completed(ex);
     return EXV_ANSWER;
+}
+
+/* Frees the key of a request that leaves unsent, without waiting: its
+ * completion is not awaited (a failure leaves the lease to expire). */
+static void release_unsent(struct exchange *ex)
+{
+    struct store_call c = {0};
+    int rc = store_release_async(ex->loop->store, &c, scope(ex), ex->key,
+                                 ex->attempt, clock_wall_ms(),
+                                 ex->pol->idem.ttl_ms);
+
+    if (rc == -EINPROGRESS)
+        store_call_cancel(&c);
+    else
+        released(ex, rc, &c.err);
 }
 
 void idem_release_lease(struct exchange *ex)
@@ -293,7 +421,7 @@ void idem_release_lease(struct exchange *ex)
          * frees the key; something sent may have had its effect. */
         ex->settled = true;
         if (!ex->sent)
-            release(ex);
+            release_unsent(ex);
     }
     ex->leased = false;
     atomic_fetch_sub(&ex->loop->app->leases_active, 1);

@@ -37,7 +37,8 @@ enum ex_state {
     EX_BODY,        /* collecting the body */
     EX_REFUSED,     /* answer decided, body discarded */
     /* the driver's stages, in order; the connection is suspended */
-    EX_KEY,         /* idempotency on arrival: replay, 422, lease_held, claim */
+    EX_KEY,         /* idempotency on arrival: the key and its fingerprint */
+    EX_LOOKUP,      /* the store read: replay, 422, lease_held; then a claim */
     EX_PERMIT,      /* the bucket's permit */
     EX_SLOT,        /* a concurrency slot */
     EX_SEND_CHECK,  /* the send-side bucket, at the moment of sending */
@@ -100,6 +101,10 @@ struct exchange {
     char key_buf[256];
     uint8_t fp[STORE_FP_LEN];
     struct store_record replay; /* ANSWER_REPLAY */
+    struct store_call scall;    /* the store call a stage waits for */
+    uint64_t store_deadline;    /* monotonic ns: the call counts as failed */
+    enum ex_commit { COMMIT_NONE = 0, COMMIT_KEEP, COMMIT_COMPLETE,
+                     COMMIT_COMPLETE_HEAD, COMMIT_RELEASE } commit;
 
     /* pacing */
     struct policy_state *ps;
@@ -166,12 +171,15 @@ void ex_release_all(struct exchange *ex);
 
 /* exchange_idem.c */
 enum ex_verdict stage_key(struct exchange *ex, uint64_t now);
+enum ex_verdict stage_lookup(struct exchange *ex, uint64_t now);
 enum ex_verdict stage_lease(struct exchange *ex, uint64_t now);
 enum ex_verdict stage_commit(struct exchange *ex, uint64_t now);
 /* True when the upstream's answer is to be stored for replay. */
 bool ex_idem_replayable(const struct exchange *ex);
-/* Releases: the in-memory claim; a lease never written off by the commit
- * (nothing was sent: released; sent: kept until it expires). */
+/* Releases: a store call still in flight (its answer is dropped); the
+ * in-memory claim; a lease never written off by the commit (nothing was
+ * sent: released; sent: kept until it expires). */
+void idem_cancel_call(struct exchange *ex);
 void idem_unclaim(struct exchange *ex);
 void idem_release_lease(struct exchange *ex);
 

@@ -108,18 +108,23 @@ out:
 
 /* A policy's own cooldown is written to the store, so a restart inside it
  * (a crash, a deploy) does not send into a partner that asked for quiet.
- * Partitions' cooldowns live in memory only. */
+ * Partitions' cooldowns live in memory only. Nobody waits for the write: a
+ * failure the store reports at once is logged, a later one is not. */
 static void persist_pause(struct exchange *ex, uint64_t hint_ms)
 {
-    struct sc_error err = {0};
+    struct store_call c = {0};
     uint64_t now = clock_wall_ms();
+    int rc;
 
     if (!ex->ps || ex->bucket != &ex->ps->bucket)
         return;
-    if (store_pause_set(ex->loop->app->store, ex->pol->name, now, now + hint_ms,
-                        &err) != 0)
+    rc = store_pause_set_async(ex->loop->store, &c, ex->pol->name, now,
+                               now + hint_ms);
+    if (rc == -EINPROGRESS)
+        store_call_cancel(&c);
+    else if (rc != 0)
         log_warn("policy %s: cooldown not kept across restarts: %s",
-                 ex->pol->name, err.text);
+                 ex->pol->name, c.err.text);
 }
 
 /* Any 429 empties the bucket; one with a reset hint pauses it until then,

@@ -22,6 +22,7 @@
 #include "policies/problem.h"
 #include "proxy/runtime.h"
 #include "proxy/upstream.h"
+#include "store/store.h"
 
 /* Idle keep-alive connections from workers are closed after this, like
  * nginx's keepalive_timeout default. Suspended requests are not affected. */
@@ -469,6 +470,8 @@ int loop_init(struct loop *w, struct app *app, unsigned idx,
     }
     if (events_init(w, err) != 0)
         return -ENOMEM;
+    if (store_loop_new(app->store, w->base, &w->store, err) != 0)
+        return -ENOMEM;
     /* Every loop accepts from the one shared socket; the kernel wakes one
      * or both, and a loser's accept just finds nothing. */
     w->statsd.fd = -1;
@@ -546,6 +549,9 @@ void loop_stop(struct loop *w)
 {
     loop_join(w);
     loop_stop_daemon(w);
+    /* After the daemon: its exchanges have cancelled their calls. */
+    store_loop_free(w->store);
+    w->store = NULL;
     free_event(&w->quiesce_ev);
     free_event(&w->abort_ev);
     free_event(&w->runtime_ev);

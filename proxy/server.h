@@ -37,6 +37,7 @@ struct loop {
     struct MHD_Daemon *mhd;
     struct evconnlistener *listener; /* on the shared listening socket */
     struct statsd statsd;       /* fd -1 when metrics.statsd is off */
+    struct store_loop *store;   /* the store's calls from this loop */
     struct event *mhd_read_ev;  /* MHD's epoll fd became readable */
     struct event *mhd_timer_ev; /* MHD_get_timeout() expired */
     struct event *quiesce_ev;   /* command: stop accepting */
