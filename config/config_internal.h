@@ -1,11 +1,12 @@
-/* The config schema, shared by the loader (config_load.c), the JSON writer
- * (config_json.c) and config_free (config_model.c). Not for other modules:
- * they see only config.h.
+/* The config schema's types, shared by the loader (load_engine.c, the rows
+ * in schema.c, the checks in checks.c), the JSON writer (config_json.c) and
+ * config_free (config_model.c). Not for other modules: they see only config.h.
  *
  * Every key is one row of a table: name, type, offset of its field, default
  * and bounds written in the config's own syntax, validator. The loader, the
  * defaults, the JSON view and the destructor all walk the same rows, so a key
- * added here is parsed, defaulted, shown and freed without further code. */
+ * added to schema.c is parsed, defaulted, shown and freed without further
+ * code. */
 #ifndef SLUICE_CONFIG_CONFIG_INTERNAL_H
 #define SLUICE_CONFIG_CONFIG_INTERNAL_H
 

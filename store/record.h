@@ -33,7 +33,7 @@
 #include "store/store.h"
 
 #define RECORD_VERSION 2
-#define RECORD_SCOPE_MAX 64  /* policy names (config_load.c valid_name) */
+#define RECORD_SCOPE_MAX 64  /* policy names (load_engine.c valid_name) */
 #define RECORD_KEY_MAX 255   /* docs/contract.md §6, policies/idemkey.h */
 
 /* A database key: scope, '\0', key. '\0' occurs in neither, so no two

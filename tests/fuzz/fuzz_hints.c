@@ -90,7 +90,8 @@ static uint64_t take(const uint8_t **p, size_t *n, int bytes)
     return v;
 }
 
-/* A retry block config_load.c would accept (base, cap >= 1 ms, cap >= base,
+/* A retry block the config loader would accept (its rows in config/schema.c
+ * and check_retry in config/checks.c: base, cap >= 1 ms, cap >= base,
  * multiplier 1..1000, max_attempts >= 1, max_delay 1 s..7 d). */
 static struct sc_retry retry_from(const uint8_t *p, size_t n)
 {

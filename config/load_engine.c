@@ -1,18 +1,21 @@
-/* The sidecar.yaml loader: libyaml's document API -> struct sc_config.
+/* The sidecar.yaml loader's engine: libyaml's document API -> struct
+ * sc_config, driven by the schema tables of schema.c (one row per key, see
+ * config_internal.h). It knows value types, not keys: which keys exist, their
+ * defaults and bounds are rows; the rules between keys are the block checks
+ * of checks.c, which the rows name. load_internal.h is what the three share.
  *
- * Driven by the schema tables at the end of this file (one row per key, see
- * config_internal.h). Each mapping is read in two passes: the first matches
- * the document's keys to rows (unknown and duplicate keys are reported
- * there), the second walks the rows in table order, parsing the given value
- * or applying the default. Table order therefore decides dependencies: store
- * before policies (shared: redis), upstreams and policies before routes
- * (name references), whatever order the file uses.
+ * Each mapping is read in two passes: the first matches the document's keys
+ * to rows (unknown and duplicate keys are reported there), the second walks
+ * the rows in table order, parsing the given value or applying the default.
+ * Table order therefore decides dependencies (schema.c says which), whatever
+ * order the file uses.
  *
  * Every problem is collected, with file:line:col, rather than stopping at
  * the first; errors are sorted by position at the end. */
 #define _GNU_SOURCE
 #include "config/config.h"
 #include "config/config_internal.h"
+#include "config/load_internal.h"
 #include "config/units.h"
 
 #include <ctype.h>
@@ -22,33 +25,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/stat.h>
 
-#define CFG_MAX_KEYS 16
 #define CFG_MAX_FILE (16u << 20)   /* a config larger than this is a mistake */
-
-_Static_assert(sizeof(enum sc_jitter) == sizeof(int), "enums stored as int");
-_Static_assert(sizeof(enum sc_mode) == sizeof(int), "enums stored as int");
-_Static_assert(sizeof(enum sc_shared) == sizeof(int), "enums stored as int");
-_Static_assert(sizeof(enum sc_backend) == sizeof(int), "enums stored as int");
-_Static_assert(sizeof(enum sc_log_level) == sizeof(int), "enums stored as int");
-
-struct cfg_loader {
-    const char *file;
-    yaml_document_t doc;
-    bool have_doc;
-    struct sc_config *cfg;
-    struct sc_errors *errs;
-    size_t first_err;      /* errors before this index are the caller's */
-    bool oom;
-    char path[512];        /* dotted path of the key being parsed */
-    char **scratch;        /* expanded scalars, freed with the loader */
-    size_t n_scratch, cap_scratch;
-};
 
 /* ---- errors and positions -------------------------------------------- */
 
-static struct sc_pos pos_of(const yaml_node_t *n)
+struct sc_pos pos_of(const yaml_node_t *n)
 {
     struct sc_pos p = {0, 0};
 
@@ -82,8 +64,7 @@ static void one_line(const char *s, char *out, size_t len)
     out[used] = '\0';
 }
 
-__attribute__((format(printf, 3, 4)))
-static void err_at(struct cfg_loader *lc, struct sc_pos p, const char *fmt, ...)
+void err_at(struct cfg_loader *lc, struct sc_pos p, const char *fmt, ...)
 {
     char text[SC_ERROR_TEXT_MAX], line[SC_ERROR_TEXT_MAX];
     va_list ap;
@@ -97,9 +78,7 @@ static void err_at(struct cfg_loader *lc, struct sc_pos p, const char *fmt, ...)
 }
 
 /* "PATH: text" at node n: a problem with the value being parsed. */
-__attribute__((format(printf, 3, 4)))
-static void err_val(struct cfg_loader *lc, const yaml_node_t *n,
-                    const char *fmt, ...)
+void err_val(struct cfg_loader *lc, const yaml_node_t *n, const char *fmt, ...)
 {
     char text[SC_ERROR_TEXT_MAX];
     va_list ap;
@@ -111,9 +90,8 @@ static void err_val(struct cfg_loader *lc, const yaml_node_t *n,
 }
 
 /* "PATH.key: text" at p: a block check about one of the block's keys. */
-__attribute__((format(printf, 4, 5)))
-static void err_sub(struct cfg_loader *lc, struct sc_pos p, const char *key,
-                    const char *fmt, ...)
+void err_sub(struct cfg_loader *lc, struct sc_pos p, const char *key,
+             const char *fmt, ...)
 {
     char text[SC_ERROR_TEXT_MAX];
     va_list ap;
@@ -230,7 +208,7 @@ static const char *raw(const yaml_node_t *n)
 }
 
 /* A plain empty, "~" or "null" scalar: YAML's way of writing nothing. */
-static bool is_null(const yaml_node_t *n)
+bool is_null(const yaml_node_t *n)
 {
     const char *v;
 
@@ -396,7 +374,7 @@ static const char *key_name(struct cfg_loader *lc, const yaml_node_t *key)
     return NULL;
 }
 
-static void set_string(struct cfg_loader *lc, char **field, const char *s)
+void set_string(struct cfg_loader *lc, char **field, const char *s)
 {
     char *copy = strdup(s);
 
@@ -1338,538 +1316,6 @@ static void parse_headers(struct cfg_loader *lc, const struct cfg_key *k,
     for (p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++)
         header_entry(lc, *hs, count, node_at(lc, p->key), node_at(lc, p->value));
 }
-
-/* ---- string validators ----------------------------------------------- */
-
-static bool valid_nonempty(const char *s, char *why, size_t wlen)
-{
-    if (*s)
-        return true;
-    snprintf(why, wlen, "must not be empty");
-    return false;
-}
-
-static bool valid_token(const char *s, char *why, size_t wlen)
-{
-    if (units_is_token(s))
-        return true;
-    snprintf(why, wlen, "expected a header name such as Idempotency-Key");
-    return false;
-}
-
-static bool valid_prefix(const char *s, char *why, size_t wlen)
-{
-    const char *p;
-
-    if (s[0] != '/') {
-        snprintf(why, wlen, "a prefix must start with \"/\"");
-        return false;
-    }
-    for (p = s; *p; p++) {
-        if (*p == '?' || *p == '#' || (unsigned char)*p <= 0x20 ||
-            (unsigned char)*p >= 0x7f) {
-            snprintf(why, wlen, "a prefix is a path: no query, fragment, "
-                     "spaces or control characters");
-            return false;
-        }
-    }
-    return true;
-}
-
-static bool valid_statsd(const char *s, char *why, size_t wlen)
-{
-    char *host = NULL;
-    uint16_t port = 0;
-    int rc;
-
-    if (!*s)
-        return true;
-    rc = units_parse_hostport(s, &host, &port, NULL, 0);
-    free(host);
-    if (rc == 0 && port != 0)
-        return true;
-    snprintf(why, wlen, "expected host:port with a port from 1 to 65535, or "
-             "\"\" for off");
-    return false;
-}
-
-/* The token travels in an Authorization header after "Bearer ": a space or
- * a control character could never be sent back intact. */
-static bool valid_admin_token(const char *s, char *why, size_t wlen)
-{
-    for (; *s; s++)
-        if ((unsigned char)*s <= ' ' || *s == 0x7f) {
-            snprintf(why, wlen, "a bearer token has no spaces or control "
-                     "characters");
-            return false;
-        }
-    return true;
-}
-
-static bool valid_redis_url(const char *s, char *why, size_t wlen)
-{
-    if (!*s || !strncmp(s, "redis://", 8) || !strncmp(s, "rediss://", 9))
-        return true;
-    snprintf(why, wlen, "expected redis://host:port/db or rediss://...");
-    return false;
-}
-
-/* ---- block checks ---------------------------------------------------- */
-
-static bool given(const yaml_node_t *n)
-{
-    return n && !is_null(n);
-}
-
-enum { SK_BACKEND, SK_PATH, SK_SYNC, SK_URL, SK_KEY_PREFIX, SK_FLEET_SIZE };
-
-static void check_store(struct cfg_loader *lc, void *obj,
-                        yaml_node_t *const *vals, struct sc_pos where)
-{
-    const struct sc_config *cfg = obj;
-
-    /* Refused here rather than at start, so that --check-config and a reload
-     * say it before a deploy does. The keys of the Redis store stay in the
-     * schema (parsed, bounded) for the day fleet mode lands. */
-    if (cfg->store.backend == SC_BACKEND_REDIS)
-        err_sub(lc, pos_of(vals[SK_BACKEND]), "backend", "\"redis\" is not "
-                "available yet (fleet mode is not built in this version); use "
-                "rocksdb, the default");
-}
-
-enum { TK_VERIFY, TK_CA_FILE };
-
-static void check_tls(struct cfg_loader *lc, void *obj,
-                      yaml_node_t *const *vals, struct sc_pos where)
-{
-    const struct sc_tls *tls = obj;
-    struct stat st;
-    FILE *f;
-
-    if (!tls->ca_file || !*tls->ca_file)
-        return;
-    f = fopen(tls->ca_file, "r");
-    if (!f)
-        err_sub(lc, tls->ca_pos, "ca_file", "cannot read \"%s\": %s",
-                tls->ca_file, strerror(errno));
-    else if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode))
-        err_sub(lc, tls->ca_pos, "ca_file", "\"%s\" is not a regular file",
-                tls->ca_file);
-    if (f)
-        fclose(f);
-}
-
-enum { PK_RATE, PK_BURST, PK_MAX_WAIT, PK_CONCURRENCY, PK_MODE, PK_PARTITION,
-       PK_SHARED, PK_RETRY, PK_BREAKER, PK_IDEMPOTENCY };
-
-static void check_policy(struct cfg_loader *lc, void *obj,
-                         yaml_node_t *const *vals, struct sc_pos where)
-{
-    const struct sc_policy *p = obj;
-
-    if (p->name && !strcmp(p->name, "default"))
-        err_at(lc, where, "%s: the name \"default\" is reserved for routes "
-               "without a policy", lc->path);
-    if (p->shared == SC_SHARED_REDIS &&
-        lc->cfg->store.backend != SC_BACKEND_REDIS)
-        err_sub(lc, pos_of(vals[PK_SHARED]), "shared", "\"redis\" needs "
-                "store.backend: redis (there is no Redis to share through)");
-    if (p->breaker.enabled && !p->has_rate)
-        err_at(lc, p->breaker.pos, "%s.breaker: needs a rate: the breaker pauses "
-               "the policy's bucket", lc->path);
-}
-
-enum { BK_FAILURES, BK_PAUSE, BK_MAX_PAUSE };
-
-static void check_breaker(struct cfg_loader *lc, void *obj,
-                          yaml_node_t *const *vals, struct sc_pos where)
-{
-    const struct sc_breaker *b = obj;
-    char pause[32], max[32];
-
-    if (b->max_pause_ms >= b->pause_ms)
-        return;
-    units_format_duration(b->pause_ms, pause, sizeof pause);
-    units_format_duration(b->max_pause_ms, max, sizeof max);
-    if (given(vals[BK_MAX_PAUSE]))
-        err_sub(lc, pos_of(vals[BK_MAX_PAUSE]), "max_pause", "%s is less than "
-                "pause (%s)", max, pause);
-    else
-        err_sub(lc, pos_of(vals[BK_PAUSE]), "pause", "%s is more than max_pause "
-                "(%s, the default)", pause, max);
-}
-
-enum { RK_ON, RK_BASE, RK_MULTIPLIER, RK_CAP, RK_MAX_ATTEMPTS, RK_MAX_DELAY,
-       RK_JITTER };
-
-static void check_retry(struct cfg_loader *lc, void *obj,
-                        yaml_node_t *const *vals, struct sc_pos where)
-{
-    const struct sc_retry *r = obj;
-    char base[32], cap[32];
-
-    if (r->cap_ms >= r->base_ms)
-        return;
-    units_format_duration(r->base_ms, base, sizeof base);
-    units_format_duration(r->cap_ms, cap, sizeof cap);
-    if (given(vals[RK_CAP]))
-        err_sub(lc, pos_of(vals[RK_CAP]), "cap", "%s is less than base (%s)",
-                cap, base);
-    else
-        err_sub(lc, pos_of(vals[RK_BASE]), "base", "%s is more than cap "
-                "(%s, the default)", base, cap);
-}
-
-enum { RT_NAME, RT_PREFIX, RT_METHODS, RT_UPSTREAM, RT_POLICY, RT_STRIP };
-
-static void check_route(struct cfg_loader *lc, void *obj,
-                        yaml_node_t *const *vals, struct sc_pos where)
-{
-    struct sc_route *r = obj;
-    const char *strip = r->strip_prefix;
-
-    /* No filter means every method, including extension ones. */
-    if (!given(vals[RT_METHODS]))
-        r->methods = SC_M_ALL;
-    if (!given(vals[RT_UPSTREAM]))
-        r->upstream = SIZE_MAX;
-    if (r->name && !strcmp(r->name, "none"))
-        err_sub(lc, pos_of(vals[RT_NAME]), "name", "\"none\" is reserved for "
-                "requests that match no route");
-    if ((!r->name || !*r->name) && r->prefix)
-        set_string(lc, &r->name, r->prefix);
-    if (strip && *strip && r->prefix &&
-        strncmp(r->prefix, strip, strlen(strip)) != 0)
-        err_sub(lc, pos_of(vals[RT_STRIP]), "strip_prefix", "\"%s\" is not a "
-                "prefix of the route's prefix \"%s\"", strip, r->prefix);
-}
-
-static bool is_wildcard(const char *host)
-{
-    return !strcmp(host, "0.0.0.0") || !strcmp(host, "::");
-}
-
-/* Port 0 asks the kernel for a free port, which never collides. */
-static bool addrs_overlap(const struct sc_addr *a, const struct sc_addr *b)
-{
-    if (!a->host || !b->host || a->port != b->port || a->port == 0)
-        return false;
-    return !strcasecmp(a->host, b->host) || is_wildcard(a->host) ||
-           is_wildcard(b->host);
-}
-
-static void check_listeners(struct cfg_loader *lc)
-{
-    const struct sc_addr *l = &lc->cfg->listen, *a = &lc->cfg->admin;
-    bool v6l = strchr(l->host ? l->host : "", ':') != NULL;
-    bool v6a = strchr(a->host ? a->host : "", ':') != NULL;
-
-    if (!addrs_overlap(l, a))
-        return;
-    /* Report where the operator wrote something: admin, unless defaulted. */
-    err_at(lc, a->pos.line ? a->pos : l->pos,
-           "%s: %s%s%s:%u overlaps %s %s%s%s:%u (the admin listener must not "
-           "share the worker port)", a->pos.line ? "admin" : "listen",
-           v6a ? "[" : "", a->host, v6a ? "]" : "", a->port,
-           a->pos.line ? "listen" : "admin", v6l ? "[" : "", l->host,
-           v6l ? "]" : "", l->port);
-}
-
-/* A policy's lease must outlast the timeout of every upstream a route pairs
- * it with: otherwise a slow but successful attempt loses its lease and a
- * redelivery runs the side effect twice. */
-static bool lease_too_short(const struct sc_config *cfg,
-                            const struct sc_route *r)
-{
-    const struct sc_policy *p;
-
-    /* A route that did not parse (no name yet) pairs nothing. */
-    if (!r->name || r->policy < 0 || (size_t)r->policy >= cfg->n_policies ||
-        r->upstream >= cfg->n_upstreams)
-        return false;
-    p = &cfg->policies[r->policy];
-    return p->idem.enabled &&
-           p->idem.lease_ms <= cfg->upstreams[r->upstream].timeout_ms;
-}
-
-static void report_lease(struct cfg_loader *lc, const struct sc_route *r)
-{
-    const struct sc_policy *p = &lc->cfg->policies[r->policy];
-    const struct sc_upstream *u = &lc->cfg->upstreams[r->upstream];
-    char lease[32], timeout[32];
-
-    units_format_duration(p->idem.lease_ms, lease, sizeof lease);
-    units_format_duration(u->timeout_ms, timeout, sizeof timeout);
-    if (p->idem.lease_pos.line)
-        err_at(lc, p->idem.lease_pos, "policies.%s.idempotency.lease: %s "
-               "must be longer than the timeout of upstream \"%s\" (%s), "
-               "which route \"%s\" pairs it with", p->name, lease, u->name,
-               timeout, r->name);
-    else
-        err_at(lc, p->idem.pos, "policies.%s.idempotency: the default lease "
-               "(%s) must be longer than the timeout of upstream \"%s\" (%s), "
-               "which route \"%s\" pairs it with; set lease", p->name, lease,
-               u->name, timeout, r->name);
-}
-
-static void check_leases(struct cfg_loader *lc)
-{
-    const struct sc_config *cfg = lc->cfg;
-    size_t i, j;
-
-    for (i = 0; i < cfg->n_routes; i++) {
-        const struct sc_route *r = &cfg->routes[i];
-        if (!lease_too_short(cfg, r))
-            continue;
-        for (j = 0; j < i; j++)   /* once per (policy, upstream) pair */
-            if (cfg->routes[j].policy == r->policy &&
-                cfg->routes[j].upstream == r->upstream)
-                break;
-        if (j == i)
-            report_lease(lc, r);
-    }
-}
-
-static void check_root(struct cfg_loader *lc, void *obj,
-                       yaml_node_t *const *vals, struct sc_pos where)
-{
-    check_listeners(lc);
-    check_leases(lc);
-}
-
-/* ---- the schema ------------------------------------------------------ */
-
-#define KEYS(a) .keys = (a), .n_keys = sizeof(a) / sizeof((a)[0])
-#define FITS(a) _Static_assert(sizeof(a) / sizeof((a)[0]) <= CFG_MAX_KEYS, \
-                               #a " has too many keys")
-
-static const struct cfg_name backend_names[] = {
-    {"rocksdb", SC_BACKEND_ROCKSDB}, {"redis", SC_BACKEND_REDIS}, {NULL, 0}};
-static const struct cfg_name level_names[] = {
-    {"error", SC_LOG_ERROR}, {"warn", SC_LOG_WARN}, {"info", SC_LOG_INFO},
-    {"debug", SC_LOG_DEBUG}, {NULL, 0}};
-static const struct cfg_name jitter_names[] = {
-    {"full", SC_JITTER_FULL}, {"equal", SC_JITTER_EQUAL},
-    {"none", SC_JITTER_NONE}, {NULL, 0}};
-static const struct cfg_name mode_names[] = {
-    {"enforce", SC_MODE_ENFORCE}, {"shadow", SC_MODE_SHADOW}, {NULL, 0}};
-static const struct cfg_name shared_names[] = {
-    {"local", SC_SHARED_LOCAL}, {"redis", SC_SHARED_REDIS}, {NULL, 0}};
-static const struct cfg_name fp_names[] = {
-    {"method", SC_FP_METHOD}, {"path", SC_FP_PATH}, {"body", SC_FP_BODY},
-    {NULL, 0}};
-
-#define CF(field) offsetof(struct sc_config, field)
-
-static const struct cfg_key store_keys[] = {
-    [SK_BACKEND] = {"backend", CT_ENUM, CF(store.backend), .def = "rocksdb",
-                    .names = backend_names},
-    [SK_PATH] = {"path", CT_STRING, CF(store.path), .def = "./data",
-                 .valid = valid_nonempty},
-    [SK_SYNC] = {"sync", CT_BOOL, CF(store.sync), .def = "false"},
-    [SK_URL] = {"url", CT_STRING, CF(store.url), .def = "",
-                .valid = valid_redis_url, .secret = CFG_SECRET_URL},
-    [SK_KEY_PREFIX] = {"key_prefix", CT_STRING, CF(store.key_prefix),
-                       .def = "sluice:"},
-    [SK_FLEET_SIZE] = {"fleet_size", CT_U32, CF(store.fleet_size), .def = "1",
-                       .min = "1"},
-};
-FITS(store_keys);
-static const struct cfg_block store_block = {"store", KEYS(store_keys),
-                                             .check = check_store};
-
-static const struct cfg_key limits_keys[] = {
-    {"max_body", CT_SIZE, CF(limits.max_body), .def = "8MiB"},
-    {"max_header", CT_SIZE, CF(limits.max_header), .def = "16KiB",
-     .min = "1KiB", .max = "1MiB"},
-    {"max_connections", CT_U32, CF(limits.max_connections), .def = "4096",
-     .min = "1"},
-    /* A head that trickles in (slowloris) holds a connection and its pool;
-     * 0 would turn the defence off, so it is refused. */
-    {"header_timeout", CT_DURATION, CF(limits.header_timeout_ms), .def = "10s",
-     .min = "1ms"},
-    {"drain_timeout", CT_DURATION, CF(limits.drain_timeout_ms), .def = "10s"},
-};
-FITS(limits_keys);
-static const struct cfg_block limits_block = {"limits", KEYS(limits_keys)};
-
-static const struct cfg_key log_keys[] = {
-    {"level", CT_ENUM, CF(log.level), .def = "info", .names = level_names},
-    {"access", CT_BOOL, CF(log.access), .def = "true"},
-};
-static const struct cfg_block log_block = {"log", KEYS(log_keys)};
-
-static const struct cfg_key metrics_keys[] = {
-    {"statsd", CT_STRING, CF(metrics.statsd), .def = "",
-     .valid = valid_statsd},
-};
-static const struct cfg_block metrics_block = {"metrics", KEYS(metrics_keys)};
-
-#define CU(field) offsetof(struct sc_upstream, field)
-
-static const struct cfg_key tls_keys[] = {
-    [TK_VERIFY] = {"verify", CT_BOOL, offsetof(struct sc_tls, verify),
-                   .def = "true"},
-    [TK_CA_FILE] = {"ca_file", CT_STRING, offsetof(struct sc_tls, ca_file),
-                    .def = "",
-                    .pos_off = CFG_OPT(offsetof(struct sc_tls, ca_pos))},
-};
-static const struct cfg_block tls_block = {"tls", KEYS(tls_keys),
-                                           .check = check_tls};
-
-static const struct cfg_key upstream_keys[] = {
-    {"url", CT_URL, 0, .required = true},
-    {"connect_timeout", CT_DURATION, CU(connect_timeout_ms), .def = "2s",
-     .min = "1ms"},
-    {"timeout", CT_DURATION, CU(timeout_ms), .def = "30s", .min = "1ms",
-     .pos_off = CFG_OPT(CU(timeout_pos))},
-    {"max_connections", CT_U32, CU(max_connections), .def = "64", .min = "1"},
-    {"tls", CT_BLOCK, CU(tls), .block = &tls_block},
-    {"headers", CT_HEADERS, CU(headers), .n_off = CU(n_headers)},
-};
-FITS(upstream_keys);
-static const struct cfg_block upstream_block = {
-    "upstream", KEYS(upstream_keys), .size = sizeof(struct sc_upstream),
-    .name_off = CFG_OPT(CU(name)), .pos_off = CFG_OPT(CU(pos))};
-
-#define CP(field) offsetof(struct sc_policy, field)
-#define CR(field) offsetof(struct sc_retry, field)
-#define CI(field) offsetof(struct sc_idempotency, field)
-#define CB(field) offsetof(struct sc_breaker, field)
-
-static bool partition_present(const void *obj)
-{
-    return ((const struct sc_policy *)obj)->partition_header != NULL;
-}
-
-static bool idem_present(const void *obj)
-{
-    return ((const struct sc_idempotency *)obj)->enabled;
-}
-
-static const struct cfg_key partition_keys[] = {
-    {"header", CT_STRING, CP(partition_header), .required = true,
-     .valid = valid_token},
-    {"max", CT_U32, CP(partition_max), .def = "10000", .min = "1"},
-};
-/* partition's keys live flat in struct sc_policy. */
-static const struct cfg_block partition_block = {
-    "partition", KEYS(partition_keys), .present = partition_present};
-
-static const struct cfg_key retry_keys[] = {
-    [RK_ON] = {"on", CT_RETRY_ON, 0,
-               .def = "429,502,503,504,connect_error,connection_lost,timeout"},
-    [RK_BASE] = {"base", CT_DURATION, CR(base_ms), .def = "1s", .min = "1ms"},
-    [RK_MULTIPLIER] = {"multiplier", CT_DOUBLE, CR(multiplier), .def = "2",
-                       .min = "1", .max = "1000"},
-    [RK_CAP] = {"cap", CT_DURATION, CR(cap_ms), .def = "6h", .min = "1ms"},
-    [RK_MAX_ATTEMPTS] = {"max_attempts", CT_U32, CR(max_attempts), .def = "8",
-                         .min = "1"},
-    [RK_MAX_DELAY] = {"max_delay", CT_DURATION, CR(max_delay_ms), .def = "7d",
-                      .min = "1s", .max = "7d"},
-    [RK_JITTER] = {"jitter", CT_ENUM, CR(jitter), .def = "full",
-                   .names = jitter_names},
-};
-FITS(retry_keys);
-static const struct cfg_block retry_block = {"retry", KEYS(retry_keys),
-                                             .check = check_retry};
-
-static bool breaker_present(const void *obj)
-{
-    return ((const struct sc_breaker *)obj)->enabled;
-}
-
-static const struct cfg_key breaker_keys[] = {
-    [BK_FAILURES] = {"failures", CT_U32, CB(failures), .def = "5", .min = "1"},
-    [BK_PAUSE] = {"pause", CT_DURATION, CB(pause_ms), .def = "1s", .min = "1ms",
-                  .max = "1h"},
-    [BK_MAX_PAUSE] = {"max_pause", CT_DURATION, CB(max_pause_ms), .def = "1m",
-                      .min = "1ms", .max = "1h"},
-};
-FITS(breaker_keys);
-static const struct cfg_block breaker_block = {
-    "breaker", KEYS(breaker_keys), .pos_off = CFG_OPT(CB(pos)),
-    .present = breaker_present, .check = check_breaker};
-
-static const struct cfg_key idem_keys[] = {
-    {"header", CT_STRING, CI(header), .def = "Idempotency-Key",
-     .valid = valid_token},
-    {"methods", CT_METHODS, CI(methods), .def = "POST,PUT,PATCH,DELETE",
-     .nonempty = true},
-    {"required", CT_BOOL, CI(required), .def = "true"},
-    {"ttl", CT_DURATION, CI(ttl_ms), .def = "24h", .min = "1ms"},
-    {"lease", CT_DURATION, CI(lease_ms), .def = "60s", .min = "1ms",
-     .pos_off = CFG_OPT(CI(lease_pos))},
-    {"fingerprint", CT_FLAGS, CI(fingerprint), .def = "method,path,body",
-     .names = fp_names, .nonempty = true},
-    {"replay_statuses", CT_STATUSES, CI(replay_status), .def = "2xx,4xx"},
-    {"max_stored_body", CT_SIZE, CI(max_stored_body), .def = "1MiB"},
-};
-FITS(idem_keys);
-static const struct cfg_block idem_block = {
-    "idempotency", KEYS(idem_keys), .pos_off = CFG_OPT(CI(pos)),
-    .present = idem_present};
-
-static const struct cfg_key policy_keys[] = {
-    [PK_RATE] = {"rate", CT_RATE, CP(rate), .flag_off = CFG_OPT(CP(has_rate))},
-    [PK_BURST] = {"burst", CT_U32, CP(burst), .def = "1", .min = "1"},
-    [PK_MAX_WAIT] = {"max_wait", CT_DURATION, CP(max_wait_ms), .def = "2s"},
-    [PK_CONCURRENCY] = {"concurrency", CT_U32, CP(concurrency), .def = "0"},
-    [PK_MODE] = {"mode", CT_ENUM, CP(mode), .def = "enforce",
-                 .names = mode_names},
-    [PK_PARTITION] = {"partition", CT_BLOCK, 0, .block = &partition_block},
-    [PK_SHARED] = {"shared", CT_ENUM, CP(shared), .def = "local",
-                   .names = shared_names},
-    [PK_RETRY] = {"retry", CT_BLOCK, CP(retry), .block = &retry_block},
-    [PK_BREAKER] = {"breaker", CT_BLOCK, CP(breaker), .block = &breaker_block,
-                    .flag_off = CFG_OPT(CP(breaker.enabled))},
-    [PK_IDEMPOTENCY] = {"idempotency", CT_BLOCK, CP(idem), .block = &idem_block,
-                        .flag_off = CFG_OPT(CP(idem.enabled))},
-};
-FITS(policy_keys);
-const struct cfg_block cfg_policy_block = {
-    "policy", KEYS(policy_keys), .size = sizeof(struct sc_policy),
-    .name_off = CFG_OPT(CP(name)), .pos_off = CFG_OPT(CP(pos)),
-    .check = check_policy};
-
-#define CT(field) offsetof(struct sc_route, field)
-
-static const struct cfg_key route_keys[] = {
-    [RT_NAME] = {"name", CT_STRING, CT(name)},
-    [RT_PREFIX] = {"prefix", CT_STRING, CT(prefix), .required = true,
-                   .valid = valid_prefix},
-    [RT_METHODS] = {"methods", CT_METHODS, CT(methods), .nonempty = true},
-    [RT_UPSTREAM] = {"upstream", CT_UPSTREAM_REF, CT(upstream),
-                     .required = true},
-    [RT_POLICY] = {"policy", CT_POLICY_REF, CT(policy), .def = ""},
-    [RT_STRIP] = {"strip_prefix", CT_STRING, CT(strip_prefix), .def = ""},
-};
-FITS(route_keys);
-static const struct cfg_block route_block = {
-    "route", KEYS(route_keys), .size = sizeof(struct sc_route),
-    .pos_off = CFG_OPT(CT(pos)), .check = check_route};
-
-/* Order matters: see the comment at the top of the file. */
-static const struct cfg_key root_keys[] = {
-    {"listen", CT_ADDR, CF(listen), .def = "127.0.0.1:8080"},
-    {"admin", CT_ADDR, CF(admin), .def = "127.0.0.1:9901"},
-    {"admin_token", CT_STRING, CF(admin_token), .def = "",
-     .valid = valid_admin_token, .secret = CFG_SECRET_WHOLE},
-    {"threads", CT_U32, CF(threads), .def = "0", .max = "256"},
-    {"store", CT_BLOCK, 0, .block = &store_block},
-    {"limits", CT_BLOCK, 0, .block = &limits_block},
-    {"log", CT_BLOCK, 0, .block = &log_block},
-    {"metrics", CT_BLOCK, 0, .block = &metrics_block},
-    {"upstreams", CT_NAMED, CF(upstreams), .n_off = CF(n_upstreams),
-     .block = &upstream_block, .required = true, .nonempty = true},
-    {"policies", CT_NAMED, CF(policies), .n_off = CF(n_policies),
-     .block = &cfg_policy_block},
-    {"routes", CT_LIST, CF(routes), .n_off = CF(n_routes),
-     .block = &route_block, .required = true, .nonempty = true},
-};
-FITS(root_keys);
-const struct cfg_block cfg_root_block = {"config", KEYS(root_keys),
-                                         .check = check_root};
 
 /* ---- loading --------------------------------------------------------- */
 

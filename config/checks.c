@@ -1,0 +1,229 @@
+/* The block checks and cross-checks of the config: rules between keys that
+ * one row cannot state (cap >= base, a readable CA file, a lease longer than
+ * the timeout of every upstream a route pairs it with). The rows of schema.c
+ * name them in cfg_block.check; the engine calls one when the file writes
+ * its block, after all the block's keys are parsed, so it sees final values,
+ * defaults included.
+ *
+ * A check reports through err_at/err_sub at the position of the key the
+ * operator should change, and never stops the load: every problem is listed.
+ * Kept apart from the schema because these are the rules sluice enforces, and
+ * from the engine because the engine knows no key by name. */
+#define _GNU_SOURCE
+#include "config/config.h"
+#include "config/config_internal.h"
+#include "config/load_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+/* A key written with a value: a null one counts as not written. */
+static bool given(const yaml_node_t *n)
+{
+    return n && !is_null(n);
+}
+
+void check_store(struct cfg_loader *lc, void *obj,
+                 yaml_node_t *const *vals, struct sc_pos where)
+{
+    const struct sc_config *cfg = obj;
+
+    /* Refused here rather than at start, so that --check-config and a reload
+     * say it before a deploy does. The keys of the Redis store stay in the
+     * schema (parsed, bounded) for the day fleet mode lands. */
+    if (cfg->store.backend == SC_BACKEND_REDIS)
+        err_sub(lc, pos_of(vals[SK_BACKEND]), "backend", "\"redis\" is not "
+                "available yet (fleet mode is not built in this version); use "
+                "rocksdb, the default");
+}
+
+void check_tls(struct cfg_loader *lc, void *obj,
+               yaml_node_t *const *vals, struct sc_pos where)
+{
+    const struct sc_tls *tls = obj;
+    struct stat st;
+    FILE *f;
+
+    if (!tls->ca_file || !*tls->ca_file)
+        return;
+    f = fopen(tls->ca_file, "r");
+    if (!f)
+        err_sub(lc, tls->ca_pos, "ca_file", "cannot read \"%s\": %s",
+                tls->ca_file, strerror(errno));
+    else if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode))
+        err_sub(lc, tls->ca_pos, "ca_file", "\"%s\" is not a regular file",
+                tls->ca_file);
+    if (f)
+        fclose(f);
+}
+
+void check_policy(struct cfg_loader *lc, void *obj,
+                  yaml_node_t *const *vals, struct sc_pos where)
+{
+    const struct sc_policy *p = obj;
+
+    if (p->name && !strcmp(p->name, "default"))
+        err_at(lc, where, "%s: the name \"default\" is reserved for routes "
+               "without a policy", lc->path);
+    if (p->shared == SC_SHARED_REDIS &&
+        lc->cfg->store.backend != SC_BACKEND_REDIS)
+        err_sub(lc, pos_of(vals[PK_SHARED]), "shared", "\"redis\" needs "
+                "store.backend: redis (there is no Redis to share through)");
+    if (p->breaker.enabled && !p->has_rate)
+        err_at(lc, p->breaker.pos, "%s.breaker: needs a rate: the breaker pauses "
+               "the policy's bucket", lc->path);
+}
+
+void check_breaker(struct cfg_loader *lc, void *obj,
+                   yaml_node_t *const *vals, struct sc_pos where)
+{
+    const struct sc_breaker *b = obj;
+    char pause[32], max[32];
+
+    if (b->max_pause_ms >= b->pause_ms)
+        return;
+    units_format_duration(b->pause_ms, pause, sizeof pause);
+    units_format_duration(b->max_pause_ms, max, sizeof max);
+    if (given(vals[BK_MAX_PAUSE]))
+        err_sub(lc, pos_of(vals[BK_MAX_PAUSE]), "max_pause", "%s is less than "
+                "pause (%s)", max, pause);
+    else
+        err_sub(lc, pos_of(vals[BK_PAUSE]), "pause", "%s is more than max_pause "
+                "(%s, the default)", pause, max);
+}
+
+void check_retry(struct cfg_loader *lc, void *obj,
+                 yaml_node_t *const *vals, struct sc_pos where)
+{
+    const struct sc_retry *r = obj;
+    char base[32], cap[32];
+
+    if (r->cap_ms >= r->base_ms)
+        return;
+    units_format_duration(r->base_ms, base, sizeof base);
+    units_format_duration(r->cap_ms, cap, sizeof cap);
+    if (given(vals[RK_CAP]))
+        err_sub(lc, pos_of(vals[RK_CAP]), "cap", "%s is less than base (%s)",
+                cap, base);
+    else
+        err_sub(lc, pos_of(vals[RK_BASE]), "base", "%s is more than cap "
+                "(%s, the default)", base, cap);
+}
+
+void check_route(struct cfg_loader *lc, void *obj,
+                 yaml_node_t *const *vals, struct sc_pos where)
+{
+    struct sc_route *r = obj;
+    const char *strip = r->strip_prefix;
+
+    /* No filter means every method, including extension ones. */
+    if (!given(vals[RT_METHODS]))
+        r->methods = SC_M_ALL;
+    if (!given(vals[RT_UPSTREAM]))
+        r->upstream = SIZE_MAX;
+    if (r->name && !strcmp(r->name, "none"))
+        err_sub(lc, pos_of(vals[RT_NAME]), "name", "\"none\" is reserved for "
+                "requests that match no route");
+    if ((!r->name || !*r->name) && r->prefix)
+        set_string(lc, &r->name, r->prefix);
+    if (strip && *strip && r->prefix &&
+        strncmp(r->prefix, strip, strlen(strip)) != 0)
+        err_sub(lc, pos_of(vals[RT_STRIP]), "strip_prefix", "\"%s\" is not a "
+                "prefix of the route's prefix \"%s\"", strip, r->prefix);
+}
+
+static bool is_wildcard(const char *host)
+{
+    return !strcmp(host, "0.0.0.0") || !strcmp(host, "::");
+}
+
+/* Port 0 asks the kernel for a free port, which never collides. */
+static bool addrs_overlap(const struct sc_addr *a, const struct sc_addr *b)
+{
+    if (!a->host || !b->host || a->port != b->port || a->port == 0)
+        return false;
+    return !strcasecmp(a->host, b->host) || is_wildcard(a->host) ||
+           is_wildcard(b->host);
+}
+
+static void check_listeners(struct cfg_loader *lc)
+{
+    const struct sc_addr *l = &lc->cfg->listen, *a = &lc->cfg->admin;
+    bool v6l = strchr(l->host ? l->host : "", ':') != NULL;
+    bool v6a = strchr(a->host ? a->host : "", ':') != NULL;
+
+    if (!addrs_overlap(l, a))
+        return;
+    /* Report where the operator wrote something: admin, unless defaulted. */
+    err_at(lc, a->pos.line ? a->pos : l->pos,
+           "%s: %s%s%s:%u overlaps %s %s%s%s:%u (the admin listener must not "
+           "share the worker port)", a->pos.line ? "admin" : "listen",
+           v6a ? "[" : "", a->host, v6a ? "]" : "", a->port,
+           a->pos.line ? "listen" : "admin", v6l ? "[" : "", l->host,
+           v6l ? "]" : "", l->port);
+}
+
+/* A policy's lease must outlast the timeout of every upstream a route pairs
+ * it with: otherwise a slow but successful attempt loses its lease and a
+ * redelivery runs the side effect twice. */
+static bool lease_too_short(const struct sc_config *cfg,
+                            const struct sc_route *r)
+{
+    const struct sc_policy *p;
+
+    /* A route that did not parse (no name yet) pairs nothing. */
+    if (!r->name || r->policy < 0 || (size_t)r->policy >= cfg->n_policies ||
+        r->upstream >= cfg->n_upstreams)
+        return false;
+    p = &cfg->policies[r->policy];
+    return p->idem.enabled &&
+           p->idem.lease_ms <= cfg->upstreams[r->upstream].timeout_ms;
+}
+
+static void report_lease(struct cfg_loader *lc, const struct sc_route *r)
+{
+    const struct sc_policy *p = &lc->cfg->policies[r->policy];
+    const struct sc_upstream *u = &lc->cfg->upstreams[r->upstream];
+    char lease[32], timeout[32];
+
+    units_format_duration(p->idem.lease_ms, lease, sizeof lease);
+    units_format_duration(u->timeout_ms, timeout, sizeof timeout);
+    if (p->idem.lease_pos.line)
+        err_at(lc, p->idem.lease_pos, "policies.%s.idempotency.lease: %s "
+               "must be longer than the timeout of upstream \"%s\" (%s), "
+               "which route \"%s\" pairs it with", p->name, lease, u->name,
+               timeout, r->name);
+    else
+        err_at(lc, p->idem.pos, "policies.%s.idempotency: the default lease "
+               "(%s) must be longer than the timeout of upstream \"%s\" (%s), "
+               "which route \"%s\" pairs it with; set lease", p->name, lease,
+               u->name, timeout, r->name);
+}
+
+static void check_leases(struct cfg_loader *lc)
+{
+    const struct sc_config *cfg = lc->cfg;
+    size_t i, j;
+
+    for (i = 0; i < cfg->n_routes; i++) {
+        const struct sc_route *r = &cfg->routes[i];
+        if (!lease_too_short(cfg, r))
+            continue;
+        for (j = 0; j < i; j++)   /* once per (policy, upstream) pair */
+            if (cfg->routes[j].policy == r->policy &&
+                cfg->routes[j].upstream == r->upstream)
+                break;
+        if (j == i)
+            report_lease(lc, r);
+    }
+}
+
+void check_root(struct cfg_loader *lc, void *obj,
+                yaml_node_t *const *vals, struct sc_pos where)
+{
+    check_listeners(lc);
+    check_leases(lc);
+}
