@@ -14,7 +14,7 @@ static const char *const outcome_names[OUT__COUNT] = {
 
 static const char *const reason_names[R__COUNT] = {
     "none", "no_route", "body_too_large", "headers_too_large",
-    "malformed_request", "upstream_429", "upstream_5xx", "connect_error",
+    "malformed_request", "key_reused", "upstream_429", "upstream_5xx", "connect_error",
     "connection_lost", "timeout", "rate_limited", "upstream_cooldown",
     "lease_held", "store_unavailable", "delay_exceeds_max", "client_closed",
     "internal_error",

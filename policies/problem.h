@@ -24,6 +24,7 @@ enum reason {
     R_BODY_TOO_LARGE,
     R_HEADERS_TOO_LARGE,
     R_MALFORMED_REQUEST,
+    R_KEY_REUSED,       /* 422: the key came with another method, path or body */
     /* upstream failures */
     R_UPSTREAM_429,
     R_UPSTREAM_5XX,

@@ -52,7 +52,7 @@ static void lease_held(struct exchange *ex, uint64_t remaining_ms)
 
 static void mismatch(struct exchange *ex)
 {
-    ex_refuse(ex, 422, OUT_REJECTED, R_MALFORMED_REQUEST,
+    ex_refuse(ex, 422, OUT_REJECTED, R_KEY_REUSED,
               "Idempotency-Key %s was used for a different request "
               "(method, path or body differ)", ex->key);
 }

@@ -124,6 +124,8 @@ Test(idem, different_request_same_key_is_422)
     cr_assert_eq(post("k422", NULL, "two", &r), 0);
     cr_expect_eq(r.status, 422);
     expect_header(&r, "Sluice-Outcome", "rejected");
+    cr_expect(r.body && strstr(r.body, "\"reason\":\"key_reused\""), "body %s",
+              r.body ? r.body : "(none)");
     h_resp_free(&r);
     cr_expect_eq(h_stub_stat(&stub, "requests"), 1);
 }

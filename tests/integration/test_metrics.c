@@ -842,7 +842,7 @@ static const char *const allowed_outcomes[] = {"ok", "permanent_error", "replaye
                                                "dead_letter", "rejected", NULL};
 static const char *const allowed_reasons[] = {
     "none", "no_route", "body_too_large", "headers_too_large", "malformed_request",
-    "upstream_429", "upstream_5xx", "connect_error", "connection_lost", "timeout",
+    "key_reused", "upstream_429", "upstream_5xx", "connect_error", "connection_lost", "timeout",
     "rate_limited", "upstream_cooldown", "lease_held", "store_unavailable",
     "delay_exceeds_max", NULL};
 static const char *const allowed_codes[] = {"2xx", "3xx", "4xx", "429", "5xx", "connect_error",
