@@ -15,6 +15,7 @@
 #include "proxy/exchange.h"
 #include "obs/log.h"
 #include "proxy/upstream.h"
+#include "proxy/version.h"
 #include "store/store.h"
 #include "util/clock.h"
 
@@ -411,9 +412,10 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
     if (!app->admin)
         return -EINVAL;
     atomic_store(&app->ready, true);
-    log_info("sluice %s listening on %s:%u (admin %s:%u), %u threads",
-             SLUICE_VERSION, app->fixed.listen.host, app->fixed.listen.port,
-             app->fixed.admin.host, app->fixed.admin.port, app->n_loops);
+    log_info("sluice %s (%s) listening on %s:%u (admin %s:%u), %u threads",
+             version_sluice(), version_revision(), app->fixed.listen.host,
+             app->fixed.listen.port, app->fixed.admin.host, app->fixed.admin.port,
+             app->n_loops);
     return 0;
 }
 
