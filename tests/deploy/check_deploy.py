@@ -495,6 +495,11 @@ def check_unit_settings(s):
     check(nofile > conns + 256, "sluice.service: LimitNOFILE %d > max_connections %d + store files"
           % (nofile, conns))
     check(not s.get("ReadWritePaths"), "sluice.service: no ReadWritePaths (the state directory suffices)")
+    # sluice speaks sd_notify: readiness, reload, stop and the watchdog.
+    check(s.get("Type", [""])[-1] == "notify", "sluice.service: Type=notify")
+    check(timespan(s.get("WatchdogSec", ["0"])[-1]) > 0, "sluice.service: WatchdogSec= set")
+    check("AF_UNIX" in s.get("RestrictAddressFamilies", [""])[-1].split(),
+          "sluice.service: AF_UNIX allowed (the notification socket)")
 
 
 def check_systemd(sluice_bin):
