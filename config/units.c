@@ -135,21 +135,60 @@ static int parse_scaled(const char *s, const struct unit *units,
     return 0;
 }
 
+/* The duration unit at *p, longest suffix first ("ms" before "m"; the
+ * table lists it first), advancing *p past it. NULL when none is there. */
+static const struct unit *read_duration_unit(const char **p)
+{
+    for (const struct unit *u = duration_units; u->suffix; u++) {
+        size_t n = strlen(u->suffix);
+
+        if (strncmp(*p, u->suffix, n) == 0) {
+            *p += n;
+            return u;
+        }
+    }
+    return NULL;
+}
+
+/* A sum of parts, each a number and a unit, as Go's time.ParseDuration and
+ * Prometheus write them ("1m30s", "1h5m", "2s500ms"). Units must get smaller
+ * from left to right, each at most once, and only the last part may have a
+ * fraction: "30m1h", "1s1s" and "1.5h30m" are typos more often than not. */
 int units_parse_duration(const char *s, uint64_t *ms, char *why, size_t wlen)
 {
-    uint64_t v;
-    int rc;
+    static const char expect[] = "expected a number followed by ms, s, m, h or d";
+    uint64_t total = 0, prev_mult = UINT64_MAX, v;
+    const char *p = s;
+    bool fraction = false;
 
     if (s && strcmp(s, "0") == 0) {
         *ms = 0;
         return 0;
     }
-    rc = parse_scaled(s, duration_units, &v,
-                      "expected a number followed by ms, s, m, h or d",
-                      why, wlen);
-    if (rc == 0)
-        *ms = v;
-    return rc;
+    if (!s || !*s)
+        return fail(why, wlen, -EINVAL, expect);
+    while (*p) {
+        const struct unit *u;
+        struct decimal d;
+        int rc = read_decimal(&p, &d);
+
+        if (rc == -ERANGE)
+            return fail(why, wlen, rc, "too large");
+        if (rc || !(u = read_duration_unit(&p)))
+            return fail(why, wlen, -EINVAL, expect);
+        if (u->mult >= prev_mult)
+            return fail(why, wlen, -EINVAL, "units must get smaller from left to "
+                        "right, each at most once, as in 1h30m");
+        if (fraction)
+            return fail(why, wlen, -EINVAL, "only the last part may have a "
+                        "fraction, as in 1m30.5s");
+        if (scale_decimal(&d, u->mult, &v) || __builtin_add_overflow(total, v, &total))
+            return fail(why, wlen, -ERANGE, "too large");
+        fraction = d.scale > 1;
+        prev_mult = u->mult;
+    }
+    *ms = total;
+    return 0;
 }
 
 int units_parse_size(const char *s, uint64_t *bytes, char *why, size_t wlen)

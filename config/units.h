@@ -7,7 +7,9 @@
 #include <stdint.h>
 
 /* "250ms", "2s", "5m", "24h", "7d"; a bare "0" is zero. Fractions like
- * "1.5s" are accepted. Result in milliseconds. */
+ * "1.5s" are accepted, and sums from the largest unit down: "1m30s",
+ * "1h5m", "2s500ms" (a fraction only in the last part). Result in
+ * milliseconds. */
 int units_parse_duration(const char *s, uint64_t *ms, char *why, size_t wlen);
 
 /* "10/s", "600/m", "36000/h", "0.5/s". Result in events per second, > 0. */

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,7 @@ struct series {
     enum series_type type;
     enum hist_kind hk;
     uint32_t slot;
+    bool zero;              /* counter listed at zero (see render_family) */
 };
 
 struct family {
@@ -114,14 +116,19 @@ static long find(struct metrics *m, const char *name, const char *labels)
 /* The slot of (name, labels), registering it when new; -ENOMEM when it
  * cannot grow. */
 static long slot_of(struct metrics *m, const char *name, const char *labels,
-                    enum series_type t, enum hist_kind hk)
+                    enum series_type t, enum hist_kind hk, bool zero)
 {
     long slot = find(m, name, labels);
     size_t need = t == S_HIST ? hist_slots(hk) : 1;
     struct series *s;
 
-    if (slot >= 0)
+    if (slot >= 0) {
+        /* Once listed at zero, always: a series never vanishes. */
+        for (size_t i = 0; zero && i < m->n_series; i++)
+            if (m->series[i].slot == (uint32_t)slot)
+                m->series[i].zero = true;
         return slot;
+    }
     if (m->n_series == m->cap_series) {
         size_t cap = m->cap_series ? m->cap_series * 2 : 256;
         struct series *n = realloc(m->series, cap * sizeof *n);
@@ -139,6 +146,7 @@ static long slot_of(struct metrics *m, const char *name, const char *labels,
     s->name = name;
     s->type = t;
     s->hk = hk;
+    s->zero = zero;
     s->slot = (uint32_t)m->n_slots;
     m->n_slots += need;
     m->n_series++;
@@ -156,6 +164,7 @@ struct build {
     const struct sc_config *cfg;
     struct metrics_ids *ids;
     char *labels;       /* the label set being registered (owned) */
+    bool zero;          /* counters registered next are listed at zero */
     int rc;
 };
 
@@ -194,7 +203,7 @@ static char *label_value(const char *s)
 static uint32_t reg(struct build *b, const char *name, enum series_type t,
                     enum hist_kind hk)
 {
-    long s = b->labels ? slot_of(b->m, name, b->labels, t, hk) : -1;
+    long s = b->labels ? slot_of(b->m, name, b->labels, t, hk, b->zero) : -1;
 
     if (s < 0) {
         b->rc = -ENOMEM;
@@ -213,6 +222,24 @@ static const char *policy_label(const struct sc_config *cfg, size_t p)
     return p < cfg->n_policies ? cfg->policies[p].name : "default";
 }
 
+/* Listed at zero: the pairs a route can be counted with. Requests that
+ * matched no route (route="none") can only have been rejected, and only
+ * those can be rejected for no_route. */
+static bool request_pair_listed(bool no_route, int o, int rs)
+{
+    if (!outcome_reason_known(o, rs))
+        return false;
+    return no_route ? o == OUT_REJECTED : rs != R_NO_ROUTE;
+}
+
+/* The shadow series only moves for a policy in mode: shadow. */
+static bool route_is_shadow(const struct sc_config *cfg, size_t r)
+{
+    long p = r < cfg->n_routes ? cfg->routes[r].policy : -1;
+
+    return p >= 0 && cfg->policies[p].mode == SC_MODE_SHADOW;
+}
+
 static void build_routes(struct build *b)
 {
     const struct sc_config *cfg = b->cfg;
@@ -229,11 +256,14 @@ static void build_routes(struct build *b)
             for (int rs = 0; rs < R__COUNT; rs++) {
                 setl(b, "route=\"%s\",outcome=\"%s\",reason=\"%s\"", rl,
                      outcome_name(o), reason_name(rs));
+                b->zero = request_pair_listed(r == cfg->n_routes, o, rs);
                 b->ids->requests[(r * OUT__COUNT + o) * R__COUNT + rs] =
                     reg(b, "sluice_requests_total", S_COUNTER, 0);
             }
         setl(b, "route=\"%s\",outcome=\"requeue\",reason=\"rate_limited\",shadow=\"true\"", rl);
+        b->zero = route_is_shadow(cfg, r);
         b->ids->shadow[r] = reg(b, "sluice_requests_total", S_COUNTER, 0);
+        b->zero = r < cfg->n_routes;   /* route="none" carries no queue age */
         setl(b, "route=\"%s\"", rl);
         b->ids->req_duration[r] = reg(b, "sluice_request_duration_seconds", S_HIST, H_DURATION);
         b->ids->queue_age[r] = reg(b, "sluice_queue_age_seconds", S_HIST, H_QUEUE_AGE);
@@ -263,6 +293,7 @@ static void build_upstreams(struct build *b)
 {
     const struct sc_config *cfg = b->cfg;
 
+    b->zero = true;   /* every class can happen to every upstream */
     for (size_t u = 0; u < cfg->n_upstreams; u++) {
         for (int c = 0; c < UC__COUNT; c++) {
             setl(b, "upstream=\"%s\",code=\"%s\"", cfg->upstreams[u].name,
@@ -277,6 +308,7 @@ static void build_upstreams(struct build *b)
 
 static void build_process(struct build *b)
 {
+    b->zero = true;
     setl(b, "result=\"ok\"");
     b->ids->reloads_ok = reg(b, "sluice_config_reloads_total", S_COUNTER, 0);
     setl(b, "result=\"error\"");
@@ -445,11 +477,13 @@ static void render_family(FILE *f, struct metrics *m, const struct family *fam)
             render_hist(f, m, s);
             continue;
         }
-        /* Zero series are left out: most outcome x reason pairs never occur. */
+        /* Counters of known label sets are listed at zero (the Prometheus
+         * client convention), so increase() sees their first event and
+         * alerts need no "unless ... offset" for a series that appears at
+         * 1. Pairs sluice never answers with (most of the outcome x reason
+         * grid) are left out while zero: they could never move. */
         v = metrics_sum(m, s->slot);
-        /* Label-less counters and reloads are always listed, so increase()
-         * sees their first event. */
-        if (v || !s->labels[0] || !strcmp(fam->name, "sluice_config_reloads_total"))
+        if (v || s->zero)
             fprintf(f, "%s%s%s%s %llu\n", s->name, s->labels[0] ? "{" : "",
                     s->labels, s->labels[0] ? "}" : "", (unsigned long long)v);
     }

@@ -30,6 +30,35 @@ const char *reason_name(enum reason r)
     return (unsigned)r < R__COUNT ? reason_names[r] : "unknown";
 }
 
+/* Which reasons each outcome is given with (docs/contract.md §4), as bits
+ * of enum reason. Kept beside the names: a new reason or a new use of one
+ * adds its bit here, or its series only appears at its first event. */
+#define RB(r) (1u << (r))
+#define TRANSPORT (RB(R_CONNECT_ERROR) | RB(R_CONNECTION_LOST) | RB(R_TIMEOUT))
+#define UPSTREAM_FAILURES (RB(R_UPSTREAM_429) | RB(R_UPSTREAM_5XX) | TRANSPORT)
+
+static const unsigned outcome_reasons[OUT__COUNT] = {
+    [OUT_OK] = RB(R_NONE),
+    [OUT_REPLAYED] = RB(R_NONE),
+    /* a refused status passes through (none); a transport failure left out
+     * of retry.on is a 502/504 */
+    [OUT_PERMANENT_ERROR] = RB(R_NONE) | TRANSPORT,
+    [OUT_REQUEUE] = UPSTREAM_FAILURES | RB(R_RATE_LIMITED) | RB(R_UPSTREAM_COOLDOWN) |
+                    RB(R_LEASE_HELD) | RB(R_STORE_UNAVAILABLE),
+    [OUT_DEAD_LETTER] = UPSTREAM_FAILURES | RB(R_DELAY_EXCEEDS_MAX),
+    /* timeout: the 408 of limits.header_timeout */
+    [OUT_REJECTED] = RB(R_NO_ROUTE) | RB(R_BODY_TOO_LARGE) | RB(R_HEADERS_TOO_LARGE) |
+                     RB(R_MALFORMED_REQUEST) | RB(R_KEY_REUSED) | RB(R_TIMEOUT) |
+                     RB(R_INTERNAL),
+    [OUT_ABANDONED] = RB(R_CLIENT_CLOSED),
+};
+
+bool outcome_reason_known(enum outcome o, enum reason r)
+{
+    return (unsigned)o < OUT__COUNT && (unsigned)r < R__COUNT &&
+           (outcome_reasons[o] & RB(r));
+}
+
 const char *http_status_text(int status)
 {
     switch (status) {

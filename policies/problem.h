@@ -3,6 +3,7 @@
 #ifndef SLUICE_PROXY_PROBLEM_H
 #define SLUICE_PROXY_PROBLEM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 enum outcome {
@@ -44,6 +45,11 @@ enum reason {
 
 const char *outcome_name(enum outcome o);
 const char *reason_name(enum reason r);
+
+/* True when sluice can answer with this outcome for this reason: the label
+ * pairs /metrics lists at zero, so alert rules see a series before its
+ * first event. */
+bool outcome_reason_known(enum outcome o, enum reason r);
 
 /* Builds an application/problem+json body (owned, free()): type about:blank,
  * title from the status, the detail text, and a "reason" member. *len gets

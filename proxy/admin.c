@@ -20,8 +20,10 @@
 #include "obs/log.h"
 #include "policies/gcra.h"
 #include "obs/metrics.h"
+#include "obs/process.h"
 #include "proxy/pacing.h"
 #include "proxy/server.h"
+#include "proxy/version.h"
 #include "store/store.h"
 #include "util/clock.h"
 
@@ -175,6 +177,24 @@ static void policy_gauges(FILE *f, struct runtime *rt)
     }
 }
 
+/* Which build answers, as the Prometheus convention has it (a gauge at 1
+ * whose labels are the facts), to join on in queries and to see a rollout. */
+static void build_info(FILE *f)
+{
+    gauge_head(f, "sluice_build_info", "The running build: version and git revision.");
+    fprintf(f, "sluice_build_info{version=\"%s\",revision=\"%s\"} 1\n", version_sluice(),
+            version_revision());
+}
+
+/* A scrape that cannot read /proc still serves sluice's own families. */
+static void process_families(FILE *f)
+{
+    struct sc_error err = {0};
+
+    if (process_metrics_write(f, &err) != 0)
+        log_debug("metrics: process families left out: %s", err.text);
+}
+
 static char *gauges(struct app *app)
 {
     struct runtime *rt;
@@ -184,6 +204,8 @@ static char *gauges(struct app *app)
 
     if (!f)
         return NULL;
+    build_info(f);
+    process_families(f);
     rt = runtime_acquire(app);
     policy_gauges(f, rt);
     runtime_put(rt);

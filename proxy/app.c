@@ -13,8 +13,10 @@
 
 #include "proxy/admin.h"
 #include "proxy/exchange.h"
+#include "proxy/notify.h"
 #include "obs/log.h"
 #include "proxy/upstream.h"
+#include "proxy/version.h"
 #include "store/store.h"
 #include "util/clock.h"
 
@@ -165,6 +167,7 @@ void app_begin_drain(struct app *app)
 
     if (atomic_exchange(&app->draining, true))
         return;
+    notify_stopping();
     rt = runtime_acquire(app);
     drain_ms = rt->cfg->limits.drain_timeout_ms;
     runtime_put(rt);
@@ -340,8 +343,8 @@ int app_reload(struct app *app, char **msg)
     if (!out)
         return -ENOMEM;
     pthread_mutex_lock(&app->reload_mu);
+    notify_reloading();
     rc = reload_locked(app, out);
-    pthread_mutex_unlock(&app->reload_mu);
     fclose(out);
     rt = runtime_acquire(app);
     metrics_add(sh, rc == 0 ? rt->ids.reloads_ok : rt->ids.reloads_error, 1);
@@ -350,6 +353,10 @@ int app_reload(struct app *app, char **msg)
         log_info("config reloaded: %s", *msg);
     else
         log_error("config reload refused; the running config is kept: %s", *msg);
+    /* Ready again either way (a refused reload keeps the running config),
+     * once the outcome is logged and counted. */
+    notify_ready();
+    pthread_mutex_unlock(&app->reload_mu);
     return rc;
 }
 
@@ -409,10 +416,17 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
         return rc;
     if ((rc = admin_start(app, &app->admin, err)) != 0)
         return rc;
+    /* On the main loop, which also runs the signals and the drain: if it
+     * wedges, the pings stop and systemd restarts sluice. */
+    if ((rc = notify_watchdog_start(app->main_base, &app->watchdog, err)) != 0)
+        return rc;
     atomic_store(&app->ready, true);
-    log_info("sluice %s listening on %s:%u (admin %s:%u), %u threads",
-             SLUICE_VERSION, app->fixed.listen.host, app->fixed.listen.port,
-             app->fixed.admin.host, app->fixed.admin.port, app->n_loops);
+    log_info("sluice %s (%s) listening on %s:%u (admin %s:%u), %u threads",
+             version_sluice(), version_revision(), app->fixed.listen.host,
+             app->fixed.listen.port, app->fixed.admin.host, app->fixed.admin.port,
+             app->n_loops);
+    /* The store is open and both listeners accept: what /readyz says too. */
+    notify_ready();
     return 0;
 }
 
@@ -458,6 +472,7 @@ void app_free(struct app *app)
     free_event(app->sig_int);
     free_event(app->sig_hup);
     free_event(app->drain_tick);
+    free_event(app->watchdog);
     if (app->main_base)
         event_base_free(app->main_base);
     fixed_free(&app->fixed);

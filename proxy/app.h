@@ -53,6 +53,7 @@ struct app {
     struct MHD_Daemon *admin;
     struct event_base *main_base;
     struct event *sig_term, *sig_int, *sig_hup, *drain_tick;
+    struct event *watchdog;     /* systemd WATCHDOG=1 pings; NULL when off */
     atomic_bool ready;          /* config loaded, store open, accepting */
     atomic_bool draining;
     atomic_long inflight;       /* requests between arrival and completion */

@@ -1,5 +1,6 @@
 /* sluice's command line (docs/contract.md §1). The only place that prints to
  * stdout or decides the exit status. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 
 #include "config/config.h"
 #include "proxy/app.h"
+#include "proxy/version.h"
 #include "obs/log.h"
 
 static void usage(FILE *f)
@@ -20,6 +22,25 @@ static void usage(FILE *f)
             "usage: sluice [-c FILE]             run (FILE: $SLUICE_CONFIG, then ./sidecar.yaml)\n"
             "       sluice --check-config FILE   validate FILE; errors as FILE:LINE:COL: message\n"
             "       sluice --version | --help\n");
+}
+
+/* One line per option; the details are in the documents it names. */
+static void help(FILE *f)
+{
+    usage(f);
+    fprintf(f,
+            "\n"
+            "options:\n"
+            "  -c, --config FILE         run on FILE (default: $SLUICE_CONFIG, then ./sidecar.yaml)\n"
+            "      --check-config FILE   check FILE and exit: 0 valid, 1 invalid\n"
+            "  -V, --version             version, git revision, build type, library versions\n"
+            "  -h, --help                this text\n"
+            "\n"
+            "signals: SIGHUP reloads FILE; SIGTERM/SIGINT drain (limits.drain_timeout) and exit 0\n"
+            "admin (the config's admin address): /healthz /readyz /metrics /config POST /reload\n"
+            "\n"
+            "docs: README.md (running and operating), docs/contract.md (command line, config,\n"
+            "      headers, metrics), docs/runbook.md (alerts) in the source tree\n");
 }
 
 static void print_errors(const struct sc_errors *errs)
@@ -49,11 +70,29 @@ static int check_config(const char *path)
     return 0;
 }
 
+/* Where the file came from, for the message when it is missing. */
+static const char *config_origin = "-c";
+
 static const char *default_config(void)
 {
     const char *env = getenv("SLUICE_CONFIG");
 
-    return env && *env ? env : "./sidecar.yaml";
+    if (env && *env) {
+        config_origin = "$SLUICE_CONFIG";
+        return env;
+    }
+    config_origin = "the default";
+    return "./sidecar.yaml";
+}
+
+/* A missing file is the usual first-run mistake: say where sluice looked
+ * and the two ways to point it elsewhere. */
+static void hint_missing(const char *path)
+{
+    fprintf(stderr,
+            "sluice: no config file at %s (%s); name one with -c FILE or "
+            "$SLUICE_CONFIG (see sluice --help)\n",
+            path, config_origin);
 }
 
 static int run(const char *path)
@@ -64,9 +103,12 @@ static int run(const char *path)
     struct app app;
     int rc;
 
-    if (config_load_file(path, &cfg, &errs) != 0) {
+    rc = config_load_file(path, &cfg, &errs);
+    if (rc != 0) {
         print_errors(&errs);
         sc_errors_free(&errs);
+        if (rc == -ENOENT)
+            hint_missing(path);
         return 1;
     }
     rc = app_start(&app, cfg, &err);
@@ -85,7 +127,7 @@ int main(int argc, char **argv)
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'},
         {"check-config", required_argument, NULL, 'k'},
-        {"version", no_argument, NULL, 'v'},
+        {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -98,18 +140,18 @@ int main(int argc, char **argv)
     event_set_mem_functions(failalloc_malloc, failalloc_realloc, free);
     json_set_alloc_funcs(failalloc_malloc, free);
 #endif
-    while ((c = getopt_long(argc, argv, "c:hv", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "c:hVv", opts, NULL)) != -1) {
         switch (c) {
         case 'c':
             path = optarg;
             break;
         case 'k':
             return check_config(optarg);
-        case 'v':
-            printf("sluice %s\n", SLUICE_VERSION);
-            return 0;
+        case 'V':
+        case 'v': /* kept: -v printed the version before -V did */
+            return version_report(stdout) == 0 ? 0 : 1;
         case 'h':
-            usage(stdout);
+            help(stdout);
             return 0;
         default:
             usage(stderr);

@@ -416,6 +416,19 @@ def check_runtime_libraries(sluice_bin, runtime):
                   % (os.path.basename(lib), pkg))
 
 
+def check_dockerignore():
+    """The build context leaves out what a working tree accumulates: build
+    trees, stores, VCS data, caches. Patterns as Docker reads them, one a line."""
+    path = os.path.join(ROOT, ".dockerignore")
+    check(os.path.exists(path), ".dockerignore exists")
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        pats = {l.strip() for l in f if l.strip() and not l.startswith("#")}
+    for want in (".git", "build*", "data/", "**/__pycache__/", "**/node_modules/"):
+        check(want in pats, ".dockerignore excludes %s" % want)
+
+
 def check_dockerfile(sluice_bin):
     print("== deploy/Dockerfile")
     stages = dockerfile_stages()
@@ -441,6 +454,7 @@ def check_dockerfile(sluice_bin):
     check(user.isdigit() and user != "0", "the image runs as a numeric non-root user (%s)" % user)
     check({"8080", "9901"} <= set(last.get("EXPOSE", "").split()), "EXPOSE 8080 9901")
     check("--target sluice" in " ".join(a for _, a in stages[0][1]), "the build stage builds target sluice")
+    check_dockerignore()
     if shutil.which("dpkg") is None or shutil.which("ldd") is None:
         print("skip  runtime libraries: dpkg or ldd missing")
         return
@@ -495,6 +509,11 @@ def check_unit_settings(s):
     check(nofile > conns + 256, "sluice.service: LimitNOFILE %d > max_connections %d + store files"
           % (nofile, conns))
     check(not s.get("ReadWritePaths"), "sluice.service: no ReadWritePaths (the state directory suffices)")
+    # sluice speaks sd_notify: readiness, reload, stop and the watchdog.
+    check(s.get("Type", [""])[-1] == "notify", "sluice.service: Type=notify")
+    check(timespan(s.get("WatchdogSec", ["0"])[-1]) > 0, "sluice.service: WatchdogSec= set")
+    check("AF_UNIX" in s.get("RestrictAddressFamilies", [""])[-1].split(),
+          "sluice.service: AF_UNIX allowed (the notification socket)")
 
 
 def check_systemd(sluice_bin):

@@ -130,23 +130,13 @@ static bool ready(int admin_port)
     return ok;
 }
 
-int h_sluice_start_raw(struct h_sluice *s, const char *yaml, int port,
-                       int admin_port)
+/* Forks and execs sluice on s->cfg_path, its stderr and stdout to the log. */
+static int spawn(struct h_sluice *s)
 {
     const char *bin = env_or("SLUICE_BIN", SLUICE_BUILD_DIR "/sluice");
-    long deadline = now_ms() + IO_TIMEOUT_MS;
-    int status;
 
-    if (!s->dir)
-        s->dir = tu_mkdtemp("it");
-    if (yaml) { /* NULL: restart on the config written before */
-        free(s->cfg_path);
-        s->cfg_path = tu_write_file(s->dir, "sidecar.yaml", yaml);
-    }
     if (!s->log_path && asprintf(&s->log_path, "%s/sluice.log", s->dir) < 0)
         return -1;
-    s->port = port;
-    s->admin_port = admin_port;
     s->pid = fork();
     if (s->pid == 0) {
         int fd;
@@ -160,16 +150,40 @@ int h_sluice_start_raw(struct h_sluice *s, const char *yaml, int port,
         execl(bin, bin, "-c", s->cfg_path, (char *)NULL);
         _exit(127);
     }
+    return s->pid > 0 ? 0 : -1;
+}
+
+int h_sluice_wait_ready(struct h_sluice *s)
+{
+    long deadline = now_ms() + IO_TIMEOUT_MS;
+    int status;
+
     while (now_ms() < deadline) {
         if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
             s->pid = 0;
             return -1;
         }
-        if (ready(admin_port))
+        if (ready(s->admin_port))
             return 0;
         usleep(20000);
     }
     return -1;
+}
+
+int h_sluice_start_raw(struct h_sluice *s, const char *yaml, int port,
+                       int admin_port)
+{
+    if (!s->dir)
+        s->dir = tu_mkdtemp("it");
+    if (yaml) { /* NULL: restart on the config written before */
+        free(s->cfg_path);
+        s->cfg_path = tu_write_file(s->dir, "sidecar.yaml", yaml);
+    }
+    s->port = port;
+    s->admin_port = admin_port;
+    if (spawn(s) != 0)
+        return -1;
+    return h_sluice_wait_ready(s);
 }
 
 static char *full_config(const struct h_sluice *s, int port, int admin,
@@ -222,6 +236,23 @@ int h_sluice_start(struct h_sluice *s, const char *body)
             break;
     }
     return rc;
+}
+
+int h_sluice_spawn(struct h_sluice *s, const char *body)
+{
+    char *yaml;
+
+    if (!s->dir)
+        s->dir = tu_mkdtemp("it");
+    s->port = h_free_port();
+    s->admin_port = h_free_port();
+    yaml = full_config(s, s->port, s->admin_port, body);
+    if (!yaml)
+        return -1;
+    free(s->cfg_path);
+    s->cfg_path = tu_write_file(s->dir, "sidecar.yaml", yaml);
+    free(yaml);
+    return spawn(s);
 }
 
 int h_sluice_stop(struct h_sluice *s, int timeout_s)

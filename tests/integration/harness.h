@@ -45,6 +45,11 @@ int h_sluice_start(struct h_sluice *s, const char *body);
  * yaml NULL restarts on the config file written before. */
 int h_sluice_start_raw(struct h_sluice *s, const char *yaml, int port,
                        int admin_port);
+/* Writes the config as h_sluice_start does (on free ports) and starts
+ * sluice without waiting for it; h_sluice_wait_ready then waits until
+ * /readyz answers 200 (0), or the process exits or 10 s pass (-1). */
+int h_sluice_spawn(struct h_sluice *s, const char *body);
+int h_sluice_wait_ready(struct h_sluice *s);
 /* Rewrites the config file (same ports, dir and defaults as at start) with
  * a new body, for reload tests. */
 int h_sluice_rewrite(struct h_sluice *s, const char *body);

@@ -32,9 +32,46 @@ static void stop(void)
 
 Test(cli, version_and_help)
 {
-    cr_expect_eq(h_sh("%s --version | grep -q '^sluice '", bin()), 0);
-    cr_expect_eq(h_sh("%s --help | grep -q check-config", bin()), 0);
+    /* One fact a line, as nginx -V: the build, then each library. */
+    static const char *const version_lines[] = {
+        "^sluice [0-9]+\\.[0-9]+\\.[0-9]+$", "^revision: [^ ]+$",
+        "^build type: [A-Za-z]+$", "^  libmicrohttpd [0-9]+\\.[0-9]+",
+        "^  libevent [0-9]+\\.[0-9]+", "^  RocksDB [0-9]+\\.[0-9]+\\.[0-9]+ ",
+        "^  jansson [0-9]+\\.[0-9]+", "^  libyaml [0-9]+\\.[0-9]+",
+        "^  OpenSSL [0-9]+\\.[0-9]+",
+    };
+    static const char *const help_lines[] = {
+        "-c, --config FILE", "--check-config FILE", "-V, --version", "-h, --help",
+        "README.md", "docs/contract.md",
+    };
+
+    for (size_t i = 0; i < sizeof version_lines / sizeof *version_lines; i++)
+        cr_expect_eq(h_sh("%s --version | grep -Eq '%s'", bin(), version_lines[i]), 0,
+                      "--version has no line %s", version_lines[i]);
+    cr_expect_eq(h_sh("test \"$(%s -V)\" = \"$(%s --version)\"", bin(), bin()), 0);
+    for (size_t i = 0; i < sizeof help_lines / sizeof *help_lines; i++)
+        cr_expect_eq(h_sh("%s --help | grep -qF -- '%s'", bin(), help_lines[i]), 0,
+                      "--help does not mention %s", help_lines[i]);
     cr_expect_neq(h_sh("%s --bogus 2>/dev/null", bin()), 0);
+}
+
+/* A missing file says where sluice looked and how to point it elsewhere. */
+Test(cli, missing_config_names_both_ways_to_give_one)
+{
+    char *dir = tu_mkdtemp("cli");
+
+    cr_expect_eq(h_sh("cd %s && env -u SLUICE_CONFIG %s > out 2>&1; test $? = 1", dir, bin()),
+                 0);
+    cr_expect_eq(h_sh("grep -qF './sidecar.yaml' %s/out", dir), 0);
+    cr_expect_eq(h_sh("grep -qF -- '-c FILE' %s/out && grep -qF '$SLUICE_CONFIG' %s/out",
+                      dir, dir), 0);
+    cr_expect_eq(h_sh("cd %s && SLUICE_CONFIG=%s/nope.yaml %s 2>&1 | "
+                      "grep -q 'nope.yaml (\\$SLUICE_CONFIG)'", dir, dir, bin()), 0);
+    /* An invalid file is not a missing one: no hint then. */
+    cr_expect_eq(h_sh("cd %s && echo 'routes: 5' > bad.yaml && %s -c bad.yaml 2>&1 | "
+                      "grep -q SLUICE_CONFIG; test $? = 1", dir, bin()), 0);
+    tu_rm_rf(dir);
+    free(dir);
 }
 
 Test(cli, check_config_valid_and_invalid)

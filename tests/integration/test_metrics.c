@@ -27,6 +27,7 @@
 #define DASHBOARD SLUICE_SOURCE_DIR "/deploy/grafana/sluice.json"
 #define RULES SLUICE_SOURCE_DIR "/deploy/prometheus/sluice-rules.yaml"
 #define RULES_TEST SLUICE_SOURCE_DIR "/deploy/prometheus/sluice-rules.test.yaml"
+#define RUNBOOK SLUICE_SOURCE_DIR "/docs/runbook.md"
 
 #define MAX_CONNS 8
 
@@ -592,6 +593,14 @@ static const struct {
     {"sluice_connections_refused_total", "counter", false},
     {"sluice_connections", "gauge", false},
     {"sluice_ready", "gauge", false},
+    {"sluice_build_info", "gauge", false},
+    /* the Prometheus client libraries' process families */
+    {"process_cpu_seconds_total", "counter", false},
+    {"process_resident_memory_bytes", "gauge", false},
+    {"process_virtual_memory_bytes", "gauge", false},
+    {"process_open_fds", "gauge", false},
+    {"process_max_fds", "gauge", false},
+    {"process_start_time_seconds", "gauge", false},
 };
 
 static void check_families(const struct expo *e)
@@ -728,12 +737,28 @@ static void check_counters(const struct expo *e)
     expect_val(e, 1, R, "route", "gone", "outcome", "requeue", "reason", "connect_error");
     expect_val(e, 1, R, "route", WEIRD_ROUTE, "outcome", "ok", "reason", "none");
     expect_val(e, 1, R, "route", "none", "outcome", "rejected", "reason", "no_route");
-    /* Nothing else was counted, and zeros are left out. */
+    /* Nothing else was counted. */
     cr_expect_eq(answers(e), TOTAL_ANSWERS);
-    for (size_t i = 0; i < e->n; i++)
-        if (!strcmp(e->s[i].name, R) || !strcmp(e->s[i].name, U))
-            cr_expect_gt(e->s[i].v, 0, "line %d: a zero counter %s", e->s[i].line,
-                         e->s[i].key);
+    /* Label sets sluice can count are listed at zero, so increase() sees
+     * their first event; pairs it never answers with are not. */
+    expect_val(e, 0, R, "route", "sync", "outcome", "dead_letter", "reason", "delay_exceeds_max");
+    expect_val(e, 0, R, "route", "paced", "outcome", "requeue", "reason", "lease_held");
+    expect_val(e, 0, R, "route", "gone", "outcome", "abandoned", "reason", "client_closed");
+    expect_val(e, 0, R, "route", "none", "outcome", "rejected", "reason", "malformed_request");
+    expect_val(e, -1, R, "route", "none", "outcome", "ok", "reason", "none");
+    expect_val(e, -1, R, "route", "sync", "outcome", "rejected", "reason", "no_route");
+    expect_val(e, -1, R, "route", "sync", "outcome", "ok", "reason", "upstream_429");
+    expect_val(e, -1, R, "route", "sync", "outcome", "requeue", "reason", "rate_limited",
+               "shadow", "true");
+    expect_val(e, 0, U, "upstream", "dead", "code", "2xx");
+    expect_val(e, 0, U, "upstream", "stub", "code", "timeout");
+    {
+        int zeros = 0;
+        for (size_t i = 0; i < e->n; i++)
+            zeros += !strcmp(e->s[i].name, R) && e->s[i].v == 0;
+        /* 5 routes x 28 pairs + 7 of route="none", less the 11 counted. */
+        cr_expect_eq(zeros, 5 * 28 + 7 - 11, "%d zero series of %s", zeros, R);
+    }
 
     expect_val(e, 5, U, "upstream", "stub", "code", "2xx");
     expect_val(e, 2, U, "upstream", "stub", "code", "5xx");
@@ -741,6 +766,7 @@ static void check_counters(const struct expo *e)
     expect_val(e, 1, U, "upstream", "dead", "code", "connect_error");
 
     expect_val(e, 1, "sluice_queue_age_invalid_total", "route", "sync");
+    expect_val(e, 0, "sluice_queue_age_invalid_total", "route", "paced");
     expect_val(e, 1, "sluice_connections_refused_total");
     /* Label-less counters are listed at zero too, so increase() sees the first. */
     expect_val(e, 0, "sluice_store_errors_total");
@@ -815,6 +841,47 @@ static void check_gauges(const struct expo *e)
     expect_val(e, 1, "sluice_ready");
 }
 
+/* sluice_build_info names the build `sluice --version` describes. */
+static void check_build_info(const struct expo *e)
+{
+    char *out = NULL, *path, version[64] = "", revision[128] = "";
+    const struct sample *bi = NULL;
+    FILE *f;
+
+    for (size_t i = 0; i < e->n; i++)
+        if (!strcmp(e->s[i].name, "sluice_build_info"))
+            bi = &e->s[i];
+    cr_assert_not_null(bi, "no sluice_build_info");
+    cr_expect_eq(bi->v, 1);
+    cr_expect_eq(bi->nl, 2, "labels: version and revision");
+    cr_assert(asprintf(&path, "%s/version.txt", sl.dir) > 0);
+    cr_assert_eq(h_sh("%s --version > %s", getenv("SLUICE_BIN") ?: SLUICE_BUILD_DIR "/sluice",
+                      path), 0);
+    out = tu_read_file(path, NULL);
+    cr_assert_not_null(out);
+    f = fmemopen(out, strlen(out), "r");
+    cr_assert_not_null(f);
+    cr_expect_eq(fscanf(f, "sluice %63s\nrevision: %127s", version, revision), 2, "%s", out);
+    fclose(f);
+    cr_expect_str_eq(label(bi, "version") ?: "", version);
+    cr_expect_str_eq(label(bi, "revision") ?: "", revision);
+    free(out);
+    free(path);
+}
+
+/* The process families describe this sluice: started moments ago, holding
+ * a few descriptors (listeners, the store, connections). */
+static void check_process(const struct expo *e)
+{
+    double start = val(e, "process_start_time_seconds", NULL), now = (double)time(NULL);
+
+    cr_expect(start > now - 300 && start <= now + 1, "start %f, now %f", start, now);
+    cr_expect_gt(val(e, "process_cpu_seconds_total", NULL), 0);
+    cr_expect_gt(val(e, "process_resident_memory_bytes", NULL), 1 << 20);
+    cr_expect_gt(val(e, "process_open_fds", NULL), 5);
+    cr_expect_gt(val(e, "process_max_fds", NULL), val(e, "process_open_fds", NULL));
+}
+
 Test(metrics, exposition_after_traffic)
 {
     struct expo e;
@@ -828,6 +895,8 @@ Test(metrics, exposition_after_traffic)
     check_counters(&e);
     check_histogram_values(&e);
     check_gauges(&e);
+    check_build_info(&e);
+    check_process(&e);
     expo_free(&e);
     free(text);
 }
@@ -839,12 +908,12 @@ static const char *const allowed_routes[] = {"sync", "paced", "cool", "gone", WE
 static const char *const allowed_policies[] = {"open", "slow", "cool", "default", NULL};
 static const char *const allowed_upstreams[] = {"stub", "dead", NULL};
 static const char *const allowed_outcomes[] = {"ok", "permanent_error", "replayed", "requeue",
-                                               "dead_letter", "rejected", NULL};
+                                               "dead_letter", "rejected", "abandoned", NULL};
 static const char *const allowed_reasons[] = {
     "none", "no_route", "body_too_large", "headers_too_large", "malformed_request",
     "key_reused", "upstream_429", "upstream_5xx", "connect_error", "connection_lost", "timeout",
     "rate_limited", "upstream_cooldown", "lease_held", "store_unavailable",
-    "delay_exceeds_max", NULL};
+    "delay_exceeds_max", "client_closed", "internal_error", NULL};
 static const char *const allowed_codes[] = {"2xx", "3xx", "4xx", "429", "5xx", "connect_error",
                                             "connection_lost", "timeout", NULL};
 static const char *const allowed_results[] = {"ok", "error", NULL};
@@ -872,6 +941,9 @@ static void check_label_values(const struct expo *e)
 {
     for (size_t i = 0; i < e->n; i++)
         for (int j = 0; j < e->s[i].nl; j++) {
+            /* The build's facts: fixed at build time (check_build_info). */
+            if (!strcmp(e->s[i].name, "sluice_build_info"))
+                continue;
             const struct label *l = &e->s[i].l[j];
             bool known_name = false;
             char *end;
@@ -911,7 +983,9 @@ Test(metrics, labels_hold_no_request_data)
 {
     char key[64], hdrs[512], *text;
     const char *needles[] = {
-        "12345", "script", "67890", key, "evil-host", "tenant-zzq", "agent-yyq",
+        /* "alert(1)", not "script": process_open_fds's standard HELP says
+         * "descriptors". */
+        "12345", "alert(1)", "67890", key, "evil-host", "tenant-zzq", "agent-yyq",
         "route-qqz", "secret-abc", "quoted", "BREW", "syncpot", "77777", "1e400",
         "with spaces", "/v1/", "zz-body",
     };
@@ -1219,12 +1293,42 @@ Test(metrics, dashboard_queries_live_families)
     names_free(&used);
 }
 
+/* Every alert carries runbook_url "docs/runbook.md#<alert in lower case>",
+ * and the runbook has that section ("## SluiceDown" is #sluicedown). */
+static void check_runbook_links(const char *rules)
+{
+    char *runbook = tu_read_file(RUNBOOK, NULL);
+    const char *p;
+    int n = 0;
+
+    cr_assert_not_null(runbook, "cannot read %s", RUNBOOK);
+    for (p = rules; (p = strstr(p, "- alert: ")); n++) {
+        char name[64], want[160], heading[80];
+        const char *next, *found;
+
+        p += strlen("- alert: ");
+        cr_assert_eq(sscanf(p, "%63[A-Za-z0-9]", name), 1);
+        next = strstr(p, "- alert: ");
+        snprintf(heading, sizeof heading, "\n## %s\n", name);
+        for (char *c = name; *c; c++)
+            *c = (char)tolower((unsigned char)*c);
+        snprintf(want, sizeof want, "runbook_url: \"docs/runbook.md#%s\"", name);
+        found = strstr(p, want);
+        cr_expect(found && (!next || found < next), "alert %s: no %s", name, want);
+        cr_expect(strstr(runbook, heading), "docs/runbook.md has no section%s", heading);
+        p = next ? next : p + strlen(p);
+    }
+    cr_expect_geq(n, 11, "%d alerts", n);
+    free(runbook);
+}
+
 Test(metrics, rules_query_live_families_and_pass_promtool)
 {
     static const char *const alerts[] = {
         "SluiceOldestMessageAgeHigh", "SluiceDeadLetters", "SluiceCooldownSustained",
         "SluiceStoreErrors", "SluiceNotReady", "SluiceConfigReloadFailed",
-        "SluiceRateLimitedShareHigh",
+        "SluiceRateLimitedShareHigh", "SluiceUpstream429ShareHigh", "SluiceConnectionsRefused",
+        "SluiceDown", "SluiceAbsent",
     };
     char *text = tu_read_file(RULES, NULL), *p;
     struct names used = {0};
@@ -1232,6 +1336,7 @@ Test(metrics, rules_query_live_families_and_pass_promtool)
     int n_alerts = 0, n_severity = 0;
 
     cr_assert_not_null(text, "cannot read %s", RULES);
+    check_runbook_links(text);
     for (size_t i = 0; i < sizeof alerts / sizeof *alerts; i++) {
         char want[96];
         snprintf(want, sizeof want, "- alert: %s\n", alerts[i]);

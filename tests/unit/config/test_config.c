@@ -465,6 +465,40 @@ Test(config_values, store_keys_and_shadow_partitioned_policy)
     config_free(cfg);
 }
 
+/* A compound duration is accepted wherever a duration is, and a bad one is
+ * reported at its own line and column. */
+Test(config_values, compound_durations)
+{
+    struct sc_config *cfg = load_ok(
+        "limits: { drain_timeout: 1m30s, header_timeout: 2s500ms }\n"
+        "upstreams: { up: { url: http://h, timeout: 1m5s, connect_timeout: 1s250ms } }\n"
+        "policies:\n"
+        "  w: { rate: 1/s, max_wait: 1m0.5s, breaker: { pause: 1s500ms, max_pause: 59m30s },\n"
+        "       retry: { base: 1s500ms, cap: 1d12h },\n"
+        "       idempotency: { lease: 2m30s, ttl: 1d1h } }\n"
+        "routes: [ { prefix: /, upstream: up, policy: w } ]\n");
+    const struct sc_policy *p = &cfg->policies[0];
+
+    cr_expect_eq(cfg->limits.drain_timeout_ms, 90000);
+    cr_expect_eq(cfg->limits.header_timeout_ms, 2500);
+    cr_expect_eq(cfg->upstreams[0].timeout_ms, 65000);
+    cr_expect_eq(cfg->upstreams[0].connect_timeout_ms, 1250);
+    cr_expect_eq(p->max_wait_ms, 60500);
+    cr_expect_eq(p->breaker.pause_ms, 1500);
+    cr_expect_eq(p->breaker.max_pause_ms, 3570000);
+    cr_expect_eq(p->retry.base_ms, 1500);
+    cr_expect_eq(p->retry.cap_ms, 129600000);
+    cr_expect_eq(p->idem.lease_ms, 150000);
+    cr_expect_eq(p->idem.ttl_ms, 90000000);
+    config_free(cfg);
+
+    expect_first_error(
+        "upstreams: { up: { url: http://h, timeout: 30s1m } }\n"
+        "routes: [ { prefix: /, upstream: up } ]\n",
+        "test.yaml:1:44: upstreams.up.timeout: invalid duration \"30s1m\" (units must get "
+        "smaller from left to right, each at most once, as in 1h30m)");
+}
+
 Test(config_values, lists_and_enums)
 {
     struct sc_config *cfg = load_ok(

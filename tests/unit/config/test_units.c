@@ -40,7 +40,7 @@ Test(units_duration, rejects_malformed)
 {
     static const char *const bad[] = {
         "", "30", "30x", "s", "ms", "-1s", "+1s", " 2s", "2s ", "2 s", "1.s",
-        ".5s", "2S", "2MS", "1e3s", "2sm", "0x10s", "inf", "nan", "1h30m",
+        ".5s", "2S", "2MS", "1e3s", "2sm", "0x10s", "inf", "nan",
         "2sec", "1,5s", "1..5s", "00", "1w",
     };
     size_t i;
@@ -55,6 +55,66 @@ Test(units_duration, rejects_malformed)
                          "%s", bad[i]);
     }
     cr_expect_eq(units_parse_duration(NULL, &(uint64_t){0}, NULL, 0), -EINVAL);
+}
+
+Test(units_duration, accepts_compound_forms)
+{
+    static const struct dur_case ok[] = {
+        {"1m30s", 90000},        {"1h5m", 3900000},      {"2s500ms", 2500},
+        {"1h30m", 5400000},      {"1d2h3m4s5ms", 93784005},
+        {"1m30.5s", 90500},      {"1h0m", 3600000},      {"0h0s", 0},
+        {"7d0ms", 604800000},    {"1m0.0001s", 60000},   {"10m01s", 601000},
+    };
+
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        uint64_t ms = 12345;
+        char why[128] = "";
+        cr_expect_eq(units_parse_duration(ok[i].in, &ms, why, sizeof why), 0,
+                     "%s: %s", ok[i].in, why);
+        cr_expect_eq(ms, ok[i].ms, "%s -> %llu", ok[i].in, (unsigned long long)ms);
+    }
+}
+
+Test(units_duration, rejects_bad_compound_forms)
+{
+    static const struct {
+        const char *in, *why;
+    } bad[] = {
+        {"30m1h", "units must get smaller from left to right, each at most once, as in 1h30m"},
+        {"1s1s", "units must get smaller from left to right, each at most once, as in 1h30m"},
+        {"1ms1s", "units must get smaller from left to right, each at most once, as in 1h30m"},
+        {"1.5h30m", "only the last part may have a fraction, as in 1m30.5s"},
+        {"1m30", "expected a number followed by ms, s, m, h or d"},
+        {"1m 30s", "expected a number followed by ms, s, m, h or d"},
+        {"1m+30s", "expected a number followed by ms, s, m, h or d"},
+        {"1h-30m", "expected a number followed by ms, s, m, h or d"},
+        {"1m30sx", "expected a number followed by ms, s, m, h or d"},
+        {"1m.5s", "expected a number followed by ms, s, m, h or d"},
+        {"0m0", "expected a number followed by ms, s, m, h or d"},
+    };
+
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint64_t ms = 777;
+        char why[128] = "";
+        cr_expect_eq(units_parse_duration(bad[i].in, &ms, why, sizeof why), -EINVAL,
+                     "\"%s\" should be rejected", bad[i].in);
+        cr_expect_eq(ms, 777, "\"%s\" must not write the result", bad[i].in);
+        cr_expect_str_eq(why, bad[i].why, "%s", bad[i].in);
+    }
+}
+
+Test(units_duration, compound_overflow_is_erange)
+{
+    char why[128] = "";
+    uint64_t ms = 0;
+
+    /* 213503982334d is 2^64 ms less 51951616: 14h fits, 15h does not. */
+    cr_expect_eq(units_parse_duration("213503982334d14h", &ms, why, sizeof why), 0, "%s", why);
+    cr_expect_eq(ms, 213503982334ull * 86400000 + 14ull * 3600000);
+    cr_expect_eq(units_parse_duration("213503982334d15h", &ms, why, sizeof why), -ERANGE);
+    cr_expect_str_eq(why, "too large");
+    cr_expect_eq(units_parse_duration("1h99999999999999999999999s", &ms, why, sizeof why),
+                 -ERANGE);
 }
 
 Test(units_duration, overflow_is_erange)
