@@ -32,12 +32,19 @@ void check_store(struct cfg_loader *lc, void *obj,
     const struct sc_config *cfg = obj;
 
     /* Refused here rather than at start, so that --check-config and a reload
-     * say it before a deploy does. The keys of the Redis store stay in the
-     * schema (parsed, bounded) for the day fleet mode lands. */
-    if (cfg->store.backend == SC_BACKEND_REDIS)
+     * say it before a deploy does. */
+    if (cfg->store.backend == SC_BACKEND_REDIS) {
         err_sub(lc, pos_of(vals[SK_BACKEND]), "backend", "\"redis\" is not "
                 "available yet (fleet mode is not built in this version); use "
                 "rocksdb, the default");
+        return;
+    }
+    if (cfg->store.sentinels.n && !cfg->store.master[0])
+        err_sub(lc, pos_of(vals[SK_SENTINELS]), "sentinels", "needs master "
+                "(the name Sentinel knows the primary by)");
+    if (cfg->store.master[0] && !cfg->store.sentinels.n)
+        err_sub(lc, pos_of(vals[SK_MASTER]), "master", "needs sentinels (the "
+                "addresses to ask for the primary)");
 }
 
 void check_tls(struct cfg_loader *lc, void *obj,

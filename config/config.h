@@ -43,6 +43,13 @@ struct sc_addr {
     struct sc_pos pos;
 };
 
+/* A short list of addresses (Redis Sentinels). */
+#define SC_ADDR_LIST_MAX 8
+struct sc_addr_list {
+    struct sc_addr v[SC_ADDR_LIST_MAX];
+    uint32_t n;
+};
+
 struct sc_header {
     char *name;
     char *value;    /* after ${ENV} substitution */
@@ -176,6 +183,10 @@ struct sc_config {
         char *url;            /* redis */
         char *key_prefix;     /* default "sluice:" */
         uint32_t fleet_size;  /* default 1 */
+        uint64_t timeout_ms;  /* redis: one round trip; default 100ms */
+        struct sc_addr_list sentinels; /* redis: find the primary through them */
+        char *master;         /* redis: the Sentinel master name */
+        uint32_t replicas_ack; /* redis: WAIT for that many after a completion */
     } store;
     struct {
         uint64_t max_body;        /* default 8MiB */

@@ -27,6 +27,7 @@ enum cfg_type {
     CT_RATE,         /* double per second */
     CT_ENUM,         /* an enum, names from .names */
     CT_ADDR,         /* struct sc_addr */
+    CT_ADDRS,        /* list of host:port -> struct sc_addr_list */
     CT_URL,          /* the whole struct sc_upstream (url, host, port, ...) */
     CT_METHODS,      /* list -> unsigned SC_M_* mask */
     CT_FLAGS,        /* list -> unsigned mask, names from .names */

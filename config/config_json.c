@@ -147,6 +147,24 @@ static json_t *emit_addr(const struct cfg_key *k, const void *obj,
     return json_string(buf);
 }
 
+static json_t *emit_addrs(const struct cfg_key *k, const void *obj,
+                          const struct sc_config *cfg)
+{
+    const struct sc_addr_list *l = CFG_CFIELD(obj, k->off);
+    json_t *arr = json_array();
+
+    for (uint32_t i = 0; arr && i < l->n; i++) {
+        struct cfg_key one = {.off = 0};
+        json_t *v = emit_addr(&one, &l->v[i], cfg);
+
+        if (!v || json_array_append_new(arr, v) != 0) {
+            json_decref(arr);
+            return NULL;
+        }
+    }
+    return arr;
+}
+
 static json_t *emit_url(const struct cfg_key *k, const void *obj,
                         const struct sc_config *cfg)
 {
@@ -351,6 +369,7 @@ static const emit_fn emitters[CT_COUNT] = {
     [CT_DURATION] = emit_duration, [CT_SIZE] = emit_size,
     [CT_RATE] = emit_rate,         [CT_ENUM] = emit_enum,
     [CT_ADDR] = emit_addr,         [CT_URL] = emit_url,
+    [CT_ADDRS] = emit_addrs,
     [CT_METHODS] = emit_methods,   [CT_FLAGS] = emit_flags,
     [CT_STATUSES] = emit_statuses, [CT_RETRY_ON] = emit_retry_on,
     [CT_HEADERS] = emit_headers,   [CT_BLOCK] = emit_block,

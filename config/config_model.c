@@ -121,6 +121,11 @@ void cfg_free_block(const struct cfg_block *b, void *obj)
             free(((struct sc_addr *)f)->host);
             ((struct sc_addr *)f)->host = NULL;
             break;
+        case CT_ADDRS:
+            for (uint32_t j = 0; j < ((struct sc_addr_list *)f)->n; j++)
+                free(((struct sc_addr_list *)f)->v[j].host);
+            ((struct sc_addr_list *)f)->n = 0;
+            break;
         case CT_URL:
             free_url(f);
             break;

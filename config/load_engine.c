@@ -638,6 +638,36 @@ static void text_addr(struct cfg_loader *lc, const struct cfg_key *k,
     a->port = port;
 }
 
+static void elem_addr(struct cfg_loader *lc, const struct cfg_key *k,
+                      const char *s, void *obj, const yaml_node_t *at)
+{
+    struct sc_addr_list *l = CFG_FIELD(obj, k->off);
+    char why[160], *host;
+    uint16_t port;
+
+    if (l->n == SC_ADDR_LIST_MAX) {
+        err_val(lc, at, "too many addresses (at most %d)", SC_ADDR_LIST_MAX);
+        return;
+    }
+    if (units_parse_hostport(s, &host, &port, why, sizeof why) != 0) {
+        err_val(lc, at, "invalid address \"%s\" (%s)", s, why);
+        return;
+    }
+    l->v[l->n].host = host;
+    l->v[l->n].port = port;
+    l->v[l->n].pos = pos_of(at);
+    l->n++;
+}
+
+static void reset_addrs(void *f)
+{
+    struct sc_addr_list *l = f;
+
+    for (uint32_t i = 0; i < l->n; i++)
+        free(l->v[i].host);
+    memset(l, 0, sizeof *l);
+}
+
 /* ---- upstream URL ---------------------------------------------------- */
 
 static int url_fail(char *why, size_t wlen, const char *msg)
@@ -904,6 +934,7 @@ static const struct type_ops types[CT_COUNT] = {
     [CT_RATE] = {"a rate such as 10/s", text_rate, NULL, NULL},
     [CT_ENUM] = {"a name", text_enum, NULL, NULL},
     [CT_ADDR] = {"host:port", text_addr, NULL, NULL},
+    [CT_ADDRS] = {"host:port", elem_addr, reset_addrs, NULL},
     [CT_URL] = {"a URL", text_url, NULL, NULL},
     [CT_METHODS] = {"an HTTP method", elem_method, reset_mask, NULL},
     [CT_FLAGS] = {"a name", elem_flag, reset_mask, NULL},

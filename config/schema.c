@@ -141,6 +141,12 @@ static const struct cfg_key store_keys[] = {
                        .def = "sluice:"},
     [SK_FLEET_SIZE] = {"fleet_size", CT_U32, CF(store.fleet_size), .def = "1",
                        .min = "1"},
+    [SK_TIMEOUT] = {"timeout", CT_DURATION, CF(store.timeout_ms),
+                    .def = "100ms", .min = "1ms", .max = "60s"},
+    [SK_SENTINELS] = {"sentinels", CT_ADDRS, CF(store.sentinels)},
+    [SK_MASTER] = {"master", CT_STRING, CF(store.master), .def = ""},
+    [SK_REPLICAS_ACK] = {"replicas_ack", CT_U32, CF(store.replicas_ack),
+                         .def = "0", .max = "16"},
 };
 FITS(store_keys);
 static const struct cfg_block store_block = {"store", KEYS(store_keys),
