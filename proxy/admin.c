@@ -168,6 +168,12 @@ static void policy_gauges(FILE *f, struct runtime *rt)
         fprintf(f, "sluice_inflight{policy=\"%s\"} %u\n",
                 i < cfg->n_policies ? cfg->policies[i].name : "default", pacing_inflight(ps));
     }
+    gauge_head(f, "sluice_bucket_fallback",
+               "1 while a shared policy paces locally because Redis does not answer.");
+    for (size_t i = 0; i < cfg->n_policies; i++)
+        if (pc->pol[i]->shared)
+            fprintf(f, "sluice_bucket_fallback{policy=\"%s\"} %d\n", cfg->policies[i].name,
+                    atomic_load(&pc->pol[i]->fallback) ? 1 : 0);
     gauge_head(f, "sluice_cooldown_seconds", "Seconds left of the cooldown an upstream imposed.");
     for (size_t i = 0; i < cfg->n_policies; i++) {
         uint64_t until = atomic_load(&pc->pol[i]->bucket.cooldown_until);
@@ -211,6 +217,8 @@ static char *gauges(struct app *app)
     runtime_put(rt);
     gauge_head(f, "sluice_leases_active", "Durable idempotency leases held by requests in flight.");
     fprintf(f, "sluice_leases_active %ld\n", atomic_load(&app->leases_active));
+    gauge_head(f, "sluice_store_up", "1 while the idempotency store answers and accepts writes.");
+    fprintf(f, "sluice_store_up %d\n", store_healthy(app->store) ? 1 : 0);
     gauge_head(f, "sluice_store_records", "Records in the idempotency store (estimate).");
     fprintf(f, "sluice_store_records %llu\n", (unsigned long long)store_count(app->store));
     gauge_head(f, "sluice_connections", "Open worker connections.");

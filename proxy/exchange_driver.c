@@ -96,7 +96,7 @@ static void release(struct exchange *ex, bool all)
 {
     bool keep_flight = !all && ex->streaming && !ex->up_done;
 
-    idem_cancel_call(ex);
+    ex_store_cancel(ex);
     if (!keep_flight)
         release_upstream(ex);
     release_timer(ex);

@@ -57,51 +57,6 @@ static void mismatch(struct exchange *ex)
               "(method, path or body differ)", ex->key);
 }
 
-/* ---- waiting for the store ---------------------------------------------- */
-
-static void on_store_done(struct store_call *c)
-{
-    ex_wake(c->arg);
-}
-
-/* Runs a store call for the current stage: starts it on the first run and
- * goes on when it completed at once; else waits for its completion, or
- * gives it up at the store's timeout (-ETIMEDOUT, a failure like any
- * other). EXV_NEXT means ex->scall holds the result. */
-static enum ex_verdict store_wait(struct exchange *ex, uint64_t now,
-                                  int (*start)(struct exchange *ex))
-{
-    uint64_t timeout_ms = ex->loop->app->fixed.store_timeout_ms;
-
-    if (ex->woke == WOKE_FIRST) {
-        ex->scall.done = on_store_done;
-        ex->scall.arg = ex;
-        if (start(ex) != -EINPROGRESS)
-            return EXV_NEXT;
-        ex->store_deadline = timeout_ms ? now + timeout_ms * NS_PER_MS : 0;
-        ex->wake_at = ex->store_deadline;
-        return EXV_WAIT;
-    }
-    if (!store_call_pending(&ex->scall))
-        return EXV_NEXT;
-    if (ex->woke == WOKE_TIMER) {
-        store_call_cancel(&ex->scall);
-        ex->scall.rc = -ETIMEDOUT;
-        sc_error_set(&ex->scall.err, "no answer within %llu ms",
-                     (unsigned long long)timeout_ms);
-        return EXV_NEXT;
-    }
-    ex->wake_at = ex->store_deadline;
-    return EXV_WAIT;
-}
-
-void idem_cancel_call(struct exchange *ex)
-{
-    store_call_cancel(&ex->scall);
-    store_record_clear(&ex->scall.rec);
-    store_record_clear(&ex->scall.acq.rec);
-}
-
 /* ---- arrival ------------------------------------------------------------ */
 
 static bool applies(const struct exchange *ex)
@@ -203,7 +158,7 @@ enum ex_verdict stage_lookup(struct exchange *ex, uint64_t now)
 
     if (!ex->idem)
         return EXV_NEXT;
-    if ((v = store_wait(ex, now, start_get)) != EXV_NEXT)
+    if ((v = ex_store_wait(ex, now, start_get, ex->woke == WOKE_FIRST)) != EXV_NEXT)
         return v;
     return looked_up(ex) && claim(ex) ? EXV_NEXT : EXV_ANSWER;
 }
@@ -256,7 +211,7 @@ enum ex_verdict stage_lease(struct exchange *ex, uint64_t now)
 
     if (!ex->idem)
         return EXV_NEXT;
-    if ((v = store_wait(ex, now, start_acquire)) != EXV_NEXT)
+    if ((v = ex_store_wait(ex, now, start_acquire, ex->woke == WOKE_FIRST)) != EXV_NEXT)
         return v;
     return took_lease(ex) ? EXV_NEXT : EXV_ANSWER;
 }
@@ -385,8 +340,9 @@ enum ex_verdict stage_commit(struct exchange *ex, uint64_t now)
         ex->settled = true;
         return EXV_ANSWER;
     }
-    v = store_wait(ex, now, ex->commit == COMMIT_RELEASE ? start_release
-                                                         : start_complete);
+    v = ex_store_wait(ex, now,
+                      ex->commit == COMMIT_RELEASE ? start_release : start_complete,
+                      ex->woke == WOKE_FIRST);
     if (v != EXV_NEXT)
         return v;
     ex->settled = true;
@@ -406,10 +362,8 @@ static void release_unsent(struct exchange *ex)
                                  ex->attempt, clock_wall_ms(),
                                  ex->pol->idem.ttl_ms);
 
-    if (rc == -EINPROGRESS)
-        store_call_cancel(&c);
-    else
-        released(ex, rc, &c.err);
+    ex_store_detach(&c, rc);
+    released(ex, rc, &c.err);
 }
 
 void idem_release_lease(struct exchange *ex)

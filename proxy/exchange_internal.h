@@ -5,6 +5,7 @@
  *                        watch on the worker's socket and the release path
  *   exchange_idem.c      stages: key on arrival, lease, commit
  *   exchange_pace.c      stages: permit, slot, send check
+ *   exchange_store.c     store calls a stage waits for
  *   exchange_upstream.c  stage: upstream (the request as sent, what its
  *                        answer means)
  *   exchange_stream.c    the upstream's body on its way to the worker
@@ -116,6 +117,11 @@ struct exchange {
     bool got_slot;          /* permit and slot were had (permit_wait_ns is set) */
     uint64_t wait_start_ns, wait_deadline_ns, permit_wait_ns;
     uint64_t permit_at;     /* reserved start (monotonic ns) */
+    bool asking;            /* a shared bucket or slot call is in flight */
+    bool shared_permit;     /* the fleet's bucket granted the permit */
+    bool shared_slot;       /* holds a fleet-wide slot */
+    bool slot_polling;      /* waits to ask the fleet for a slot again */
+    char holder[40];        /* this request's name as a fleet slot holder */
     enum shadow_verdict shadow; /* mode: shadow: what enforce would have done */
 
     /* the answer */
@@ -176,10 +182,8 @@ enum ex_verdict stage_lease(struct exchange *ex, uint64_t now);
 enum ex_verdict stage_commit(struct exchange *ex, uint64_t now);
 /* True when the upstream's answer is to be stored for replay. */
 bool ex_idem_replayable(const struct exchange *ex);
-/* Releases: a store call still in flight (its answer is dropped); the
- * in-memory claim; a lease never written off by the commit (nothing was
- * sent: released; sent: kept until it expires). */
-void idem_cancel_call(struct exchange *ex);
+/* Releases: the in-memory claim; a lease never written off by the commit
+ * (nothing was sent: released; sent: kept until it expires). */
 void idem_unclaim(struct exchange *ex);
 void idem_release_lease(struct exchange *ex);
 
@@ -194,6 +198,18 @@ void pace_release_slot(struct exchange *ex);
 /* RateLimit-Policy / RateLimit header values for the exchange's policy. */
 void ex_rate_headers(const struct exchange *ex, char *policy, size_t plen,
                      char *state, size_t slen);
+
+/* exchange_store.c */
+/* Runs a stage's store call in ex->scall: started by start when first
+ * (usually the stage's first run); EXV_NEXT once its result is there (a
+ * timeout is -ETIMEDOUT), else EXV_WAIT for its completion. */
+enum ex_verdict ex_store_wait(struct exchange *ex, uint64_t now,
+                              int (*start)(struct exchange *ex), bool first);
+/* Releases the call still in flight (its answer is dropped). */
+void ex_store_cancel(struct exchange *ex);
+/* A write nobody waits for: started into c (rc is what the call returned),
+ * left to complete on its own. */
+void ex_store_detach(struct store_call *c, int rc);
 
 /* exchange_upstream.c */
 enum ex_verdict stage_upstream(struct exchange *ex, uint64_t now);

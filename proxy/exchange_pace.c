@@ -3,6 +3,7 @@
  * then), a concurrency slot (FIFO across threads), both within max_wait,
  * otherwise requeue / rate_limited (or upstream_cooldown) at once; and the
  * send check, the same bucket's numbers at the moment of sending. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -13,11 +14,17 @@
 #include "obs/log.h"
 #include "proxy/server.h"
 #include "util/clock.h"
+#include "util/rand.h"
 
 /* No slot within max_wait: the holders' end is unknown, so the worker comes
  * back after about one upstream round trip. Also the least delay of a
  * request the drain deadline met while it waited. */
 #define SLOT_RETRY_MS 1000
+/* Fleet slots: how often a request waiting for one asks again (contract
+ * §10: at most every 25 ms, never a spin), and how long past its upstream's
+ * timeout a dead holder's slot stays taken. */
+#define SLOT_POLL_MS 25
+#define SLOT_HOLD_MARGIN_MS 5000
 
 static uint32_t attempts_so_far(const struct exchange *ex)
 {
@@ -50,6 +57,60 @@ static enum ex_verdict refuse_rate(struct exchange *ex, uint64_t start_ns,
     return refuse_wait(ex, r, (start_ns - now + NS_PER_MS - 1) / NS_PER_MS);
 }
 
+/* ---- the fleet's bucket (shared: redis) ---------------------------------- */
+
+static bool shared(const struct exchange *ex)
+{
+    return ex->ps->shared && store_shares_buckets(ex->loop->app->store);
+}
+
+static int start_permit(struct exchange *ex)
+{
+    return store_permit_async(ex->loop->store, &ex->scall, ex->pol->name,
+                              ex->bucket != &ex->ps->bucket ? ex->partition : NULL,
+                              ex->bucket->g.t_ns, ex->bucket->g.tau_ns,
+                              ex->pol->max_wait_ms * NS_PER_MS);
+}
+
+/* While the store does not answer, this sidecar paces alone at its share
+ * of the fleet's numbers (its local bucket, pacing.c), and says so. */
+static void fall_back(struct exchange *ex)
+{
+    if (!atomic_exchange(&ex->ps->fallback, true))
+        log_warn("policy %s: shared bucket unreachable (%s): pacing locally "
+                 "at its share of the fleet's rate", ex->pol->name,
+                 ex->scall.err.text);
+}
+
+static enum ex_verdict local_permit(struct exchange *ex, uint64_t now);
+
+/* The fleet's bucket answered: wait for the start it reserved, or go back
+ * to the queue; no answer: the local fallback decides. */
+static enum ex_verdict shared_answer(struct exchange *ex, uint64_t now)
+{
+    enum ex_verdict v = ex_store_wait(ex, now, start_permit, ex->woke == WOKE_FIRST);
+    const struct store_permit *pm = &ex->scall.permit;
+
+    if (v != EXV_NEXT)
+        return v;
+    ex->asking = false;
+    if (ex->scall.rc != 0) {
+        fall_back(ex);
+        return local_permit(ex, now);
+    }
+    if (atomic_exchange(&ex->ps->fallback, false))
+        log_info("policy %s: shared bucket reachable again", ex->pol->name);
+    if (!pm->granted)
+        return refuse_wait(ex, pm->paused ? R_UPSTREAM_COOLDOWN : R_RATE_LIMITED,
+                           (pm->wait_ns + NS_PER_MS - 1) / NS_PER_MS);
+    ex->shared_permit = true;
+    ex->permit_at = now + pm->wait_ns;
+    if (pm->wait_ns == 0)
+        return EXV_NEXT;
+    ex->wake_at = ex->permit_at;
+    return EXV_WAIT;
+}
+
 /* ---- permits ------------------------------------------------------------ */
 
 /* Shadow mode: reserve as enforce would (so the bucket tracks real demand)
@@ -65,10 +126,22 @@ static void shadow_permit(struct exchange *ex, uint64_t now)
         ex->shadow = SHADOW_PERMIT_WAIT;
 }
 
-static enum ex_verdict first_permit(struct exchange *ex, uint64_t now)
+static enum ex_verdict local_permit(struct exchange *ex, uint64_t now)
 {
     uint64_t start;
 
+    if (!gcra_reserve(&ex->bucket->g, now, ex->pol->max_wait_ms * NS_PER_MS,
+                      &start))
+        return refuse_rate(ex, start, now);
+    ex->permit_at = start;
+    if (start <= now)
+        return EXV_NEXT;
+    ex->wake_at = start;
+    return EXV_WAIT;
+}
+
+static enum ex_verdict first_permit(struct exchange *ex, uint64_t now)
+{
     ex->ps = pacing_policy(&ex->rt->pacing, ex->route->policy);
     ex->wait_start_ns = now;
     ex->wait_deadline_ns = now + ex->pol->max_wait_ms * NS_PER_MS;
@@ -79,14 +152,11 @@ static enum ex_verdict first_permit(struct exchange *ex, uint64_t now)
         shadow_permit(ex, now);
         return EXV_NEXT;
     }
-    if (!gcra_reserve(&ex->bucket->g, now, ex->pol->max_wait_ms * NS_PER_MS,
-                      &start))
-        return refuse_rate(ex, start, now);
-    ex->permit_at = start;
-    if (start <= now)
-        return EXV_NEXT;
-    ex->wake_at = start;
-    return EXV_WAIT;
+    if (shared(ex)) {
+        ex->asking = true;
+        return shared_answer(ex, now);
+    }
+    return local_permit(ex, now);
 }
 
 /* The timer: never before the reserved moment (libevent's cached clock may
@@ -105,6 +175,11 @@ static enum ex_verdict permit_due(struct exchange *ex, uint64_t now)
     /* A reservation made after the pause already lies beyond it. */
     if (until <= now || ex->permit_at >= until)
         return EXV_NEXT;
+    /* The fleet's bucket reserved this start; the pause is this sidecar's
+     * news (its own 429), passed on to the fleet: come back after it. */
+    if (ex->shared_permit)
+        return refuse_wait(ex, R_UPSTREAM_COOLDOWN,
+                           (until - now + NS_PER_MS - 1) / NS_PER_MS);
     if (!gcra_reserve(&ex->bucket->g, now, left, &start))
         return refuse_wait(ex, R_UPSTREAM_COOLDOWN,
                            (start - now + NS_PER_MS - 1) / NS_PER_MS);
@@ -115,7 +190,9 @@ static enum ex_verdict permit_due(struct exchange *ex, uint64_t now)
 
 enum ex_verdict stage_permit(struct exchange *ex, uint64_t now)
 {
-    return ex->woke == WOKE_FIRST ? first_permit(ex, now) : permit_due(ex, now);
+    if (ex->woke == WOKE_FIRST)
+        return first_permit(ex, now);
+    return ex->asking ? shared_answer(ex, now) : permit_due(ex, now);
 }
 
 /* ---- slots -------------------------------------------------------------- */
@@ -128,15 +205,15 @@ static enum ex_verdict got_slot(struct exchange *ex, uint64_t now)
     return EXV_NEXT;
 }
 
-static enum ex_verdict first_slot(struct exchange *ex, uint64_t now)
+static enum ex_verdict no_slot(struct exchange *ex)
 {
-    if (ex->pol->mode == SC_MODE_SHADOW || ex->pol->concurrency == 0) {
-        /* Counted for the gauge, never waited on. */
-        if (ex->pol->concurrency && pacing_inflight(ex->ps) >= ex->pol->concurrency)
-            ex->shadow = ex->shadow ? ex->shadow : SHADOW_CONCURRENCY;
-        atomic_fetch_add(&ex->ps->inflight, 1);
-        return got_slot(ex, now);
-    }
+    ex_instruct(ex, OUT_REQUEUE, R_RATE_LIMITED, SLOT_RETRY_MS, attempts_so_far(ex), 0);
+    ex->rate_headers = ex->bucket != NULL;
+    return EXV_ANSWER;
+}
+
+static enum ex_verdict local_slot(struct exchange *ex, uint64_t now)
+{
     if (!ex->slot.granted_ev &&
         !(ex->slot.granted_ev = event_new(ex->loop->base, -1, 0, ex_event_cb, ex))) {
         ex_refuse(ex, 500, OUT_REJECTED, R_INTERNAL, "out of memory");
@@ -147,6 +224,61 @@ static enum ex_verdict first_slot(struct exchange *ex, uint64_t now)
     ex->slot_waiting = true;
     ex->wake_at = ex->wait_deadline_ns > now ? ex->wait_deadline_ns : now;
     return EXV_WAIT;
+}
+
+/* A fleet-wide slot (shared: redis): asked of the store; none free, asked
+ * again every SLOT_POLL_MS until max_wait; no answer: the local fallback.
+ * A holder that dies gives its slot back after its upstream's timeout and
+ * a margin. */
+static int start_slot(struct exchange *ex)
+{
+    return store_slot_take_async(ex->loop->store, &ex->scall, ex->pol->name,
+                                 ex->holder, ex->pol->concurrency,
+                                 ex->up->timeout_ms + SLOT_HOLD_MARGIN_MS);
+}
+
+static enum ex_verdict shared_slot(struct exchange *ex, uint64_t now, bool first)
+{
+    enum ex_verdict v = ex_store_wait(ex, now, start_slot, first);
+    uint64_t next = now + SLOT_POLL_MS * NS_PER_MS;
+
+    ex->slot_polling = false;
+    if (v != EXV_NEXT) {
+        ex->asking = true;
+        return v;
+    }
+    ex->asking = false;
+    if (ex->scall.rc != 0) {
+        fall_back(ex);
+        return local_slot(ex, now);
+    }
+    if (ex->scall.slot.granted) {
+        ex->shared_slot = true;
+        atomic_fetch_add(&ex->ps->inflight, 1);
+        return got_slot(ex, now);
+    }
+    if (now >= ex->wait_deadline_ns)
+        return no_slot(ex);
+    ex->slot_polling = true;
+    ex->wake_at = next < ex->wait_deadline_ns ? next : ex->wait_deadline_ns;
+    return EXV_WAIT;
+}
+
+static enum ex_verdict first_slot(struct exchange *ex, uint64_t now)
+{
+    if (ex->pol->mode == SC_MODE_SHADOW || ex->pol->concurrency == 0) {
+        /* Counted for the gauge, never waited on. */
+        if (ex->pol->concurrency && pacing_inflight(ex->ps) >= ex->pol->concurrency)
+            ex->shadow = ex->shadow ? ex->shadow : SHADOW_CONCURRENCY;
+        atomic_fetch_add(&ex->ps->inflight, 1);
+        return got_slot(ex, now);
+    }
+    if (shared(ex)) {
+        snprintf(ex->holder, sizeof ex->holder, "%016llx%016llx",
+                 (unsigned long long)rand_u64(), (unsigned long long)rand_u64());
+        return shared_slot(ex, now, true);
+    }
+    return local_slot(ex, now);
 }
 
 /* Woken by the grant, or by max_wait's end: a grant that raced the timer
@@ -160,18 +292,37 @@ static enum ex_verdict slot_woken(struct exchange *ex, uint64_t now)
         event_del(ex->slot.granted_ev); /* a pending activation is ours */
         return got_slot(ex, now);
     }
-    ex_instruct(ex, OUT_REQUEUE, R_RATE_LIMITED, SLOT_RETRY_MS, attempts_so_far(ex), 0);
-    ex->rate_headers = ex->bucket != NULL;
-    return EXV_ANSWER;
+    return no_slot(ex);
 }
 
 enum ex_verdict stage_slot(struct exchange *ex, uint64_t now)
 {
-    return ex->woke == WOKE_FIRST ? first_slot(ex, now) : slot_woken(ex, now);
+    if (ex->woke == WOKE_FIRST)
+        return first_slot(ex, now);
+    if (ex->asking || ex->slot_polling)
+        return shared_slot(ex, now, ex->slot_polling);
+    return slot_woken(ex, now);
+}
+
+/* Gives a fleet slot back without waiting; also when its grant may be in
+ * flight (a holder that was never granted is a no-op to remove). */
+static void give_shared_slot(struct exchange *ex)
+{
+    struct store_call c = {0};
+
+    if (!ex->holder[0])
+        return;
+    ex_store_detach(&c, store_slot_give_async(ex->loop->store, &c,
+                                              ex->pol->name, ex->holder));
+    ex->holder[0] = '\0';
+    if (ex->shared_slot)
+        atomic_fetch_sub(&ex->ps->inflight, 1);
+    ex->shared_slot = false;
 }
 
 void pace_release_slot(struct exchange *ex)
 {
+    give_shared_slot(ex);
     if (ex->slot_waiting && !pacing_slot_cancel(ex->ps, &ex->slot)) {
         /* Granted in the meantime: ours to give back, and its pending
          * activation must not run after us. */
@@ -194,7 +345,9 @@ enum ex_verdict stage_send_check(struct exchange *ex, uint64_t now)
 {
     uint64_t at;
 
-    if (!ex->bucket || ex->pol->mode == SC_MODE_SHADOW ||
+    /* A fleet's permit was timed by Redis for the fleet: this sidecar's
+     * share of the rate is no bound on it. */
+    if (!ex->bucket || ex->pol->mode == SC_MODE_SHADOW || ex->shared_permit ||
         gcra_reserve(&ex->bucket->sent, now, 0, &at))
         return EXV_NEXT;
     ex->wake_at = at;

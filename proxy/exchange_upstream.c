@@ -120,11 +120,26 @@ static void persist_pause(struct exchange *ex, uint64_t hint_ms)
         return;
     rc = store_pause_set_async(ex->loop->store, &c, ex->pol->name, now,
                                now + hint_ms);
-    if (rc == -EINPROGRESS)
-        store_call_cancel(&c);
-    else if (rc != 0)
+    ex_store_detach(&c, rc);
+    if (rc != 0 && rc != -EINPROGRESS)
         log_warn("policy %s: cooldown not kept across restarts: %s",
                  ex->pol->name, c.err.text);
+}
+
+/* A shared policy's fleet hears it too (shared: redis), without waiting:
+ * pause_ms 0 empties the fleet's bucket, more pauses the whole policy. A
+ * failure leaves the other sidecars to meet their own 429s. */
+static void tell_fleet(struct exchange *ex, uint64_t pause_ms)
+{
+    struct store_call c = {0};
+
+    if (!ex->ps || !ex->ps->shared || !store_shares_buckets(ex->loop->app->store))
+        return;
+    ex_store_detach(&c, store_bucket_pause_async(
+                            ex->loop->store, &c, ex->pol->name,
+                            ex->bucket != &ex->ps->bucket ? ex->partition : NULL,
+                            ex->bucket->g.t_ns, ex->bucket->g.tau_ns,
+                            pause_ms * NS_PER_MS));
 }
 
 /* Any 429 empties the bucket; one with a reset hint pauses it until then,
@@ -139,12 +154,14 @@ static void cool_down(struct exchange *ex, bool has_hint, uint64_t hint_ms)
         return;
     if (!has_hint || hint_ms == 0) {
         gcra_empty(&ex->bucket->g, now);
+        tell_fleet(ex, 0);
         return;
     }
     if (hint_ms > ex->pol->retry.max_delay_ms)
         hint_ms = ex->pol->retry.max_delay_ms;
     bucket_pause(ex->bucket, now, now + hint_ms * NS_PER_MS, PAUSE_UPSTREAM_429);
     persist_pause(ex, hint_ms);
+    tell_fleet(ex, hint_ms);
     log_info("policy %s: upstream %s asked for %llu ms of cooldown",
              ex->pol->name, ex->up->name, (unsigned long long)hint_ms);
 }
@@ -163,6 +180,7 @@ static void note_breaker(struct exchange *ex, bool failed)
         return;
     bucket_pause(ex->bucket, now, now + pause_ms * NS_PER_MS, PAUSE_BREAKER);
     persist_pause(ex, pause_ms);
+    tell_fleet(ex, pause_ms);
     log_warn("policy %s: %u failures in a row from upstream %s: paused for %llu ms",
              ex->pol->name, (unsigned)atomic_load(&ex->ps->breaker.fail_streak),
              ex->up->name, (unsigned long long)pause_ms);

@@ -16,7 +16,27 @@ struct partition {
     TAILQ_ENTRY(partition) lru;
 };
 
-static struct policy_state *state_new(const struct sc_policy *p)
+static uint32_t ceil_div(uint32_t a, uint32_t b)
+{
+    return a ? (a + b - 1) / b : 0;
+}
+
+/* The numbers this sidecar applies by itself. A policy shared through Redis
+ * is paced there; its local bucket and slots are the fallback while Redis
+ * does not answer: this sidecar's share of the fleet's numbers (contract
+ * §10), so the fleet stays within them even then. */
+static void local_numbers(const struct sc_policy *p, uint32_t fleet_size,
+                          double *rate, uint32_t *burst, uint32_t *concurrency)
+{
+    uint32_t n = p->shared == SC_SHARED_REDIS && fleet_size > 1 ? fleet_size : 1;
+
+    *rate = p->rate / n;
+    *burst = ceil_div(p->burst, n);
+    *concurrency = ceil_div(p->concurrency, n);
+}
+
+static struct policy_state *state_new(const struct sc_policy *p,
+                                      uint32_t fleet_size)
 {
     struct policy_state *ps = calloc(1, sizeof *ps);
     size_t n = 64;
@@ -25,14 +45,13 @@ static struct policy_state *state_new(const struct sc_policy *p)
         return NULL;
     atomic_store(&ps->refs, 1);
     ps->name = strdup(p->name);
-    ps->rate = p->rate;
-    ps->burst = p->burst;
-    ps->concurrency = p->concurrency;
+    local_numbers(p, fleet_size, &ps->rate, &ps->burst, &ps->concurrency);
+    ps->shared = p->shared == SC_SHARED_REDIS;
     ps->partition_max = p->partition_max;
     ps->has_bucket = p->has_rate;
     if (p->has_rate) {
-        gcra_init(&ps->bucket.g, p->rate, p->burst);
-        gcra_init(&ps->bucket.sent, p->rate, p->burst);
+        gcra_init(&ps->bucket.g, ps->rate, ps->burst);
+        gcra_init(&ps->bucket.sent, ps->rate, ps->burst);
     }
     pthread_mutex_init(&ps->mu, NULL);
     TAILQ_INIT(&ps->waiters);
@@ -55,22 +74,28 @@ static struct policy_state *state_new(const struct sc_policy *p)
     return ps;
 }
 
-static bool same_numbers(const struct policy_state *ps, const struct sc_policy *p)
+static bool same_numbers(const struct policy_state *ps, const struct sc_policy *p,
+                         uint32_t fleet_size)
 {
     const char *ph = p->has_rate ? p->partition_header : NULL;
+    double rate;
+    uint32_t burst, concurrency;
 
+    local_numbers(p, fleet_size, &rate, &burst, &concurrency);
     return !strcmp(ps->name, p->name) && ps->has_bucket == p->has_rate &&
-           (!p->has_rate || (ps->rate == p->rate && ps->burst == p->burst)) &&
-           ps->concurrency == p->concurrency &&
+           ps->shared == (p->shared == SC_SHARED_REDIS) &&
+           (!p->has_rate || (ps->rate == rate && ps->burst == burst)) &&
+           ps->concurrency == concurrency &&
            ps->partition_max == p->partition_max &&
            (!ps->partition_header) == (!ph) &&
            (!ph || !strcmp(ps->partition_header, ph));
 }
 
-static struct policy_state *reuse(const struct pacing *prev, const struct sc_policy *p)
+static struct policy_state *reuse(const struct pacing *prev,
+                                  const struct sc_policy *p, uint32_t fleet_size)
 {
     for (size_t i = 0; prev && i < prev->n; i++)
-        if (same_numbers(prev->pol[i], p)) {
+        if (same_numbers(prev->pol[i], p, fleet_size)) {
             atomic_fetch_add(&prev->pol[i]->refs, 1);
             return prev->pol[i];
         }
@@ -81,14 +106,16 @@ int pacing_init(struct pacing *pc, const struct sc_config *cfg,
                 const struct pacing *prev)
 {
     memset(pc, 0, sizeof *pc);
-    pc->dflt = state_new(&cfg->default_policy);
+    uint32_t fleet = cfg->store.fleet_size;
+
+    pc->dflt = state_new(&cfg->default_policy, fleet);
     pc->n = cfg->n_policies;
     pc->pol = calloc(pc->n ? pc->n : 1, sizeof *pc->pol);
     if (!pc->pol || !pc->dflt)
         return -ENOMEM;
     for (size_t i = 0; i < pc->n; i++) {
-        pc->pol[i] = reuse(prev, &cfg->policies[i]);
-        if (!pc->pol[i] && !(pc->pol[i] = state_new(&cfg->policies[i])))
+        pc->pol[i] = reuse(prev, &cfg->policies[i], fleet);
+        if (!pc->pol[i] && !(pc->pol[i] = state_new(&cfg->policies[i], fleet)))
             return -ENOMEM;
     }
     return 0;

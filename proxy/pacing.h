@@ -58,6 +58,10 @@ struct policy_state {
     uint32_t burst, concurrency, partition_max;
     char *partition_header;       /* NULL = not partitioned */
     bool has_bucket;
+    bool shared;                  /* shared: redis: the numbers above are
+                                     this sidecar's fallback share */
+    atomic_bool fallback;         /* shared, and the fleet's bucket or
+                                     slots did not answer: local numbers */
     struct bucket bucket;         /* unpartitioned */
     pthread_mutex_t mu;           /* slots and partitions */
     _Atomic uint32_t inflight;

@@ -140,8 +140,11 @@ static int run_now(struct store *st, struct store_call *c, enum store_op op,
     case STORE_OP_PAUSE_SET:
         return st->ops->pause_set(st, a->scope, a->now_ms, a->until_ms,
                                   &c->err);
+    default:
+        sc_error_set(&c->err, "store %s: no shared buckets or slots",
+                     st->ops->name);
+        return -EOPNOTSUPP;
     }
-    return -EINVAL;
 }
 
 static int start(struct store_loop *sl, struct store_call *c, enum store_op op,
@@ -212,6 +215,51 @@ int store_pause_set_async(struct store_loop *sl, struct store_call *c,
                            .until_ms = until_ms};
 
     return start(sl, c, STORE_OP_PAUSE_SET, &a);
+}
+
+bool store_shares_buckets(const struct store *st)
+{
+    return st->ops->shares_buckets;
+}
+
+int store_permit_async(struct store_loop *sl, struct store_call *c,
+                       const char *scope, const char *partition,
+                       uint64_t t_ns, uint64_t tau_ns, uint64_t max_wait_ns)
+{
+    struct store_args a = {.scope = scope, .partition = partition,
+                           .t_ns = t_ns, .tau_ns = tau_ns,
+                           .max_wait_ns = max_wait_ns};
+
+    return start(sl, c, STORE_OP_PERMIT, &a);
+}
+
+int store_bucket_pause_async(struct store_loop *sl, struct store_call *c,
+                             const char *scope, const char *partition,
+                             uint64_t t_ns, uint64_t tau_ns, uint64_t pause_ns)
+{
+    struct store_args a = {.scope = scope, .partition = partition,
+                           .t_ns = t_ns, .tau_ns = tau_ns,
+                           .pause_ns = pause_ns};
+
+    return start(sl, c, STORE_OP_BUCKET_PAUSE, &a);
+}
+
+int store_slot_take_async(struct store_loop *sl, struct store_call *c,
+                          const char *scope, const char *holder,
+                          uint32_t limit, uint64_t hold_ms)
+{
+    struct store_args a = {.scope = scope, .holder = holder, .limit = limit,
+                           .hold_ms = hold_ms};
+
+    return start(sl, c, STORE_OP_SLOT_TAKE, &a);
+}
+
+int store_slot_give_async(struct store_loop *sl, struct store_call *c,
+                          const char *scope, const char *holder)
+{
+    struct store_args a = {.scope = scope, .holder = holder};
+
+    return start(sl, c, STORE_OP_SLOT_GIVE, &a);
 }
 
 bool store_call_pending(const struct store_call *c)

@@ -159,6 +159,19 @@ int store_loop_new(struct store *st, struct event_base *base,
 /* Cancels what is still in flight on it (no completion runs). NULL is fine. */
 void store_loop_free(struct store_loop *sl);
 
+/* A shared bucket's answer (GCRA on the backend's clock). */
+struct store_permit {
+    bool granted;           /* reserved: start after wait_ns */
+    bool paused;            /* refused: the policy is paused (a cooldown) */
+    uint64_t wait_ns;       /* granted: until the start; refused: until a
+                               permit (or the pause's end) */
+};
+
+/* A fleet-wide concurrency slot. */
+struct store_slot {
+    bool granted;
+};
+
 /* One call in flight, owned by the caller (an exchange), which sets done and
  * arg, and reads rc, err and the result once it has completed. */
 struct store_call {
@@ -168,6 +181,8 @@ struct store_call {
     struct sc_error err;
     struct store_record rec;        /* get: the record (clear it after) */
     struct store_acquire_out acq;   /* acquire (acq.rec: clear it after) */
+    struct store_permit permit;     /* permit */
+    struct store_slot slot;         /* slot_take */
     struct store_loop *loop;        /* where it was issued */
     void *pending;                  /* the backend's, while in flight */
 };
@@ -194,6 +209,35 @@ int store_release_async(struct store_loop *sl, struct store_call *c,
 int store_pause_set_async(struct store_loop *sl, struct store_call *c,
                           const char *scope, uint64_t now_ms,
                           uint64_t until_ms);
+
+/* ---- shared buckets and slots: `shared: redis` (contract §10) ----------- */
+
+/* Whether the backend can share buckets and slots between sidecars (Redis
+ * can, RocksDB cannot: its calls below fail with -EOPNOTSUPP). */
+bool store_shares_buckets(const struct store *st);
+
+/* The bucket of (scope, partition) with emission interval t_ns and
+ * tolerance tau_ns (policies/gcra.h): reserves a start no later than
+ * max_wait_ns from now, or refuses without reserving; refuses while the
+ * policy is paused. partition may be NULL. */
+int store_permit_async(struct store_loop *sl, struct store_call *c,
+                       const char *scope, const char *partition,
+                       uint64_t t_ns, uint64_t tau_ns, uint64_t max_wait_ns);
+
+/* An upstream asked for quiet: pause_ns > 0 pauses the policy that long
+ * (a later end replaces an earlier one, never the reverse), 0 empties the
+ * bucket of (scope, partition). */
+int store_bucket_pause_async(struct store_loop *sl, struct store_call *c,
+                             const char *scope, const char *partition,
+                             uint64_t t_ns, uint64_t tau_ns, uint64_t pause_ns);
+
+/* One of scope's `limit` fleet-wide slots for holder (unique per request),
+ * held at most hold_ms (a holder that dies gives it back then). */
+int store_slot_take_async(struct store_loop *sl, struct store_call *c,
+                          const char *scope, const char *holder,
+                          uint32_t limit, uint64_t hold_ms);
+int store_slot_give_async(struct store_loop *sl, struct store_call *c,
+                          const char *scope, const char *holder);
 
 /* Whether a call is in flight (issued, -EINPROGRESS, not yet completed). */
 bool store_call_pending(const struct store_call *c);

@@ -36,6 +36,10 @@ struct store_args {
     const uint8_t *body;
     size_t body_len;
     bool body_omitted;
+    /* buckets and slots */
+    const char *partition, *holder;
+    uint64_t t_ns, tau_ns, max_wait_ns, pause_ns, hold_ms;
+    uint32_t limit;
 };
 
 enum store_op {
@@ -44,6 +48,11 @@ enum store_op {
     STORE_OP_COMPLETE,
     STORE_OP_RELEASE,
     STORE_OP_PAUSE_SET,
+    /* only with a backend that shares buckets (start, below) */
+    STORE_OP_PERMIT,
+    STORE_OP_BUCKET_PAUSE,
+    STORE_OP_SLOT_TAKE,
+    STORE_OP_SLOT_GIVE,
 };
 
 struct store_ops {
@@ -84,6 +93,7 @@ struct store_ops {
     int (*start)(struct store_loop *sl, struct store_call *c, enum store_op op,
                  const struct store_args *a);
     void (*cancel)(struct store_call *c);
+    bool shares_buckets;    /* start takes the bucket and slot ops */
 };
 
 #endif

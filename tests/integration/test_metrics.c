@@ -588,6 +588,8 @@ static const struct {
     {"sluice_leases_active", "gauge", true},
     {"sluice_store_records", "gauge", true},
     {"sluice_config_reloads_total", "counter", true},
+    {"sluice_store_up", "gauge", true},         /* §10 */
+    {"sluice_bucket_fallback", "gauge", true},  /* §10: shared policies only */
     {"sluice_queue_age_invalid_total", "counter", false},
     {"sluice_store_errors_total", "counter", false},
     {"sluice_connections_refused_total", "counter", false},

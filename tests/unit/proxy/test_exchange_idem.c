@@ -111,7 +111,7 @@ static void result(struct exchange *ex, enum up_result r, int status)
 /* What the release path does once the answer is out. */
 static void finish(struct exchange *ex)
 {
-    idem_cancel_call(ex);
+    ex_store_cancel(ex);
     idem_release_lease(ex);
     idem_unclaim(ex);
     up_response_clear(&ex->ureq.resp);

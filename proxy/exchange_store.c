@@ -1,0 +1,59 @@
+/* Store calls from the stages: one in flight per exchange (ex->scall), its
+ * completion a wake like a slot's grant, its deadline the store's timeout.
+ * The idempotency stages wait for the records, the pacing stages for a
+ * shared bucket or slot. */
+#include <errno.h>
+
+#include "proxy/app.h"
+#include "proxy/exchange_internal.h"
+#include "proxy/server.h"
+#include "util/clock.h"
+
+static void on_store_done(struct store_call *c)
+{
+    ex_wake(c->arg);
+}
+
+/* Starts the call when asked to (first) and goes on when it completed at
+ * once; else waits for its completion, or gives it up at the store's
+ * timeout (-ETIMEDOUT, a failure like any other). EXV_NEXT means ex->scall
+ * holds the result. */
+enum ex_verdict ex_store_wait(struct exchange *ex, uint64_t now,
+                              int (*start)(struct exchange *ex), bool first)
+{
+    uint64_t timeout_ms = ex->loop->app->fixed.store_timeout_ms;
+
+    if (first) {
+        ex->scall.done = on_store_done;
+        ex->scall.arg = ex;
+        if (start(ex) != -EINPROGRESS)
+            return EXV_NEXT;
+        ex->store_deadline = timeout_ms ? now + timeout_ms * NS_PER_MS : 0;
+        ex->wake_at = ex->store_deadline;
+        return EXV_WAIT;
+    }
+    if (!store_call_pending(&ex->scall))
+        return EXV_NEXT;
+    if (ex->woke == WOKE_TIMER) {
+        store_call_cancel(&ex->scall);
+        ex->scall.rc = -ETIMEDOUT;
+        sc_error_set(&ex->scall.err, "no answer within %llu ms",
+                     (unsigned long long)timeout_ms);
+        return EXV_NEXT;
+    }
+    ex->wake_at = ex->store_deadline;
+    return EXV_WAIT;
+}
+
+void ex_store_cancel(struct exchange *ex)
+{
+    store_call_cancel(&ex->scall);
+    store_record_clear(&ex->scall.rec);
+    store_record_clear(&ex->scall.acq.rec);
+}
+
+void ex_store_detach(struct store_call *c, int rc)
+{
+    if (rc == -EINPROGRESS)
+        store_call_cancel(c);
+}
