@@ -381,12 +381,15 @@ static enum MHD_Result ep_readyz(struct admin_req *rq)
 {
     struct app *app = rq->app;
 
+    /* JSON naming the cause, so a probe's log says why (contract §10). */
     if (atomic_load(&app->ready) && !atomic_load(&app->draining) && store_healthy(app->store))
-        return reply(rq->c, 200, "text/plain", "ready\n", false);
-    return reply(rq->c, 503, "text/plain",
-                 atomic_load(&app->draining) ? "draining\n"
-                 : !store_healthy(app->store) ? "idempotency store failing: see the log\n"
-                 : "not ready\n", false);
+        return reply(rq->c, 200, "application/json", "{\"ready\": true}\n", false);
+    return reply(rq->c, 503, "application/json",
+                 atomic_load(&app->draining) ? "{\"ready\": false, \"reason\": \"draining\"}\n"
+                 : !store_healthy(app->store)
+                     ? "{\"ready\": false, \"reason\": \"store_unavailable\"}\n"
+                     : "{\"ready\": false, \"reason\": \"starting\"}\n",
+                 false);
 }
 
 static enum MHD_Result ep_config(struct admin_req *rq)

@@ -164,6 +164,7 @@ Test(admin, health_and_ready)
     h_resp_free(&r);
     cr_assert_eq(h_http(sl.admin_port, "GET", "/readyz", NULL, NULL, 0, &r), 0);
     cr_expect_eq(r.status, 200);
+    cr_expect(r.body && strstr(r.body, "{\"ready\": true}"), "readyz: %s", r.body ? r.body : "");
     h_resp_free(&r);
     cr_assert_eq(h_http(sl.admin_port, "GET", "/nope", NULL, NULL, 0, &r), 0);
     cr_expect_eq(r.status, 404);
