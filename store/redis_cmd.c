@@ -379,10 +379,9 @@ static int write_result(const struct rcmd_info *info, char verdict,
         /* The first result stays: a worker may have seen it. */
         redis_name_error(err, info, "already completed; the stored result stays");
         return -EALREADY;
-    case 'S':
-        return v ? stale(info, v, err) : -EPROTO;
+    default: /* 'S' */
+        return stale(info, v, err);
     }
-    return -EPROTO;
 }
 
 /* A script's answer: a verdict letter and, for some, a value. */
@@ -392,7 +391,6 @@ static int script_result(const struct redis_store *st,
 {
     const redisReply *v;
     char verdict;
-    int rc;
 
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
         r->element[0]->type != REDIS_REPLY_STRING || r->element[0]->len != 1)
@@ -401,10 +399,12 @@ static int script_result(const struct redis_store *st,
     v = r->elements > 1 ? r->element[1] : NULL;
     if (verdict == 'X' && v)
         return unreadable(info, v, err);
-    if (info->op == STORE_OP_ACQUIRE && (verdict == 'M' || v))
-        return acquire_result(info, verdict, v, acq, err);
-    rc = info->op == STORE_OP_ACQUIRE ? -EPROTO : write_result(info, verdict, v, err);
-    return rc == -EPROTO ? redis_unexpected(st, info, err) : rc;
+    if (info->op == STORE_OP_ACQUIRE) {
+        if (verdict == 'M' || (v && memchr("AHD", verdict, 3)))
+            return acquire_result(info, verdict, v, acq, err);
+    } else if (memchr("ONE", verdict, 3) || (verdict == 'S' && v))
+        return write_result(info, verdict, v, err);
+    return redis_unexpected(st, info, err);
 }
 
 int rcmd_result(const struct redis_store *st, const struct rcmd_info *info,
