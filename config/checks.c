@@ -30,21 +30,33 @@ void check_store(struct cfg_loader *lc, void *obj,
                  yaml_node_t *const *vals, struct sc_pos where)
 {
     const struct sc_config *cfg = obj;
+    const char *url = cfg->store.url ? cfg->store.url : "";
+    struct sc_redis_url u;
+    struct sc_error err = {0};
+    char buf[1024];
 
-    /* Refused here rather than at start, so that --check-config and a reload
-     * say it before a deploy does. */
-    if (cfg->store.backend == SC_BACKEND_REDIS) {
-        err_sub(lc, pos_of(vals[SK_BACKEND]), "backend", "\"redis\" is not "
-                "available yet (fleet mode is not built in this version); use "
-                "rocksdb, the default");
-        return;
-    }
     if (cfg->store.sentinels.n && !cfg->store.master[0])
         err_sub(lc, pos_of(vals[SK_SENTINELS]), "sentinels", "needs master "
                 "(the name Sentinel knows the primary by)");
     if (cfg->store.master[0] && !cfg->store.sentinels.n)
         err_sub(lc, pos_of(vals[SK_MASTER]), "master", "needs sentinels (the "
                 "addresses to ask for the primary)");
+    if (url[0] && config_redis_url_parse(url, &u, buf, sizeof buf, &err) != 0)
+        err_sub(lc, pos_of(vals[SK_URL]), "url", "%s", err.text);
+    if (cfg->store.backend != SC_BACKEND_REDIS)
+        return;
+    /* Refused here rather than at start, so that --check-config and a reload
+     * say it before a deploy does. */
+    if (!url[0])
+        err_sub(lc, pos_of(vals[SK_BACKEND]), "url", "required with backend: "
+                "redis (redis://[:password@]host:port/db)");
+    if (cfg->store.sentinels.n)
+        err_sub(lc, pos_of(vals[SK_SENTINELS]), "sentinels", "not available "
+                "in this build yet: point url at the primary");
+    if (cfg->store.replicas_ack)
+        err_sub(lc, pos_of(vals[SK_REPLICAS_ACK]), "replicas_ack", "not "
+                "available in this build yet: 0 (Redis replicates "
+                "asynchronously)");
 }
 
 void check_tls(struct cfg_loader *lc, void *obj,

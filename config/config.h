@@ -50,6 +50,22 @@ struct sc_addr_list {
     uint32_t n;
 };
 
+/* store.url, parsed (config_redis_url_parse). */
+struct sc_redis_url {
+    const char *host;
+    unsigned port;
+    const char *password;   /* NULL: none */
+    unsigned db;
+};
+
+/* Parses redis://[:password@]host[:port][/db] into *u (port 6379, db 0 when
+ * left out; the password may be %-encoded). The strings go into buf (buflen
+ * bytes), which must outlive u. rediss:// is refused: this build's Redis
+ * client (hiredis 0.14) has no TLS. 0 or -EINVAL / -ENOTSUP / -ENOSPC with
+ * err, whose text never holds the password. */
+int config_redis_url_parse(const char *url, struct sc_redis_url *u, char *buf,
+                           size_t buflen, struct sc_error *err);
+
 struct sc_header {
     char *name;
     char *value;    /* after ${ENV} substitution */

@@ -97,14 +97,6 @@ static bool valid_admin_token(const char *s, char *why, size_t wlen)
     return true;
 }
 
-static bool valid_redis_url(const char *s, char *why, size_t wlen)
-{
-    if (!*s || !strncmp(s, "redis://", 8) || !strncmp(s, "rediss://", 9))
-        return true;
-    snprintf(why, wlen, "expected redis://host:port/db or rediss://...");
-    return false;
-}
-
 /* ---- the schema ------------------------------------------------------ */
 
 #define KEYS(a) .keys = (a), .n_keys = sizeof(a) / sizeof((a)[0])
@@ -136,7 +128,7 @@ static const struct cfg_key store_keys[] = {
                  .valid = valid_nonempty},
     [SK_SYNC] = {"sync", CT_BOOL, CF(store.sync), .def = "false"},
     [SK_URL] = {"url", CT_STRING, CF(store.url), .def = "",
-                .valid = valid_redis_url, .secret = CFG_SECRET_URL},
+                .secret = CFG_SECRET_URL}, /* checked by check_store */
     [SK_KEY_PREFIX] = {"key_prefix", CT_STRING, CF(store.key_prefix),
                        .def = "sluice:"},
     [SK_FLEET_SIZE] = {"fleet_size", CT_U32, CF(store.fleet_size), .def = "1",

@@ -45,8 +45,15 @@ static int fixed_init(struct app_fixed *f, const struct sc_config *cfg)
     f->store_path = strdup(cfg->store.path);
     f->store_sync = cfg->store.sync;
     f->backend = cfg->store.backend;
+    /* RocksDB answers at once: only a network store needs a deadline. */
+    f->store_timeout_ms = cfg->store.backend == SC_BACKEND_REDIS
+                              ? cfg->store.timeout_ms : 0;
+    f->store_url = strdup(cfg->store.url ? cfg->store.url : "");
+    f->store_prefix = strdup(cfg->store.key_prefix ? cfg->store.key_prefix : "");
+    f->fleet_size = cfg->store.fleet_size;
     f->statsd = strdup(cfg->metrics.statsd ? cfg->metrics.statsd : "");
-    return f->file && f->listen.host && f->admin.host && f->store_path && f->statsd
+    return f->file && f->listen.host && f->admin.host && f->store_path &&
+                   f->statsd && f->store_url && f->store_prefix
                ? 0 : -ENOMEM;
 }
 
@@ -56,6 +63,8 @@ static void fixed_free(struct app_fixed *f)
     free(f->listen.host);
     free(f->admin.host);
     free(f->store_path);
+    free(f->store_url);
+    free(f->store_prefix);
     free(f->statsd);
     memset(f, 0, sizeof *f);
 }
@@ -108,16 +117,34 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
         log_debug("store sweep: %zu expired records reclaimed", removed);
 }
 
+/* The fleet's store: reachable or not, it opens (a fleet may start before
+ * its Redis); /readyz says whether it answers. */
+static int open_redis(struct app *app, struct sc_error *err)
+{
+    const struct app_fixed *f = &app->fixed;
+    struct sc_redis_url u;
+    char buf[1024];
+    int rc = config_redis_url_parse(f->store_url, &u, buf, sizeof buf, err);
+    struct store_redis_opts o = {
+        .host = u.host, .port = u.port, .password = u.password, .db = u.db,
+        .timeout_ms = f->store_timeout_ms, .prefix = f->store_prefix,
+    };
+
+    if (rc != 0)
+        return rc;
+    return store_open_redis(&o, &app->store, err);
+}
+
 static int store_init(struct app *app, struct sc_error *err)
 {
     struct timeval tv = clock_ms_to_tv(SWEEP_EVERY_MS);
     int rc;
 
-    if (app->fixed.backend != SC_BACKEND_ROCKSDB) {
-        sc_error_set(err, "store.backend redis is not available in this build");
-        return -ENOTSUP;
-    }
-    rc = store_open_rocksdb(app->fixed.store_path, app->fixed.store_sync, &app->store, err);
+    if (app->fixed.backend == SC_BACKEND_REDIS)
+        rc = open_redis(app, err);
+    else
+        rc = store_open_rocksdb(app->fixed.store_path, app->fixed.store_sync,
+                                &app->store, err);
     if (rc != 0)
         return rc;
     if (claims_init(&app->claims) != 0) {
@@ -234,8 +261,14 @@ static int check_fixed(const struct app_fixed *f, const struct sc_config *c,
         fprintf(out, "%s: limits.max_header and limits.max_connections need a restart\n",
                 c->file);
     if ((strcmp(f->store_path, c->store.path) || f->store_sync != c->store.sync ||
-         f->backend != c->store.backend) && ++bad)
-        fprintf(out, "%s: store changed: it needs a restart\n", c->file);
+         f->backend != c->store.backend ||
+         strcmp(f->store_url, c->store.url ? c->store.url : "") ||
+         strcmp(f->store_prefix, c->store.key_prefix ? c->store.key_prefix : "") ||
+         f->fleet_size != c->store.fleet_size ||
+         (f->backend == SC_BACKEND_REDIS && f->store_timeout_ms != c->store.timeout_ms)) &&
+        ++bad)
+        fprintf(out, "%s: store changed: it needs a restart (the running config is "
+                "kept)\n", c->file);
     if (strcmp(f->statsd, c->metrics.statsd ? c->metrics.statsd : "") && ++bad)
         fprintf(out, "%s: metrics.statsd changed: it needs a restart\n", c->file);
     return bad ? -EINVAL : 0;

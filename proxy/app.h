@@ -32,6 +32,9 @@ struct app_fixed {
     bool store_sync;
     uint64_t store_timeout_ms;  /* one store round trip; 0: no limit */
     enum sc_backend backend;
+    char *store_url;            /* redis */
+    char *store_prefix;         /* redis: key_prefix */
+    uint32_t fleet_size;        /* sizes the shared policies' fallback */
     char *statsd;               /* "" = off */
 };
 

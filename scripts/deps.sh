@@ -4,6 +4,7 @@
 set -eu
 PKGS="build-essential cmake pkg-config libmicrohttpd-dev libevent-dev
 librocksdb-dev libjansson-dev libyaml-dev libssl-dev libhttp-parser-dev libsystemd-dev
+libhiredis-dev
 libcriterion-dev openssl curl prometheus
 redis-server python3 python3-redis python3-yaml golang-go systemd
 clang libclang-rt-14-dev llvm-14"

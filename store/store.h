@@ -59,6 +59,24 @@ struct store;
  * err. */
 int store_open_rocksdb(const char *path, bool sync, struct store **out,
                        struct sc_error *err);
+/* Where the Redis store lives (docs/contract.md §10). The strings are
+ * copied by store_open_redis. */
+struct store_redis_opts {
+    const char *host;
+    unsigned port;
+    const char *password; /* NULL: none (no AUTH) */
+    unsigned db;          /* SELECTed when not 0 */
+    uint64_t timeout_ms;  /* connect and per-command; 0: 100 ms */
+    const char *prefix;   /* key prefix; NULL or "": "sluice" */
+};
+
+/* Opens the Redis store of a fleet: records, leases and pauses shared by
+ * every sidecar pointed at the same Redis and prefix. An unreachable Redis
+ * is not an error here (a fleet may start before its Redis): the store is
+ * unhealthy until a command works. 0 or negative + err (bad options). */
+int store_open_redis(const struct store_redis_opts *o, struct store **out,
+                     struct sc_error *err);
+
 /* Flushes and closes; NULL is fine. */
 void store_close(struct store *st);
 

@@ -424,29 +424,30 @@ Test(config_values, upstream_urls)
     config_free(cfg);
 }
 
-/* Until fleet mode lands, the Redis backend is refused by the check itself,
- * not only at start, and so is a policy shared through it. */
-Test(config_values, redis_backend_refused_at_check_time)
+/* Fleet mode: the Redis backend and a policy shared through it load; the
+ * keys of the store are there to read, the password kept out of errors. */
+Test(config_values, redis_backend_and_shared_policy_load)
 {
-    size_t n = 0;
-    char *all = load_fail(
-        "store: { backend: redis, url: \"redis://u:pw@10.0.0.5:6379/0\", fleet_size: 4 }\n"
+    struct sc_config *cfg = load_ok(
+        "store: { backend: redis, url: \"redis://:pw@10.0.0.5:6379/0\", fleet_size: 4,\n"
+        "         timeout: 250ms, key_prefix: \"fleet:\" }\n"
         "upstreams: { up: { url: http://h } }\n"
         "policies:\n"
         "  w: { rate: 100/s, shared: redis }\n"
-        "routes: [ { prefix: /, upstream: up, policy: w } ]\n", &n);
+        "routes: [ { prefix: /, upstream: up, policy: w } ]\n");
 
-    cr_expect_eq(n, 1, "%s", all);
-    cr_expect_str_eq(all, "test.yaml:1:19: store.backend: \"redis\" is not available yet "
-                     "(fleet mode is not built in this version); use rocksdb, the default\n");
-    cr_expect_null(strstr(all, "pw"), "no password in errors");
-    free(all);
+    cr_expect_eq(cfg->store.backend, SC_BACKEND_REDIS);
+    cr_expect_eq(cfg->store.fleet_size, 4);
+    cr_expect_eq(cfg->store.timeout_ms, 250);
+    cr_expect_str_eq(cfg->store.key_prefix, "fleet:");
+    cr_expect_eq(cfg->policies[0].shared, SC_SHARED_REDIS);
+    config_free(cfg);
 }
 
 Test(config_values, store_keys_and_shadow_partitioned_policy)
 {
     struct sc_config *cfg = load_ok(
-        "store: { url: \"redis://u:pw@10.0.0.5:6379/0\", fleet_size: 4 }\n"
+        "store: { url: \"redis://:pw@10.0.0.5:6379/0\", fleet_size: 4 }\n"
         "upstreams: { up: { url: http://h } }\n"
         "policies:\n"
         "  w: { rate: 100/s, burst: 20, mode: shadow,\n"
@@ -454,7 +455,7 @@ Test(config_values, store_keys_and_shadow_partitioned_policy)
         "routes: [ { prefix: /, upstream: up, policy: w } ]\n");
 
     cr_expect_eq(cfg->store.backend, SC_BACKEND_ROCKSDB);
-    cr_expect_str_eq(cfg->store.url, "redis://u:pw@10.0.0.5:6379/0");
+    cr_expect_str_eq(cfg->store.url, "redis://:pw@10.0.0.5:6379/0");
     cr_expect_str_eq(cfg->store.key_prefix, "sluice:");
     cr_expect_eq(cfg->store.fleet_size, 4);
     cr_expect_eq(cfg->policies[0].shared, SC_SHARED_LOCAL);
@@ -748,7 +749,7 @@ Test(config_errors, file_errors_use_the_path)
 
 static const char REDACT[] =
     "admin_token: \"${SLUICE_T_ADMIN}\"\n"
-    "store: { url: \"redis://admin:hunter2@10.0.0.5:6379/0\" }\n"
+    "store: { url: \"redis://default:hunter2@10.0.0.5:6379/0\" }\n"
     "upstreams:\n"
     "  up:\n"
     "    url: https://api.example/base\n"
@@ -794,7 +795,7 @@ Test(config_json, secrets_are_redacted)
             root, "upstreams"), "up"), "headers"), "Authorization");
     cr_expect_str_eq(json_string_value(h), "<redacted>");
     cr_expect_str_eq(json_string_value(json_object_get(json_object_get(root,
-                     "store"), "url")), "redis://admin:<redacted>@10.0.0.5:6379/0");
+                     "store"), "url")), "redis://default:<redacted>@10.0.0.5:6379/0");
     json_decref(root);
     free(text);
     config_free(cfg);

@@ -1,0 +1,205 @@
+/* redis://[:password@]host[:port][/db], the config's store.url
+ * (docs/contract.md §10): checked when the config loads, read again by
+ * the process when it opens the Redis store. */
+#include "config/config.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_PORT 6379
+#define SCHEME "redis://"
+#define TLS_SCHEME "rediss://"
+
+/* Appends bytes to the caller's buffer, NUL-terminated. */
+struct out {
+    char *p;
+    size_t left;
+};
+
+static char *put(struct out *o, const char *s, size_t n)
+{
+    char *start = o->p;
+
+    if (n + 1 > o->left)
+        return NULL;
+    memcpy(o->p, s, n);
+    o->p[n] = '\0';
+    o->p += n + 1;
+    o->left -= n + 1;
+    return start;
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Decodes %XX in place; false on a malformed escape or a %00. */
+static bool unescape(char *s)
+{
+    char *w = s;
+
+    for (const char *r = s; *r; r++) {
+        int hi, lo;
+
+        if (*r != '%') {
+            *w++ = *r;
+            continue;
+        }
+        if ((hi = hexval(r[1])) < 0 || (lo = hexval(r[2])) < 0 ||
+            (hi == 0 && lo == 0))
+            return false;
+        *w++ = (char)(hi * 16 + lo);
+        r += 2;
+    }
+    *w = '\0';
+    return true;
+}
+
+/* "[:password" or "default:password" before '@'. Other user names would
+ * need AUTH <user> <password> (Redis ACLs), which this build does not send. */
+static int parse_userinfo(const char *s, size_t n, struct sc_redis_url *o,
+                          struct out *out, struct sc_error *err)
+{
+    const char *colon = memchr(s, ':', n);
+    char *pw;
+
+    if (!colon || !(colon == s || (colon - s == 7 && !memcmp(s, "default", 7)))) {
+        sc_error_set(err, "write the password as "
+                     "redis://:password@host (user names other than "
+                     "\"default\" are not supported)");
+        return -EINVAL;
+    }
+    if (!(pw = put(out, colon + 1, n - (size_t)(colon + 1 - s))))
+        return -ENOSPC;
+    if (!unescape(pw)) {
+        sc_error_set(err, "bad %%-escape in the password");
+        return -EINVAL;
+    }
+    o->password = *pw ? pw : NULL;
+    return 0;
+}
+
+/* A decimal in [min, max] made of the n bytes at s. */
+static bool number(const char *s, size_t n, unsigned long min,
+                   unsigned long max, unsigned *v)
+{
+    unsigned long x = 0;
+
+    if (n == 0 || n > 10)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return false;
+        x = x * 10 + (unsigned long)(s[i] - '0');
+    }
+    if (x < min || x > max)
+        return false;
+    *v = (unsigned)x;
+    return true;
+}
+
+/* host[:port] or [v6]:port, n bytes at s. */
+static int parse_hostport(const char *s, size_t n, struct sc_redis_url *o,
+                          struct out *out, struct sc_error *err)
+{
+    const char *end = s + n, *host = s, *hend, *port = NULL;
+
+    if (n && s[0] == '[') {
+        host = s + 1;
+        if (!(hend = memchr(s, ']', n)))
+            goto bad;
+        if (hend + 1 < end && hend[1] != ':')
+            goto bad;
+        port = hend + 1 < end ? hend + 2 : NULL;
+    } else {
+        hend = memchr(s, ':', n);
+        port = hend ? hend + 1 : NULL;
+        if (!hend)
+            hend = end;
+    }
+    if (hend == host)
+        goto bad;
+    o->port = DEFAULT_PORT;
+    if (port && !number(port, (size_t)(end - port), 1, 65535, &o->port)) {
+        sc_error_set(err, "port must be 1 to 65535");
+        return -EINVAL;
+    }
+    if (!(o->host = put(out, host, (size_t)(hend - host))))
+        return -ENOSPC;
+    return 0;
+bad:
+    sc_error_set(err, "a host is required "
+                 "(redis://[:password@]host:port/db)");
+    return -EINVAL;
+}
+
+static int parse_db(const char *path, struct sc_redis_url *o,
+                    struct sc_error *err)
+{
+    o->db = 0;
+    if (!*path || !strcmp(path, "/"))
+        return 0;
+    if (!number(path + 1, strlen(path + 1), 0, 1u << 20, &o->db)) {
+        sc_error_set(err, "\"%s\" is not a database "
+                     "number (redis://host:port/db)", path);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int parse(const char *url, struct sc_redis_url *o, struct out *out,
+                 struct sc_error *err)
+{
+    const char *auth = url + strlen(SCHEME), *at, *path;
+    int rc;
+
+    path = strchr(auth, '/');
+    if (!path)
+        path = auth + strlen(auth);
+    /* The last '@' before the path: a password may hold an '@' itself. */
+    at = NULL;
+    for (const char *p = auth; p < path; p++)
+        if (*p == '@')
+            at = p;
+    o->password = NULL;
+    if (at && (rc = parse_userinfo(auth, (size_t)(at - auth), o, out, err)) != 0)
+        return rc;
+    if (at)
+        auth = at + 1;
+    if ((rc = parse_hostport(auth, (size_t)(path - auth), o, out, err)) != 0)
+        return rc;
+    return parse_db(path, o, err);
+}
+
+int config_redis_url_parse(const char *url, struct sc_redis_url *o,
+                          char *buf, size_t buflen, struct sc_error *err)
+{
+    struct out out = {buf, buflen};
+    int rc;
+
+    if (!url || !strncmp(url, TLS_SCHEME, strlen(TLS_SCHEME))) {
+        sc_error_set(err, "%s is not supported: this build's hiredis "
+                     "(0.14) has no TLS; use redis:// on a private network "
+                     "or through a TLS tunnel", url ? "rediss:// (TLS)" : "a NULL url");
+        return url ? -ENOTSUP : -EINVAL;
+    }
+    if (strncmp(url, SCHEME, strlen(SCHEME)) != 0) {
+        /* Not echoed: it may hold a password. */
+        sc_error_set(err, "a redis url must start with redis://");
+        return -EINVAL;
+    }
+    rc = parse(url, o, &out, err);
+    if (rc == -ENOSPC)
+        sc_error_set(err, "redis url too long (%zu bytes)", strlen(url));
+    return rc;
+}

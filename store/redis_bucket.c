@@ -1,0 +1,195 @@
+/* Shared buckets and slots on Redis (contract §10, `shared: redis`): the
+ * scripts, their commands and the reading of their replies.
+ *
+ * A bucket is one hash per (policy, partition), `<prefix>{<policy>}:b` or
+ * `<prefix>{<policy>}:b:<partition>`, with the GCRA's theoretical arrival
+ * time `tat` and the end of a pause `pu`, both in microseconds of Redis's
+ * own clock (TIME), so sidecars whose clocks disagree still share one
+ * timeline. Microseconds since the epoch (~1.8e15) are exact in Lua's
+ * doubles, nanoseconds would not be; they are written with %.0f, never
+ * tostring (which rounds to 14 digits). An absent hash is a full bucket, so
+ * each expires once its bucket would be full again and its pause over.
+ *
+ * The fleet's slots of a policy are one sorted set, `<prefix>{<policy>}:s`,
+ * of holders scored by when their hold runs out (ms of Redis's clock): a
+ * holder that dies frees its slot then, and every take first drops the
+ * holders whose time is up. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "store/store_redis_internal.h"
+#include "util/hash.h"
+
+/* Longer partition values are named by their 64-bit hash: keys stay short;
+ * two such values sharing a bucket by accident is a 2^-64 event, and would
+ * only pace them together. */
+#define PARTITION_NAME_MAX 128
+
+/* KEYS[1] the bucket; ARGV: T, tau, max_wait (µs). Reserves the start
+ * max(now, tat - tau) and moves tat to max(tat, now) + T, or refuses
+ * without reserving when the start is beyond max_wait. Answers {granted,
+ * wait µs, paused}. The rules are policies/gcra.h's. */
+const char redis_script_permit[] =
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
+    "local T, tau, maxw = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])\n"
+    "local h = redis.call('HMGET', KEYS[1], 'tat', 'pu')\n"
+    "local tat, pu = tonumber(h[1]) or 0, tonumber(h[2]) or 0\n"
+    "local start = math.max(now, tat - tau)\n"
+    "local wait = start - now\n"
+    "if wait > maxw then\n"
+    "  if pu > now then return {0, wait, 1} end\n"
+    "  return {0, wait, 0}\n"
+    "end\n"
+    "tat = math.max(tat, now) + T\n"
+    "redis.call('HSET', KEYS[1], 'tat', string.format('%.0f', tat))\n"
+    "local keep = math.max(tat, pu) - now\n"
+    "redis.call('PEXPIRE', KEYS[1], math.floor(keep / 1000) + 1000)\n"
+    "return {1, wait, 0}\n";
+
+/* KEYS[1] the bucket; ARGV: T, tau, pause (µs). pause 0 empties it (the
+ * next start no earlier than now + T: gcra_empty); more pauses it until
+ * now + pause, then one start per T (gcra_pause_until). Never moves tat or
+ * the pause's end back. */
+const char redis_script_bucket_pause[] =
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
+    "local T, tau, pause = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])\n"
+    "local h = redis.call('HMGET', KEYS[1], 'tat', 'pu')\n"
+    "local tat, pu = tonumber(h[1]) or 0, tonumber(h[2]) or 0\n"
+    "local from = now + T\n"
+    "if pause > 0 then\n"
+    "  from = now + pause\n"
+    "  pu = math.max(pu, from)\n"
+    "end\n"
+    "tat = math.max(tat, from + tau)\n"
+    "redis.call('HSET', KEYS[1], 'tat', string.format('%.0f', tat),\n"
+    "           'pu', string.format('%.0f', pu))\n"
+    "local keep = math.max(tat, pu) - now\n"
+    "redis.call('PEXPIRE', KEYS[1], math.floor(keep / 1000) + 1000)\n"
+    "return 1\n";
+
+/* KEYS[1] the slots; ARGV: holder, limit, hold (ms). 1 when the holder has
+ * (or now takes) a slot, 0 when all are held. */
+const char redis_script_slot_take[] =
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "local hold = tonumber(ARGV[3])\n"
+    "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)\n"
+    "if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end\n"
+    "if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end\n"
+    "redis.call('ZADD', KEYS[1], string.format('%.0f', now + hold), ARGV[1])\n"
+    "if redis.call('PTTL', KEYS[1]) < hold + 1000 then\n"
+    "  redis.call('PEXPIRE', KEYS[1], hold + 1000)\n"
+    "end\n"
+    "return 1\n";
+
+static int scope_ok(const char *scope, struct sc_error *err)
+{
+    struct record_key k;
+
+    return record_key_make(&k, scope, "-", err); /* checks the scope */
+}
+
+static void bucket_key(const struct redis_store *st, const char *scope,
+                       const char *partition, struct rcmd *cmd)
+{
+    if (!partition)
+        snprintf(cmd->key, sizeof cmd->key, "%s{%s}:b", st->prefix, scope);
+    else if (strlen(partition) <= PARTITION_NAME_MAX)
+        snprintf(cmd->key, sizeof cmd->key, "%s{%s}:b:%s", st->prefix, scope,
+                 partition);
+    else
+        snprintf(cmd->key, sizeof cmd->key, "%s{%s}:b:#%016llx", st->prefix,
+                 scope, (unsigned long long)hash_str(HASH_INIT, partition));
+    snprintf(cmd->info.name, sizeof cmd->info.name, "%s/(bucket)", scope);
+}
+
+static void num(struct rcmd *cmd, int i, uint64_t v)
+{
+    snprintf(cmd->num[i], sizeof cmd->num[i], "%llu", (unsigned long long)v);
+    redis_arg_str(cmd, cmd->num[i]);
+}
+
+static void build_bucket(struct redis_store *st, enum store_op op,
+                         const struct store_args *a, struct rcmd *cmd)
+{
+    bucket_key(st, a->scope, a->partition, cmd);
+    redis_evalsha(cmd, op == STORE_OP_PERMIT ? SCRIPT_PERMIT
+                                             : SCRIPT_BUCKET_PAUSE);
+    num(cmd, 0, a->t_ns / 1000);
+    num(cmd, 1, a->tau_ns / 1000);
+    num(cmd, 2, (op == STORE_OP_PERMIT ? a->max_wait_ns : a->pause_ns) / 1000);
+}
+
+static void build_slot(struct redis_store *st, enum store_op op,
+                       const struct store_args *a, struct rcmd *cmd)
+{
+    snprintf(cmd->key, sizeof cmd->key, "%s{%s}:s", st->prefix, a->scope);
+    snprintf(cmd->info.name, sizeof cmd->info.name, "%s/(slots)", a->scope);
+    if (op == STORE_OP_SLOT_GIVE) {
+        redis_arg_str(cmd, "ZREM");
+        redis_arg_str(cmd, cmd->key);
+        redis_arg_str(cmd, a->holder);
+        return;
+    }
+    redis_evalsha(cmd, SCRIPT_SLOT_TAKE);
+    redis_arg_str(cmd, a->holder);
+    num(cmd, 0, a->limit);
+    num(cmd, 1, a->hold_ms);
+}
+
+int redis_bucket_build(struct redis_store *st, enum store_op op,
+                       const struct store_args *a, struct rcmd *cmd,
+                       struct sc_error *err)
+{
+    int rc = scope_ok(a->scope, err);
+
+    if (rc)
+        return rc;
+    if (op == STORE_OP_PERMIT || op == STORE_OP_BUCKET_PAUSE)
+        build_bucket(st, op, a, cmd);
+    else
+        build_slot(st, op, a, cmd);
+    return 0;
+}
+
+static bool integer_at(const redisReply *r, size_t i, long long *v)
+{
+    if (i >= r->elements || r->element[i]->type != REDIS_REPLY_INTEGER)
+        return false;
+    *v = r->element[i]->integer;
+    return true;
+}
+
+static int permit_result(const struct redis_store *st,
+                         const struct rcmd_info *info, const redisReply *r,
+                         struct store_permit *pm, struct sc_error *err)
+{
+    long long granted, wait_us, paused;
+
+    if (r->type != REDIS_REPLY_ARRAY || !integer_at(r, 0, &granted) ||
+        !integer_at(r, 1, &wait_us) || !integer_at(r, 2, &paused) || wait_us < 0)
+        return redis_unexpected(st, info, err);
+    pm->granted = granted == 1;
+    pm->paused = paused == 1;
+    pm->wait_ns = (uint64_t)wait_us * 1000;
+    return 0;
+}
+
+int redis_bucket_result(const struct redis_store *st,
+                        const struct rcmd_info *info, const redisReply *r,
+                        const struct rcmd_out *out, struct sc_error *err)
+{
+    if (info->op == STORE_OP_PERMIT) {
+        if (!out->permit)
+            return redis_unexpected(st, info, err);
+        return permit_result(st, info, r, out->permit, err);
+    }
+    if (r->type != REDIS_REPLY_INTEGER)
+        return redis_unexpected(st, info, err);
+    if (info->op == STORE_OP_SLOT_TAKE && out->slot)
+        out->slot->granted = r->integer == 1;
+    return 0;
+}

@@ -1,0 +1,443 @@
+/* The Redis backend's commands, built from a call's arguments, and the
+ * reading of their replies: shared by the blocking calls (store_redis.c)
+ * and the asynchronous ones (store_redis_async.c), so both answer alike.
+ * Keys and scripts: see store_redis.c and redis_scripts.c. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/store_redis_internal.h"
+
+/* Beyond this PEXPIREAT would overflow Redis's arithmetic: such a record
+ * (a saturated expiry) is kept without a TTL. */
+#define PEXPIREAT_MAX ((uint64_t)1 << 62)
+
+static uint64_t add_sat(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+static void put_le(uint8_t *p, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* ---- commands ---- */
+
+void redis_arg(struct rcmd *cmd, const void *p, size_t len)
+{
+    cmd->argv[cmd->argc] = p;
+    cmd->len[cmd->argc++] = len;
+}
+
+void redis_arg_str(struct rcmd *cmd, const char *s)
+{
+    redis_arg(cmd, s, strlen(s));
+}
+
+static void fmt_at(char out[24], uint64_t expires_ms)
+{
+    if (expires_ms > PEXPIREAT_MAX)
+        expires_ms = 0;
+    snprintf(out, 24, "%llu", (unsigned long long)expires_ms);
+}
+
+/* The record's Redis key, after RocksDB's checks of scope and key. */
+int redis_record_key(const struct redis_store *st, const char *scope,
+                      const char *key, struct rcmd *cmd, struct sc_error *err)
+{
+    struct record_key k;
+    int rc = record_key_make(&k, scope, key, err);
+
+    if (rc)
+        return rc;
+    snprintf(cmd->key, sizeof cmd->key, "%s{%s}:k:%s", st->prefix, scope, key);
+    snprintf(cmd->info.name, sizeof cmd->info.name, "%s/%s", scope, key);
+    return 0;
+}
+
+int redis_pause_key(const struct redis_store *st, const char *scope,
+                     struct rcmd *cmd, struct sc_error *err)
+{
+    struct record_key k;
+    int rc = record_key_make(&k, scope, "-", err); /* checks the scope */
+
+    if (rc)
+        return rc;
+    snprintf(cmd->key, sizeof cmd->key, "%s{%s}:pause", st->prefix, scope);
+    snprintf(cmd->info.name, sizeof cmd->info.name, "%s/(pause)", scope);
+    return 0;
+}
+
+/* EVALSHA <sha> 1 <key>: the arguments follow. */
+void redis_evalsha(struct rcmd *cmd, enum redis_script s)
+{
+    cmd->info.script = (int)s;
+    redis_arg_str(cmd, "EVALSHA");
+    redis_arg_str(cmd, redis_script_sha(s));
+    redis_arg_str(cmd, "1");
+    redis_arg_str(cmd, cmd->key);
+}
+
+static int encode(struct rcmd *cmd, const struct store_record *rec,
+                  struct sc_error *err)
+{
+    size_t len;
+    int rc = record_encode(rec, &cmd->blob, &len, err);
+
+    if (rc == 0)
+        redis_arg(cmd, cmd->blob, len);
+    return rc;
+}
+
+/* The record a new key gets; a takeover's script keeps the stored
+ * created_ms and counts on from the stored attempt. */
+static int build_acquire(struct rcmd *cmd, const struct store_args *a,
+                         struct sc_error *err)
+{
+    struct store_record fresh = {
+        .state = STORE_IN_PROGRESS,
+        .attempt = 1,
+        .created_ms = a->now_ms,
+        .lease_expires_ms = add_sat(a->now_ms, a->lease_ms),
+    };
+    int rc;
+
+    memcpy(fresh.fingerprint, a->fp, STORE_FP_LEN);
+    /* The attempt count outlives the lease by ttl. */
+    fresh.expires_ms = add_sat(fresh.lease_expires_ms, a->ttl_ms);
+    redis_evalsha(cmd, SCRIPT_ACQUIRE);
+    redis_arg(cmd, cmd->now, 8);
+    redis_arg(cmd, a->fp, STORE_FP_LEN);
+    if ((rc = encode(cmd, &fresh, err)) != 0)
+        return rc;
+    fmt_at(cmd->at, fresh.expires_ms);
+    redis_arg_str(cmd, cmd->at);
+    return 0;
+}
+
+/* attempt, created_ms and fingerprint are left 0: the script puts the
+ * stored record's in. */
+static int build_complete(struct rcmd *cmd, const struct store_args *a,
+                          struct sc_error *err)
+{
+    /* Borrows the caller's headers and body for encoding only; never
+     * cleared, so the casts drop const without writing through it. */
+    struct store_record done = {
+        .state = STORE_COMPLETED,
+        .lease_expires_ms = a->now_ms, /* the lease ends with the result */
+        .completed_ms = a->now_ms,
+        .expires_ms = add_sat(a->now_ms, a->ttl_ms),
+        .status = a->status,
+        .headers = (struct store_header *)a->headers,
+        .n_headers = a->n_headers,
+        .body = a->body_omitted ? NULL : (uint8_t *)a->body,
+        .body_len = a->body_omitted ? 0 : a->body_len,
+        .body_omitted = a->body_omitted,
+    };
+    int rc;
+
+    redis_evalsha(cmd, SCRIPT_COMPLETE);
+    redis_arg(cmd, cmd->now, 8);
+    if ((rc = encode(cmd, &done, err)) != 0)
+        return rc;
+    fmt_at(cmd->at, done.expires_ms);
+    redis_arg_str(cmd, cmd->at);
+    return 0;
+}
+
+static void build_release(struct rcmd *cmd, const struct store_args *a)
+{
+    uint64_t expires = add_sat(a->now_ms, a->ttl_ms);
+
+    cmd->info.attempt = a->attempt;
+    put_le(cmd->attempt, a->attempt, 4);
+    put_le(cmd->expires, expires, 8);
+    fmt_at(cmd->at, expires);
+    redis_evalsha(cmd, SCRIPT_RELEASE);
+    redis_arg(cmd, cmd->now, 8);
+    redis_arg(cmd, cmd->attempt, 4);
+    redis_arg(cmd, cmd->expires, 8);
+    redis_arg_str(cmd, cmd->at);
+}
+
+static void build_pause_set(struct rcmd *cmd, const struct store_args *a)
+{
+    snprintf(cmd->now_dec, sizeof cmd->now_dec, "%llu",
+             (unsigned long long)a->now_ms);
+    snprintf(cmd->until_dec, sizeof cmd->until_dec, "%llu",
+             (unsigned long long)a->until_ms);
+    fmt_at(cmd->at, a->until_ms);
+    redis_evalsha(cmd, SCRIPT_PAUSE_SET);
+    redis_arg_str(cmd, cmd->now_dec);
+    redis_arg_str(cmd, cmd->until_dec);
+    redis_arg_str(cmd, cmd->at);
+}
+
+int rcmd_build(struct redis_store *st, enum store_op op,
+               const struct store_args *a, struct rcmd *cmd,
+               struct sc_error *err)
+{
+    int rc;
+
+    memset(cmd, 0, sizeof *cmd);
+    cmd->info.op = op;
+    cmd->info.script = -1;
+    cmd->info.now_ms = a->now_ms;
+    put_le(cmd->now, a->now_ms, 8);
+    if (op >= STORE_OP_PERMIT)
+        return redis_bucket_build(st, op, a, cmd, err);
+    rc = op == STORE_OP_PAUSE_SET ? redis_pause_key(st, a->scope, cmd, err)
+                                  : redis_record_key(st, a->scope, a->key, cmd,
+                                                     err);
+    if (rc)
+        return rc;
+    switch (op) {
+    case STORE_OP_GET:
+        redis_arg_str(cmd, "GET");
+        redis_arg_str(cmd, cmd->key);
+        return 0;
+    case STORE_OP_ACQUIRE:
+        return build_acquire(cmd, a, err);
+    case STORE_OP_COMPLETE:
+        return build_complete(cmd, a, err);
+    case STORE_OP_RELEASE:
+        build_release(cmd, a);
+        return 0;
+    case STORE_OP_PAUSE_SET:
+        build_pause_set(cmd, a);
+        return 0;
+    default:
+        break;
+    }
+    sc_error_set(err, "store: unknown operation %d", (int)op);
+    return -EINVAL;
+}
+
+void rcmd_free(struct rcmd *cmd)
+{
+    free(cmd->blob);
+    cmd->blob = NULL;
+}
+
+int redis_handshake_cmd(const struct redis_store *st, int i,
+                        const char *argv[3], size_t len[3], char *dbbuf,
+                        size_t dbbuf_len)
+{
+    if (st->password) {
+        if (i-- == 0) {
+            argv[0] = "AUTH", argv[1] = st->password;
+            len[0] = 4, len[1] = strlen(st->password);
+            return 2;
+        }
+    }
+    if (st->db) {
+        if (i-- == 0) {
+            snprintf(dbbuf, dbbuf_len, "%u", st->db);
+            argv[0] = "SELECT", argv[1] = dbbuf;
+            len[0] = 6, len[1] = strlen(dbbuf);
+            return 2;
+        }
+    }
+    if (i >= SCRIPT_COUNT)
+        return 0;
+    argv[0] = "SCRIPT", argv[1] = "LOAD";
+    argv[2] = redis_script_body((enum redis_script)i);
+    len[0] = 6, len[1] = 4, len[2] = strlen(argv[2]);
+    return 3;
+}
+
+/* ---- replies ---- */
+
+bool redis_reply_noscript(const redisReply *r)
+{
+    return r && r->type == REDIS_REPLY_ERROR && r->str &&
+           strncmp(r->str, "NOSCRIPT", 8) == 0;
+}
+
+int redis_unexpected(const struct redis_store *st,
+                      const struct rcmd_info *info, struct sc_error *err)
+{
+    sc_error_set(err, "store: redis at %s: %s: unexpected reply", st->addr,
+                 info->name);
+    return -EPROTO;
+}
+
+static int decode_value(const struct rcmd_info *info, const redisReply *v,
+                        struct store_record *rec, struct sc_error *err)
+{
+    struct sc_error derr;
+    int rc;
+
+    if (v->type != REDIS_REPLY_STRING) {
+        sc_error_set(err, "store: %s: the stored value is not a string",
+                     info->name);
+        return -EBADMSG;
+    }
+    rc = record_decode((const uint8_t *)v->str, v->len, rec, &derr);
+    if (rc)
+        sc_error_set(err, "store: %s: %s", info->name, derr.text);
+    return rc;
+}
+
+/* A value the scripts cannot work on ('X'): record_decode says why. */
+static int unreadable(const struct rcmd_info *info, const redisReply *v,
+                      struct sc_error *err)
+{
+    struct store_record rec;
+    int rc = decode_value(info, v, &rec, err);
+
+    if (rc)
+        return rc;
+    store_record_clear(&rec);
+    sc_error_set(err, "store: %s: a record version the redis backend does "
+                 "not write (it reads version %d only)", info->name,
+                 RECORD_VERSION);
+    return -EPROTO;
+}
+
+void redis_name_error(struct sc_error *err, const struct rcmd_info *info,
+                       const char *what)
+{
+    sc_error_set(err, "store: %s: %s", info->name, what);
+}
+
+static int get_result(const struct redis_store *st,
+                      const struct rcmd_info *info, const redisReply *r,
+                      struct store_record *rec, struct sc_error *err)
+{
+    int rc;
+
+    if (r->type == REDIS_REPLY_NIL)
+        return -ENOENT;
+    if ((rc = decode_value(info, r, rec, err)) != 0)
+        return rc;
+    if (rec->expires_ms <= info->now_ms) {
+        store_record_clear(rec);
+        return -ENOENT;
+    }
+    return 0;
+}
+
+static int acquire_result(const struct rcmd_info *info, char verdict,
+                          const redisReply *v, struct store_acquire_out *out,
+                          struct sc_error *err)
+{
+    struct store_record rec;
+    int rc;
+
+    if (verdict == 'M') {
+        out->claim = STORE_MISMATCH;
+        return 0;
+    }
+    if ((rc = decode_value(info, v, &rec, err)) != 0)
+        return rc;
+    if (verdict == 'A') {
+        out->claim = STORE_ACQUIRED;
+        out->attempt = rec.attempt;
+    } else if (verdict == 'H') {
+        out->claim = STORE_HELD;
+        out->remaining_ms = rec.lease_expires_ms > info->now_ms
+                                ? rec.lease_expires_ms - info->now_ms : 0;
+    } else {
+        out->claim = STORE_DONE;
+        out->rec = rec; /* ownership moves to the caller */
+        return 0;
+    }
+    store_record_clear(&rec);
+    return 0;
+}
+
+static int stale(const struct rcmd_info *info, const redisReply *v,
+                 struct sc_error *err)
+{
+    struct store_record rec;
+    char why[64];
+    int rc = decode_value(info, v, &rec, err);
+
+    if (rc)
+        return rc;
+    snprintf(why, sizeof why, "attempt %u holds the lease, not %u",
+             (unsigned)rec.attempt, (unsigned)info->attempt);
+    store_record_clear(&rec);
+    redis_name_error(err, info, why);
+    return -ESTALE;
+}
+
+/* complete and release: the verdicts that are not about the lease. */
+static int write_result(const struct rcmd_info *info, char verdict,
+                        const redisReply *v, struct sc_error *err)
+{
+    switch (verdict) {
+    case 'O':
+        return 0;
+    case 'N':
+        /* A completion with no record is a failure (its result is lost);
+         * a release finds nothing to end: an answer, err untouched. */
+        if (info->op == STORE_OP_COMPLETE)
+            redis_name_error(err, info, "no live record to complete");
+        return -ENOENT;
+    case 'E':
+        /* The first result stays: a worker may have seen it. */
+        redis_name_error(err, info, "already completed; the stored result stays");
+        return -EALREADY;
+    default: /* 'S' */
+        return stale(info, v, err);
+    }
+}
+
+/* A script's answer: a verdict letter and, for some, a value. */
+static int script_result(const struct redis_store *st,
+                         const struct rcmd_info *info, const redisReply *r,
+                         struct store_acquire_out *acq, struct sc_error *err)
+{
+    const redisReply *v;
+    char verdict;
+
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
+        r->element[0]->type != REDIS_REPLY_STRING || r->element[0]->len != 1)
+        return redis_unexpected(st, info, err);
+    verdict = r->element[0]->str[0];
+    v = r->elements > 1 ? r->element[1] : NULL;
+    if (verdict == 'X' && v)
+        return unreadable(info, v, err);
+    if (info->op == STORE_OP_ACQUIRE) {
+        if (verdict == 'M' || (v && memchr("AHD", verdict, 3)))
+            return acquire_result(info, verdict, v, acq, err);
+    } else if (memchr("ONE", verdict, 3) || (verdict == 'S' && v))
+        return write_result(info, verdict, v, err);
+    return redis_unexpected(st, info, err);
+}
+
+int rcmd_result(const struct redis_store *st, const struct rcmd_info *info,
+                const redisReply *r, const struct rcmd_out *out,
+                struct sc_error *err)
+{
+    struct store_record *rec = out->rec;
+    struct store_acquire_out *acq = out->acq;
+
+    if (rec)
+        memset(rec, 0, sizeof *rec);
+    if (acq)
+        memset(acq, 0, sizeof *acq);
+    if (r->type == REDIS_REPLY_ERROR) {
+        sc_error_set(err, "store: redis at %s: %s: %s", st->addr, info->name,
+                     r->str);
+        return -EIO;
+    }
+    switch (info->op) {
+    case STORE_OP_GET:
+        return get_result(st, info, r, rec, err);
+    case STORE_OP_PAUSE_SET:
+        return r->type == REDIS_REPLY_INTEGER ? 0 : redis_unexpected(st, info, err);
+    case STORE_OP_PERMIT:
+    case STORE_OP_BUCKET_PAUSE:
+    case STORE_OP_SLOT_TAKE:
+    case STORE_OP_SLOT_GIVE:
+        return redis_bucket_result(st, info, r, out, err);
+    default:
+        return script_result(st, info, r, acq, err);
+    }
+}

@@ -1,0 +1,145 @@
+/* The Lua scripts of the Redis backend. A record is stored as record.h's
+ * binary value (the same bytes as in RocksDB), so the scripts work on its
+ * fixed fields by offset (1-based, version 2):
+ *
+ *   1 version   2 state   3 flags   4..7 attempt   8..15 expires_ms
+ *   16..23 created_ms   24..31 lease_expires_ms   32..39 completed_ms
+ *   40..71 fingerprint   72.. status, headers, body
+ *
+ * Times travel as 8 little-endian bytes and are compared byte by byte, never
+ * as Lua numbers (doubles) nor with Lua's string '<' (strcoll: Redis sets
+ * the locale). What needs arithmetic or a message (remaining lease, decoding
+ * a replay) is left to C: a script answers a one-letter verdict and, where
+ * the caller needs it, the record as it was or as written:
+ *   A acquired (the new record)   H held (the record)   D done (the record)
+ *   M fingerprint mismatch        N no live record      E already completed
+ *   S a later attempt holds it (the record)             O written
+ *   X a value this script cannot read (the value: C decodes it for the
+ *     error). */
+#include "store/redis_scripts.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <openssl/evp.h>
+
+/* Shared by every record script. KEYS[1] is the record; ARGV[1] is now. */
+#define PRELUDE                                                              \
+    "local function le_cmp(a, b)\n"                                          \
+    "  for i = 8, 1, -1 do\n"                                                \
+    "    local x, y = a:byte(i), b:byte(i)\n"                                \
+    "    if x ~= y then if x < y then return -1 end return 1 end\n"         \
+    "  end\n"                                                                \
+    "  return 0\n"                                                           \
+    "end\n"                                                                  \
+    "local function save(v, at)\n"                                           \
+    "  redis.call('SET', KEYS[1], v)\n"                                      \
+    "  if at ~= '0' then redis.call('PEXPIREAT', KEYS[1], at) end\n"        \
+    "end\n"                                                                  \
+    /* The live record; false when absent or expired at now. */             \
+    "local cur = redis.call('GET', KEYS[1])\n"                               \
+    "if cur and (#cur < 81 or cur:byte(1) ~= 2) then return {'X', cur} end\n" \
+    "if cur and le_cmp(cur:sub(8, 15), ARGV[1]) <= 0 then cur = false end\n"
+
+/* ARGV: now, fingerprint, the record a new key gets (attempt 1, created now,
+ * its lease and expiry set), PEXPIREAT ms ('0': none). A takeover keeps the
+ * record's created_ms and counts one more attempt. */
+static const char ACQUIRE[] =
+    PRELUDE
+    "local new = ARGV[3]\n"
+    "if cur then\n"
+    "  if cur:sub(40, 71) ~= ARGV[2] then return {'M'} end\n"
+    "  if cur:byte(2) == 2 then return {'D', cur} end\n"
+    "  if le_cmp(cur:sub(24, 31), ARGV[1]) > 0 then return {'H', cur} end\n"
+    "  local n = struct.unpack('<I4', cur, 4)\n"
+    "  if n < 4294967295 then n = n + 1 end\n"
+    "  new = new:sub(1, 3) .. struct.pack('<I4', n) .. new:sub(8, 15) ..\n"
+    "        cur:sub(16, 23) .. new:sub(24)\n"
+    "end\n"
+    "save(new, ARGV[4])\n"
+    "return {'A', new}\n";
+
+/* ARGV: now, the completed record (status, headers, body and times set),
+ * PEXPIREAT ms. The attempt, created_ms and fingerprint are the stored
+ * record's; the first result stays. */
+static const char COMPLETE[] =
+    PRELUDE
+    "if not cur then return {'N'} end\n"
+    "if cur:byte(2) == 2 then return {'E'} end\n"
+    "local d = ARGV[2]\n"
+    "save(d:sub(1, 3) .. cur:sub(4, 7) .. d:sub(8, 15) .. cur:sub(16, 23) ..\n"
+    "     d:sub(24, 39) .. cur:sub(40, 71) .. d:sub(72), ARGV[3])\n"
+    "return {'O'}\n";
+
+/* ARGV: now, the releasing attempt (4 bytes), the new expires_ms (8 bytes),
+ * PEXPIREAT ms. Fenced: only the attempt that holds the lease ends it. */
+static const char RELEASE[] =
+    PRELUDE
+    "if not cur then return {'N'} end\n"
+    "if cur:byte(2) == 2 then return {'E'} end\n"
+    "if cur:sub(4, 7) ~= ARGV[2] then return {'S', cur} end\n"
+    "save(cur:sub(1, 7) .. ARGV[3] .. cur:sub(16, 23) .. ARGV[1] ..\n"
+    "     cur:sub(32), ARGV[4])\n"
+    "return {'O'}\n";
+
+/* KEYS[1] the pause; ARGV: now, until (decimal ms, as stored, so an operator
+ * can read it with GET), PEXPIREAT ms. A later moment replaces an earlier
+ * one, never the reverse. Decimals without leading zeros compare by length,
+ * then digit by digit. */
+static const char PAUSE_SET[] =
+    "local function dec_cmp(a, b)\n"
+    "  if #a ~= #b then if #a < #b then return -1 end return 1 end\n"
+    "  for i = 1, #a do\n"
+    "    local x, y = a:byte(i), b:byte(i)\n"
+    "    if x ~= y then if x < y then return -1 end return 1 end\n"
+    "  end\n"
+    "  return 0\n"
+    "end\n"
+    "local cur = redis.call('GET', KEYS[1])\n"
+    "if cur and dec_cmp(cur, ARGV[1]) > 0 and dec_cmp(cur, ARGV[2]) >= 0 then\n"
+    "  return 0\n"
+    "end\n"
+    "redis.call('SET', KEYS[1], ARGV[2])\n"
+    "if ARGV[3] ~= '0' then redis.call('PEXPIREAT', KEYS[1], ARGV[3]) end\n"
+    "return 1\n";
+
+static const char *const BODIES[SCRIPT_COUNT] = {
+    [SCRIPT_ACQUIRE] = ACQUIRE,
+    [SCRIPT_COMPLETE] = COMPLETE,
+    [SCRIPT_RELEASE] = RELEASE,
+    [SCRIPT_PAUSE_SET] = PAUSE_SET,
+    [SCRIPT_PERMIT] = redis_script_permit,
+    [SCRIPT_BUCKET_PAUSE] = redis_script_bucket_pause,
+    [SCRIPT_SLOT_TAKE] = redis_script_slot_take,
+};
+
+static char shas[SCRIPT_COUNT][SCRIPT_SHA_LEN + 1];
+static pthread_once_t shas_once = PTHREAD_ONCE_INIT;
+
+static void sha1_hex(const char *s, char out[SCRIPT_SHA_LEN + 1])
+{
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+
+    EVP_Digest(s, strlen(s), md, &n, EVP_sha1(), NULL);
+    for (unsigned int i = 0; i < n && i < SCRIPT_SHA_LEN / 2; i++)
+        snprintf(out + 2 * i, 3, "%02x", md[i]);
+}
+
+static void compute_shas(void)
+{
+    for (int i = 0; i < SCRIPT_COUNT; i++)
+        sha1_hex(BODIES[i], shas[i]);
+}
+
+const char *redis_script_body(enum redis_script s)
+{
+    return BODIES[s];
+}
+
+const char *redis_script_sha(enum redis_script s)
+{
+    pthread_once(&shas_once, compute_shas);
+    return shas[s];
+}

@@ -1,0 +1,37 @@
+/* The Redis backend's server-side scripts (store_redis.c): every
+ * read-modify-write of a record, pause, shared bucket or slot set is one
+ * Lua script, so Redis runs it
+ * atomically against every other sidecar of the fleet. Internal to store/. */
+#ifndef SLUICE_STORE_REDIS_SCRIPTS_H
+#define SLUICE_STORE_REDIS_SCRIPTS_H
+
+#include <stddef.h>
+
+enum redis_script {
+    SCRIPT_ACQUIRE,
+    SCRIPT_COMPLETE,
+    SCRIPT_RELEASE,
+    SCRIPT_PAUSE_SET,
+    /* shared buckets and slots (redis_bucket.c) */
+    SCRIPT_PERMIT,
+    SCRIPT_BUCKET_PAUSE,
+    SCRIPT_SLOT_TAKE,
+    SCRIPT_COUNT,
+};
+
+/* The sources of the bucket and slot scripts, kept beside their commands
+ * (redis_bucket.c). */
+extern const char redis_script_permit[];
+extern const char redis_script_bucket_pause[];
+extern const char redis_script_slot_take[];
+
+#define SCRIPT_SHA_LEN 40
+
+/* The script's source, as SCRIPT LOAD takes it. */
+const char *redis_script_body(enum redis_script s);
+
+/* Its SHA-1 in hex, the name EVALSHA calls it by: computed here, so a
+ * connection can call it before (or without) seeing SCRIPT LOAD's answer. */
+const char *redis_script_sha(enum redis_script s);
+
+#endif

@@ -1,0 +1,524 @@
+/* The idempotency store on Redis (store.h, docs/contract.md §10): one Redis
+ * shared by a fleet of sidecars, with RocksDB's semantics (store_rocksdb.c).
+ *
+ * Keys: <prefix>:{<scope>}:k:<key> holds a record as record.h's binary value
+ * (the same bytes RocksDB stores); <prefix>:{<scope>}:pause holds a pause as
+ * decimal ms. The scope is a hash tag, so a policy's keys share one Redis
+ * Cluster slot. Every read-modify-write is one Lua script (redis_scripts.c),
+ * atomic in Redis whatever the number of sidecars.
+ *
+ * Clocks: times are the callers' (now_ms), as for RocksDB, so the hosts of a
+ * fleet need synchronised clocks: a sidecar whose clock runs d ms behind
+ * another's sees that one's leases last d ms longer (and the reverse).
+ * Expiry is Redis's own: each write sets PEXPIREAT at the record's
+ * expires_ms, so Redis drops what has expired by its clock (sweep has
+ * nothing to do), while reads still judge liveness by the caller's now_ms.
+ *
+ * Durability: a script's reply means Redis has applied the write; that it
+ * survives a crash of Redis is Redis's persistence (AOF) and replication,
+ * configured on the server.
+ *
+ * Here: opening, the blocking calls (one connection, a mutex around it, for
+ * the admin server, start-up and tests), the commands and the reading of
+ * replies. The asynchronous calls are in store_redis_async.c. */
+#include "store/store.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/store_redis_internal.h"
+
+#define DEFAULT_TIMEOUT_MS 100
+#define DEFAULT_PREFIX "sluice"
+
+static const struct store_ops redis_ops;
+
+static struct redis_store *rs(struct store *base)
+{
+    return (struct redis_store *)base;
+}
+
+/* ---- the blocking connection ---- */
+
+static struct timeval ms_tv(uint64_t ms)
+{
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+    return tv;
+}
+
+/* Drops the connection after an I/O error or a timeout; the next call
+ * connects again. */
+static int conn_broken(struct redis_store *st, int saved_errno,
+                       const char *what, struct sc_error *err)
+{
+    bool timeout = saved_errno == EAGAIN || saved_errno == EWOULDBLOCK;
+
+    if (timeout)
+        sc_error_set(err, "store: redis at %s: %s: no reply within %llu ms",
+                     st->addr, what, (unsigned long long)st->timeout_ms);
+    else
+        sc_error_set(err, "store: redis at %s: %s: %s", st->addr, what,
+                     st->ctx->errstr[0] ? st->ctx->errstr : "connection lost");
+    redisFree(st->ctx);
+    st->ctx = NULL;
+    return timeout ? -ETIMEDOUT : -EIO;
+}
+
+/* One command on the connection (held under st->lock); NULL when the
+ * connection broke (dropped, err set). */
+static redisReply *command(struct redis_store *st, int argc, const char **argv,
+                           const size_t *len, const char *what, int *rc,
+                           struct sc_error *err)
+{
+    redisReply *r;
+
+    errno = 0;
+    r = redisCommandArgv(st->ctx, argc, argv, len);
+    if (!r)
+        *rc = conn_broken(st, errno, what, err);
+    return r;
+}
+
+/* AUTH, SELECT and SCRIPT LOAD, each checked. */
+static int handshake(struct redis_store *st, struct sc_error *err)
+{
+    const char *argv[3];
+    size_t len[3];
+    char db[16];
+    int argc, rc = 0;
+
+    for (int i = 0; (argc = redis_handshake_cmd(st, i, argv, len, db, sizeof db)); i++) {
+        redisReply *r = command(st, argc, argv, len, argv[0], &rc, err);
+
+        if (!r)
+            return rc;
+        if (r->type == REDIS_REPLY_ERROR) {
+            sc_error_set(err, "store: redis at %s: %s failed: %s", st->addr,
+                         argv[0], r->str);
+            rc = -EIO;
+        }
+        freeReplyObject(r);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int connect_blocking(struct redis_store *st, struct sc_error *err)
+{
+    int rc;
+
+    st->ctx = redisConnectWithTimeout(st->host, (int)st->port,
+                                      ms_tv(st->timeout_ms));
+    if (!st->ctx) {
+        sc_error_set(err, "store: out of memory");
+        return -ENOMEM;
+    }
+    if (st->ctx->err) {
+        sc_error_set(err, "store: redis at %s: cannot connect: %s", st->addr,
+                     st->ctx->errstr);
+        redisFree(st->ctx);
+        st->ctx = NULL;
+        return -ENOTCONN;
+    }
+    redisSetTimeout(st->ctx, ms_tv(st->timeout_ms));
+    if ((rc = handshake(st, err)) != 0 && st->ctx) {
+        redisFree(st->ctx);
+        st->ctx = NULL;
+    }
+    return rc;
+}
+
+/* An idle request/response connection has nothing to read: if its socket
+ * is readable, Redis closed it (a restart, a timeout on its side), and a
+ * command sent there would fail for nothing. */
+static bool stale(redisContext *ctx)
+{
+    struct pollfd p = {.fd = ctx->fd, .events = POLLIN};
+
+    return poll(&p, 1, 0) != 0;
+}
+
+/* Runs one command, connecting first when there is no connection, and
+ * loading the script again when Redis has lost it. *out: the reply (free
+ * it), NULL when rc < 0. Records whether the command worked (healthy). */
+static int run_locked(struct redis_store *st, int argc, const char **argv,
+                      const size_t *len, int script, redisReply **out,
+                      struct sc_error *err)
+{
+    redisReply *r = NULL;
+    int rc = 0;
+
+    if (st->ctx && stale(st->ctx)) {
+        redisFree(st->ctx);
+        st->ctx = NULL;
+    }
+    if (!st->ctx && (rc = connect_blocking(st, err)) != 0)
+        goto out;
+    if (!(r = command(st, argc, argv, len, argv[0], &rc, err)))
+        goto out;
+    if (script >= 0 && redis_reply_noscript(r)) {
+        const char *load[] = {"SCRIPT", "LOAD", redis_script_body(script)};
+        size_t load_len[] = {6, 4, strlen(load[2])};
+        redisReply *l = command(st, 3, load, load_len, "SCRIPT LOAD", &rc, err);
+
+        freeReplyObject(r);
+        r = NULL;
+        if (!l)
+            goto out;
+        freeReplyObject(l);
+        r = command(st, argc, argv, len, argv[0], &rc, err);
+    }
+out:
+    atomic_store(&st->healthy, r && r->type != REDIS_REPLY_ERROR);
+    *out = r;
+    return r ? 0 : rc;
+}
+
+static int run(struct redis_store *st, int argc, const char **argv,
+               const size_t *len, int script, redisReply **out,
+               struct sc_error *err)
+{
+    int rc;
+
+    pthread_mutex_lock(&st->lock);
+    rc = run_locked(st, argc, argv, len, script, out, err);
+    pthread_mutex_unlock(&st->lock);
+    return rc;
+}
+
+/* One of the five operations the asynchronous side has too. */
+static int run_op(struct redis_store *st, enum store_op op,
+                  const struct store_args *a, struct store_record *rec,
+                  struct store_acquire_out *acq, struct sc_error *err)
+{
+    struct rcmd cmd;
+    redisReply *r = NULL;
+    int rc;
+
+    if (rec)
+        memset(rec, 0, sizeof *rec);
+    if (acq)
+        memset(acq, 0, sizeof *acq);
+    if ((rc = rcmd_build(st, op, a, &cmd, err)) == 0 &&
+        (rc = run(st, cmd.argc, cmd.argv, cmd.len, cmd.info.script, &r, err)) == 0)
+        rc = rcmd_result(st, &cmd.info, r,
+                         &(struct rcmd_out){.rec = rec, .acq = acq}, err);
+    freeReplyObject(r);
+    rcmd_free(&cmd);
+    return rc;
+}
+
+/* ---- the blocking calls ---- */
+
+static int redis_get(struct store *base, const char *scope, const char *key,
+                     uint64_t now_ms, struct store_record *out,
+                     struct sc_error *err)
+{
+    struct store_args a = {.scope = scope, .key = key, .now_ms = now_ms};
+
+    return run_op(rs(base), STORE_OP_GET, &a, out, NULL, err);
+}
+
+static int redis_acquire(struct store *base, const char *scope,
+                         const char *key, const uint8_t fp[STORE_FP_LEN],
+                         uint64_t now_ms, uint64_t lease_ms, uint64_t ttl_ms,
+                         struct store_acquire_out *out, struct sc_error *err)
+{
+    struct store_args a = {.scope = scope, .key = key, .fp = fp,
+                           .now_ms = now_ms, .lease_ms = lease_ms,
+                           .ttl_ms = ttl_ms};
+
+    return run_op(rs(base), STORE_OP_ACQUIRE, &a, NULL, out, err);
+}
+
+static int redis_complete(struct store *base, const char *scope,
+                          const char *key, uint64_t now_ms, uint64_t ttl_ms,
+                          int status, const struct store_header *headers,
+                          size_t n_headers, const uint8_t *body,
+                          size_t body_len, bool body_omitted,
+                          struct sc_error *err)
+{
+    struct store_args a = {.scope = scope, .key = key, .now_ms = now_ms,
+                           .ttl_ms = ttl_ms, .status = status,
+                           .headers = headers, .n_headers = n_headers,
+                           .body = body, .body_len = body_len,
+                           .body_omitted = body_omitted};
+
+    return run_op(rs(base), STORE_OP_COMPLETE, &a, NULL, NULL, err);
+}
+
+static int redis_release(struct store *base, const char *scope,
+                         const char *key, uint32_t attempt, uint64_t now_ms,
+                         uint64_t ttl_ms, struct sc_error *err)
+{
+    struct store_args a = {.scope = scope, .key = key, .attempt = attempt,
+                           .now_ms = now_ms, .ttl_ms = ttl_ms};
+
+    return run_op(rs(base), STORE_OP_RELEASE, &a, NULL, NULL, err);
+}
+
+static int redis_pause_set(struct store *base, const char *scope,
+                           uint64_t now_ms, uint64_t until_ms,
+                           struct sc_error *err)
+{
+    struct store_args a = {.scope = scope, .now_ms = now_ms,
+                           .until_ms = until_ms};
+
+    return run_op(rs(base), STORE_OP_PAUSE_SET, &a, NULL, NULL, err);
+}
+
+/* DEL of a key: 0, or -ENOENT (err untouched) when there was none. */
+static int del(struct redis_store *st, struct rcmd *cmd, struct sc_error *err)
+{
+    const char *argv[] = {"DEL", cmd->key};
+    size_t len[] = {3, strlen(cmd->key)};
+    redisReply *r;
+    int rc = run(st, 2, argv, len, -1, &r, err);
+
+    if (rc)
+        return rc;
+    if (r->type == REDIS_REPLY_INTEGER)
+        rc = r->integer > 0 ? 0 : -ENOENT;
+    else if (r->type == REDIS_REPLY_ERROR) {
+        sc_error_set(err, "store: redis at %s: %s: %s", st->addr,
+                     cmd->info.name, r->str);
+        rc = -EIO;
+    } else
+        rc = redis_unexpected(st, &cmd->info, err);
+    freeReplyObject(r);
+    return rc;
+}
+
+/* Deletes whatever is stored, expired or unreadable alike, as RocksDB. */
+static int redis_forget(struct store *base, const char *scope,
+                        const char *key, struct sc_error *err)
+{
+    struct rcmd cmd = {0};
+    int rc = redis_record_key(rs(base), scope, key, &cmd, err);
+
+    return rc ? rc : del(rs(base), &cmd, err);
+}
+
+static int redis_pause_clear(struct store *base, const char *scope,
+                             struct sc_error *err)
+{
+    struct rcmd cmd = {0};
+    int rc = redis_pause_key(rs(base), scope, &cmd, err);
+
+    return rc ? rc : del(rs(base), &cmd, err);
+}
+
+static int parse_until(const struct rcmd_info *info, const redisReply *r,
+                       uint64_t *until, struct sc_error *err)
+{
+    char buf[24], *end;
+
+    if (r->type != REDIS_REPLY_STRING || r->len == 0 || r->len >= sizeof buf) {
+        redis_name_error(err, info, "the stored pause is not a number");
+        return -EBADMSG;
+    }
+    memcpy(buf, r->str, r->len);
+    buf[r->len] = '\0';
+    errno = 0;
+    *until = strtoull(buf, &end, 10);
+    if (*end || errno || buf[0] < '0' || buf[0] > '9') {
+        redis_name_error(err, info, "the stored pause is not a number");
+        return -EBADMSG;
+    }
+    return 0;
+}
+
+static int redis_pause_get(struct store *base, const char *scope,
+                           uint64_t now_ms, uint64_t *until_ms,
+                           struct sc_error *err)
+{
+    struct redis_store *st = rs(base);
+    struct rcmd cmd = {0};
+    const char *argv[2] = {"GET", cmd.key};
+    size_t len[2] = {3, 0};
+    redisReply *r;
+    uint64_t until;
+    int rc;
+
+    if ((rc = redis_pause_key(st, scope, &cmd, err)) != 0)
+        return rc;
+    len[1] = strlen(cmd.key);
+    if ((rc = run(st, 2, argv, len, -1, &r, err)) != 0)
+        return rc;
+    if (r->type == REDIS_REPLY_NIL)
+        rc = -ENOENT;
+    else if (r->type == REDIS_REPLY_ERROR) {
+        sc_error_set(err, "store: redis at %s: %s: %s", st->addr,
+                     cmd.info.name, r->str);
+        rc = -EIO;
+    } else if ((rc = parse_until(&cmd.info, r, &until, err)) == 0) {
+        if (until > now_ms)
+            *until_ms = until;
+        else
+            rc = -ENOENT;
+    }
+    freeReplyObject(r);
+    return rc;
+}
+
+/* Redis expires records itself (PEXPIREAT on every write). */
+static int redis_sweep(struct store *base, uint64_t now_ms, size_t max,
+                       size_t *removed, struct sc_error *err)
+{
+    *removed = 0;
+    return 0;
+}
+
+/* An estimate: DBSIZE of the selected database, so it counts pauses,
+ * records Redis has not reclaimed yet, and any other keys in that database
+ * (another prefix, other applications). 0 when Redis cannot answer. */
+static uint64_t redis_count(struct store *base)
+{
+    const char *argv[] = {"DBSIZE"};
+    size_t len[] = {6};
+    struct sc_error err;
+    redisReply *r;
+    uint64_t n = 0;
+
+    if (run(rs(base), 1, argv, len, -1, &r, &err) != 0)
+        return 0;
+    if (r->type == REDIS_REPLY_INTEGER && r->integer > 0)
+        n = (uint64_t)r->integer;
+    freeReplyObject(r);
+    return n;
+}
+
+/* Whether the last blocking command worked, and the connection is still
+ * open. Otherwise it asks Redis (a PING, bounded by the timeout), so
+ * /readyz follows Redis going and coming back without waiting for
+ * traffic. */
+static bool redis_healthy(struct store *base)
+{
+    struct redis_store *st = rs(base);
+    const char *argv[] = {"PING"};
+    size_t len[] = {4};
+    struct sc_error err;
+    redisReply *r;
+    bool ok;
+
+    if (!st)
+        return false;
+    pthread_mutex_lock(&st->lock);
+    ok = atomic_load(&st->healthy) && st->ctx && !stale(st->ctx);
+    pthread_mutex_unlock(&st->lock);
+    if (ok)
+        return true;
+    if (run(st, 1, argv, len, -1, &r, &err) == 0)
+        freeReplyObject(r);
+    return atomic_load(&st->healthy);
+}
+
+/* ---- open and close ---- */
+
+static int check_opts(const struct store_redis_opts *o, struct sc_error *err)
+{
+    const char *prefix = o->prefix ? o->prefix : "";
+
+    if (!o->host || !*o->host || strlen(o->host) >= REDIS_HOST_MAX) {
+        sc_error_set(err, "store: redis needs a host (under %d characters)",
+                     REDIS_HOST_MAX);
+        return -EINVAL;
+    }
+    if (o->port == 0 || o->port > 65535) {
+        sc_error_set(err, "store: redis port %u is out of range", o->port);
+        return -EINVAL;
+    }
+    if (strlen(prefix) > REDIS_PREFIX_MAX || strpbrk(prefix, "{}")) {
+        /* A brace would move the hash tag off the scope. */
+        sc_error_set(err, "store: redis key prefix must be at most %d "
+                     "characters, without braces", REDIS_PREFIX_MAX);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* "sluice" and "sluice:" (docs/contract.md's form) both give "sluice:". */
+static void set_prefix(struct redis_store *st, const char *prefix)
+{
+    size_t n;
+
+    if (!prefix || !*prefix)
+        prefix = DEFAULT_PREFIX;
+    n = strlen(prefix);
+    snprintf(st->prefix, sizeof st->prefix, "%s%s", prefix,
+             prefix[n - 1] == ':' ? "" : ":");
+}
+
+static void redis_close(struct store *base)
+{
+    struct redis_store *st = rs(base);
+
+    if (!st)
+        return;
+    redisFree(st->ctx);
+    free(st->password);
+    pthread_mutex_destroy(&st->lock);
+    free(st);
+}
+
+int store_open_redis(const struct store_redis_opts *o, struct store **out,
+                     struct sc_error *err)
+{
+    struct redis_store *st;
+    struct sc_error first;
+    int rc;
+
+    *out = NULL;
+    if ((rc = check_opts(o, err)) != 0)
+        return rc;
+    if (!(st = calloc(1, sizeof *st)))
+        goto nomem;
+    st->base.ops = &redis_ops;
+    pthread_mutex_init(&st->lock, NULL);
+    snprintf(st->host, sizeof st->host, "%s", o->host);
+    st->port = o->port;
+    st->db = o->db;
+    st->timeout_ms = o->timeout_ms ? o->timeout_ms : DEFAULT_TIMEOUT_MS;
+    set_prefix(st, o->prefix);
+    snprintf(st->addr, sizeof st->addr, strchr(o->host, ':') ? "[%s]:%u" : "%s:%u",
+             o->host, o->port);
+    if (o->password && !(st->password = strdup(o->password))) {
+        redis_close(&st->base);
+        goto nomem;
+    }
+    /* A first connection now, so a healthy Redis is ready at once; its
+     * failure is the store's health, not the open's. */
+    pthread_mutex_lock(&st->lock);
+    atomic_store(&st->healthy, connect_blocking(st, &first) == 0);
+    pthread_mutex_unlock(&st->lock);
+    *out = &st->base;
+    return 0;
+nomem:
+    sc_error_set(err, "store: out of memory");
+    return -ENOMEM;
+}
+
+static const struct store_ops redis_ops = {
+    .name = "redis",
+    .close = redis_close,
+    .get = redis_get,
+    .acquire = redis_acquire,
+    .complete = redis_complete,
+    .release = redis_release,
+    .forget = redis_forget,
+    .sweep = redis_sweep,
+    .pause_set = redis_pause_set,
+    .pause_get = redis_pause_get,
+    .pause_clear = redis_pause_clear,
+    .healthy = redis_healthy,
+    .count = redis_count,
+    .loop_new = redis_loop_new,
+    .loop_free = redis_loop_free,
+    .start = redis_start,
+    .cancel = redis_cancel,
+    .shares_buckets = true,
+};

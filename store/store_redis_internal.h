@@ -1,0 +1,135 @@
+/* What the Redis backend's blocking side (store_redis.c) shares with its
+ * asynchronous side (store_redis_async.c): the store, commands built from a
+ * call's arguments, and the reading of their replies, so that both sides
+ * answer exactly alike. Internal to store/. */
+#ifndef SLUICE_STORE_STORE_REDIS_INTERNAL_H
+#define SLUICE_STORE_STORE_REDIS_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include <hiredis/hiredis.h>
+
+#include "store/record.h"
+#include "store/redis_scripts.h"
+#include "store/store_backend.h"
+
+#define REDIS_PREFIX_MAX 64
+#define REDIS_HOST_MAX 256
+/* prefix ":{" scope "}:k:" key */
+#define REDIS_KEY_MAX (REDIS_PREFIX_MAX + 2 + RECORD_SCOPE_MAX + 4 + RECORD_KEY_MAX + 1)
+#define REDIS_ADDR_MAX (REDIS_HOST_MAX + 8)
+
+struct redis_store {
+    struct store base;           /* first: the interface (store_backend.h) */
+    char host[REDIS_HOST_MAX];
+    unsigned port;
+    char *password;              /* NULL: none */
+    unsigned db;
+    uint64_t timeout_ms;
+    char prefix[REDIS_PREFIX_MAX + 2]; /* with its trailing ':' */
+    char addr[REDIS_ADDR_MAX];   /* "host:port", for messages */
+    pthread_mutex_t lock;        /* guards ctx */
+    redisContext *ctx;           /* the blocking connection; NULL: none */
+    atomic_bool healthy;         /* the last blocking command worked */
+};
+
+/* What a reply is read against: kept by an asynchronous call in flight,
+ * after the command's own buffers are gone. */
+struct rcmd_info {
+    enum store_op op;
+    int script;                  /* enum redis_script, or -1: a plain command */
+    uint64_t now_ms;
+    uint32_t attempt;            /* release */
+    char name[RECORD_SCOPE_MAX + 1 + RECORD_KEY_MAX + 1]; /* "scope/key" */
+};
+
+#define RCMD_ARGS 10
+
+/* One command, as argv for hiredis. argv points into the struct itself (or
+ * its blob): build it in place, use it there, then rcmd_free. */
+struct rcmd {
+    struct rcmd_info info;
+    int argc;
+    const char *argv[RCMD_ARGS];
+    size_t len[RCMD_ARGS];
+    char key[REDIS_KEY_MAX];
+    uint8_t now[8], expires[8], attempt[4];
+    char at[24], now_dec[24], until_dec[24];
+    char num[3][24];             /* decimal arguments of bucket scripts */
+    uint8_t *blob;               /* an encoded record (owned) */
+};
+
+/* Builds the command of one operation (the five asynchronous ones), after
+ * the same key checks as RocksDB. 0 or -EINVAL / -ENOMEM with err. */
+int rcmd_build(struct redis_store *st, enum store_op op,
+               const struct store_args *a, struct rcmd *cmd,
+               struct sc_error *err);
+void rcmd_free(struct rcmd *cmd);
+
+/* Where a reply's result goes: what the operation fills (the others may
+ * be NULL). */
+struct rcmd_out {
+    struct store_record *rec;        /* get */
+    struct store_acquire_out *acq;   /* acquire */
+    struct store_permit *permit;     /* permit */
+    struct store_slot *slot;         /* slot_take */
+};
+
+/* Reads r, the reply to a command built as info says, into what the
+ * blocking call returns: 0 or a negative code with err, and out's part for
+ * the operation filled. r must not be an error reply of the connection
+ * (see redis_reply_error). */
+int rcmd_result(const struct redis_store *st, const struct rcmd_info *info,
+                const redisReply *r, const struct rcmd_out *out,
+                struct sc_error *err);
+
+/* Command pieces (redis_cmd.c), for the bucket commands (redis_bucket.c). */
+void redis_arg(struct rcmd *cmd, const void *p, size_t len);
+void redis_arg_str(struct rcmd *cmd, const char *s);
+void redis_evalsha(struct rcmd *cmd, enum redis_script s);
+
+/* Shared buckets and slots (redis_bucket.c): their commands and replies. */
+int redis_bucket_build(struct redis_store *st, enum store_op op,
+                       const struct store_args *a, struct rcmd *cmd,
+                       struct sc_error *err);
+int redis_bucket_result(const struct redis_store *st,
+                        const struct rcmd_info *info, const redisReply *r,
+                        const struct rcmd_out *out, struct sc_error *err);
+
+/* The Redis keys of a record and of a scope's pause, into cmd->key, with
+ * cmd->info.name for messages; after the same checks as RocksDB
+ * (record_key_make), so both backends take the same keys. 0 or -EINVAL. */
+int redis_record_key(const struct redis_store *st, const char *scope,
+                     const char *key, struct rcmd *cmd, struct sc_error *err);
+int redis_pause_key(const struct redis_store *st, const char *scope,
+                    struct rcmd *cmd, struct sc_error *err);
+
+/* "store: <name>: what" */
+void redis_name_error(struct sc_error *err, const struct rcmd_info *info,
+                      const char *what);
+/* A reply of the wrong shape: -EPROTO with err. */
+int redis_unexpected(const struct redis_store *st, const struct rcmd_info *info,
+                     struct sc_error *err);
+
+/* Whether r is Redis's "the script is not in my cache" (a restarted or
+ * failed-over Redis, or SCRIPT FLUSH): load it again and call again. */
+bool redis_reply_noscript(const redisReply *r);
+
+/* A handshake command sent on every new connection, blocking or not:
+ * AUTH, SELECT, then SCRIPT LOAD of each script. Fills argv/len and returns
+ * the argc of the i-th one, or 0 past the last. */
+int redis_handshake_cmd(const struct redis_store *st, int i,
+                        const char *argv[3], size_t len[3], char *dbbuf,
+                        size_t dbbuf_len);
+
+/* The asynchronous side's entries (store_redis_async.c). */
+int redis_loop_new(struct store *st, struct event_base *base,
+                   struct store_loop **out, struct sc_error *err);
+void redis_loop_free(struct store_loop *sl);
+int redis_start(struct store_loop *sl, struct store_call *c, enum store_op op,
+                const struct store_args *a);
+void redis_cancel(struct store_call *c);
+
+#endif

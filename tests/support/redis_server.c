@@ -1,0 +1,166 @@
+#define _GNU_SOURCE
+#include "support/redis_server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+
+#include "support/testutil.h"
+
+#define READY_WAIT_MS 5000
+#define STOP_WAIT_MS 3000
+#define POLL_MS 20
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+
+    nanosleep(&ts, NULL);
+}
+
+/* Binds 127.0.0.1:0 and reads back the port the kernel chose. */
+static unsigned free_port(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    socklen_t len = sizeof a;
+    unsigned port = 0;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    if (fd < 0)
+        return 0;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+static redisContext *connect_to(const struct redis_server *rs)
+{
+    struct timeval tv = {0, 200000};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", (int)rs->port, tv);
+
+    if (c && !c->err && rs->password[0]) {
+        redisReply *r = redisCommand(c, "AUTH %s", rs->password);
+
+        freeReplyObject(r);
+    }
+    return c;
+}
+
+bool redis_server_cmd(const struct redis_server *rs, const char *cmd)
+{
+    redisContext *c = connect_to(rs);
+    redisReply *r = NULL;
+    bool ok = false;
+
+    char buf[256], *save = NULL, *w;
+    const char *argv[16];
+    int argc = 0;
+
+    snprintf(buf, sizeof buf, "%s", cmd);
+    for (w = strtok_r(buf, " ", &save); w && argc < 16; w = strtok_r(NULL, " ", &save))
+        argv[argc++] = w;
+    if (c && !c->err && argc) {
+        r = redisCommandArgv(c, argc, argv, NULL);
+        ok = r && r->type != REDIS_REPLY_ERROR;
+    }
+    freeReplyObject(r);
+    redisFree(c);
+    return ok;
+}
+
+static void exec_server(const struct redis_server *rs)
+{
+    char port[16], log[4096];
+
+    snprintf(port, sizeof port, "%u", rs->port);
+    snprintf(log, sizeof log, "%s/redis.log", rs->dir);
+    if (rs->password[0])
+        execlp("redis-server", "redis-server", "--bind", "127.0.0.1", "--port",
+               port, "--save", "", "--appendonly", "no", "--daemonize", "no",
+               "--dir", rs->dir, "--logfile", log, "--requirepass",
+               rs->password, (char *)NULL);
+    else
+        execlp("redis-server", "redis-server", "--bind", "127.0.0.1", "--port",
+               port, "--save", "", "--appendonly", "no", "--daemonize", "no",
+               "--dir", rs->dir, "--logfile", log, (char *)NULL);
+    _exit(127);
+}
+
+static int wait_ready(struct redis_server *rs)
+{
+    for (int waited = 0; waited < READY_WAIT_MS; waited += POLL_MS) {
+        int status;
+
+        if (waitpid(rs->pid, &status, WNOHANG) == rs->pid) {
+            rs->pid = 0;
+            return -1; /* it exited: a port taken meanwhile, say */
+        }
+        if (redis_server_cmd(rs, "PING"))
+            return 0;
+        sleep_ms(POLL_MS);
+    }
+    redis_server_stop(rs);
+    return -1;
+}
+
+int redis_server_start(struct redis_server *rs, unsigned port,
+                       const char *password)
+{
+    if (!rs->dir && !(rs->dir = tu_mkdtemp("redis")))
+        return -1;
+    if (password)
+        snprintf(rs->password, sizeof rs->password, "%s", password);
+    rs->port = port ? port : free_port();
+    if (!rs->port)
+        return -1;
+    rs->pid = fork();
+    if (rs->pid < 0) {
+        rs->pid = 0;
+        return -1;
+    }
+    if (rs->pid == 0)
+        exec_server(rs);
+    return wait_ready(rs);
+}
+
+void redis_server_stop(struct redis_server *rs)
+{
+    int status;
+
+    if (rs->pid <= 0)
+        return;
+    kill(rs->pid, SIGTERM);
+    for (int waited = 0; waited < STOP_WAIT_MS; waited += POLL_MS) {
+        if (waitpid(rs->pid, &status, WNOHANG) == rs->pid) {
+            rs->pid = 0;
+            return;
+        }
+        sleep_ms(POLL_MS);
+    }
+    kill(rs->pid, SIGKILL);
+    waitpid(rs->pid, &status, 0);
+    rs->pid = 0;
+}
+
+void redis_server_destroy(struct redis_server *rs)
+{
+    redis_server_stop(rs);
+    if (rs->dir) {
+        tu_rm_rf(rs->dir);
+        free(rs->dir);
+        rs->dir = NULL;
+    }
+}

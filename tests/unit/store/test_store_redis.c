@@ -1,0 +1,683 @@
+/* The idempotency store on a real redis-server (tests/support/redis_server.c,
+ * one per test, on loopback): the behaviour cases every backend shares
+ * (store_cases.h), then what is Redis's own: a fleet of handles on one
+ * Redis, lost scripts, the asynchronous calls on an event loop, a Redis that
+ * stops, stalls or restarts, a password and a db. Every wait is bounded. */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+#include <hiredis/hiredis.h>
+
+#include "store/store.h"
+#include "support/redis_server.h"
+#include "support/testutil.h"
+#include "util/clock.h"
+
+#define SCOPE "payments"
+#define LEASE 60000ull     /* 1 min */
+#define TTL 86400000ull    /* 24 h */
+#define TIMEOUT_MS 2000    /* generous: the test machine is shared */
+#define WAIT_MS 10000      /* the longest any test waits for anything */
+
+static struct redis_server srv;
+static struct store *st;
+static struct sc_error err;
+static uint64_t t0;
+static uint8_t fp_a[STORE_FP_LEN], fp_b[STORE_FP_LEN];
+
+static struct store *open_with(const char *password, unsigned db,
+                               uint64_t timeout_ms, const char *prefix)
+{
+    struct store_redis_opts o = {.host = "127.0.0.1", .port = srv.port,
+                                 .password = password, .db = db,
+                                 .timeout_ms = timeout_ms, .prefix = prefix};
+    struct store *s = NULL;
+    int rc = store_open_redis(&o, &s, &err);
+
+    cr_assert_eq(rc, 0, "store_open_redis: %s", err.text);
+    return s;
+}
+
+static struct store *open_second(void)
+{
+    return open_with(NULL, 0, TIMEOUT_MS, NULL);
+}
+
+static void reopen(void)
+{
+    store_close(st);
+    st = open_second();
+}
+
+static void setup(void)
+{
+    cr_assert_eq(redis_server_start(&srv, 0, NULL), 0, "redis-server did not start");
+    t0 = clock_wall_ms();
+    memset(fp_a, 0xaa, sizeof fp_a);
+    memset(fp_b, 0xbb, sizeof fp_b);
+    st = open_second();
+}
+
+static void teardown(void)
+{
+    store_close(st);
+    st = NULL;
+    redis_server_destroy(&srv);
+}
+
+TestSuite(store, .init = setup, .fini = teardown);
+
+#include "unit/store/store_cases.h"
+
+/* ---- a direct connection, to look at what the store wrote ---- */
+
+static redisReply *raw(const char *fmt, ...)
+{
+    struct timeval tv = {2, 0};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", (int)srv.port, tv);
+    redisReply *r;
+    va_list ap;
+
+    cr_assert(c && !c->err, "connect");
+    if (srv.password[0])
+        freeReplyObject(redisCommand(c, "AUTH %s", srv.password));
+    va_start(ap, fmt);
+    r = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    redisFree(c);
+    cr_assert_not_null(r);
+    return r;
+}
+
+static long long raw_int(const char *fmt, const char *arg)
+{
+    redisReply *r = raw(fmt, arg);
+    long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : -999;
+
+    freeReplyObject(r);
+    return v;
+}
+
+Test(store, keys_carry_the_scope_as_a_hash_tag_and_a_ttl)
+{
+    long long pttl;
+
+    expect_acquired("order 42", fp_a, t0, 1);
+    cr_assert_eq(store_pause_set(st, SCOPE, t0, t0 + 5000, &err), 0, "%s", err.text);
+    cr_expect_eq(raw_int("EXISTS %s", "sluice:{payments}:k:order 42"), 1);
+    cr_expect_eq(raw_int("EXISTS %s", "sluice:{payments}:pause"), 1);
+    pttl = raw_int("PTTL %s", "sluice:{payments}:k:order 42");
+    cr_expect(pttl > (long long)(LEASE + TTL) - 60000 &&
+              pttl <= (long long)(LEASE + TTL), "pttl %lld", pttl);
+    pttl = raw_int("PTTL %s", "sluice:{payments}:pause");
+    cr_expect(pttl > 0 && pttl <= 5000, "pttl %lld", pttl);
+}
+
+/* Past what PEXPIREAT takes, a record is kept without a TTL. */
+Test(store, saturated_expiry_keeps_the_record_without_a_ttl)
+{
+    struct store_acquire_out out;
+    struct store_record r;
+
+    cr_assert_eq(acquire_ex("k", fp_a, t0, LEASE, UINT64_MAX, &out), STORE_ACQUIRED);
+    cr_expect_eq(raw_int("PTTL %s", "sluice:{payments}:k:k"), -1);
+    cr_assert_eq(get("k", t0, &r), 0, "%s", err.text);
+    cr_expect_eq(r.expires_ms, UINT64_MAX);
+    store_record_clear(&r);
+    expect_claim("k", fp_a, t0 + 1, STORE_HELD);
+    cr_assert_eq(store_release(st, SCOPE, "k", 1, t0 + 2, UINT64_MAX, &err), 0, "%s", err.text);
+    expect_acquired("k", fp_a, t0 + 3, 2);
+}
+
+Test(store, prefix_with_or_without_its_colon)
+{
+    struct store *a = open_with(NULL, 0, TIMEOUT_MS, "fleet-a:");
+    struct store *b = open_with(NULL, 0, TIMEOUT_MS, "fleet-a");
+    struct store_acquire_out out;
+
+    cr_assert_eq(store_acquire(a, SCOPE, "k", fp_a, t0, LEASE, TTL, &out, &err), 0);
+    cr_expect_eq(out.claim, STORE_ACQUIRED);
+    cr_assert_eq(store_acquire(b, SCOPE, "k", fp_a, t0, LEASE, TTL, &out, &err), 0);
+    cr_expect_eq(out.claim, STORE_HELD, "one prefix, one key");
+    cr_expect_eq(raw_int("EXISTS %s", "fleet-a:{payments}:k:k"), 1);
+    expect_acquired("k", fp_a, t0, 1); /* the default prefix is apart */
+    store_close(a);
+    store_close(b);
+}
+
+Test(store, open_refuses_bad_options)
+{
+    struct store_redis_opts o = {.host = "127.0.0.1", .port = 0};
+    struct store *s = (struct store *)1;
+
+    cr_expect_eq(store_open_redis(&o, &s, &err), -EINVAL);
+    cr_expect_null(s);
+    o.port = srv.port;
+    o.prefix = "a{b}";
+    cr_expect_eq(store_open_redis(&o, &s, &err), -EINVAL);
+    cr_expect(strstr(err.text, "braces"), "%s", err.text);
+    o.prefix = NULL;
+    o.host = "";
+    cr_expect_eq(store_open_redis(&o, &s, &err), -EINVAL);
+}
+
+Test(store, backend_name_sweep_and_count)
+{
+    size_t removed = 7;
+
+    cr_expect_str_eq(store_backend_name(st), "redis");
+    cr_expect_eq(store_count(st), 0);
+    expect_acquired("a", fp_a, t0, 1);
+    expect_acquired("b", fp_a, t0, 1);
+    cr_expect_eq(store_count(st), 2);
+    cr_expect_eq(store_sweep(st, t0 + 2 * TTL, 100, &removed, &err), 0);
+    cr_expect_eq(removed, 0, "Redis expires records itself");
+    cr_expect(store_healthy(st));
+}
+
+Test(store, unreadable_values_are_errors_and_can_be_forgotten)
+{
+    static const char v9[] = "\x09\x02\x00 a future version, long enough to be read as a record; more bytes";
+    struct store_acquire_out out;
+    struct store_record r;
+    redisReply *x = raw("SET sluice:{payments}:k:future %b", v9, sizeof v9 - 1);
+
+    freeReplyObject(x);
+    cr_expect_eq(get("future", t0, &r), -EPROTO);
+    cr_expect(strstr(err.text, "version 9"), "%s", err.text);
+    cr_expect(strstr(err.text, "payments/future"), "%s", err.text);
+    cr_expect_eq(store_acquire(st, SCOPE, "future", fp_a, t0, LEASE, TTL,
+                               &out, &err), -EPROTO);
+    cr_expect_eq(store_complete(st, SCOPE, "future", t0, TTL, 200, NULL, 0,
+                                NULL, 0, false, &err), -EPROTO);
+    cr_expect_eq(store_release(st, SCOPE, "future", 1, t0, TTL, &err), -EPROTO);
+    x = raw("SET sluice:{payments}:k:short %b", "\x02\x01", (size_t)2);
+    freeReplyObject(x);
+    cr_expect_eq(store_acquire(st, SCOPE, "short", fp_a, t0, LEASE, TTL,
+                               &out, &err), -EBADMSG, "%s", err.text);
+    cr_expect_eq(store_forget(st, SCOPE, "future", &err), 0);
+    expect_acquired("future", fp_a, t0, 1);
+}
+
+/* ---- a fleet: several handles (sidecars) on one Redis ---- */
+
+Test(store, fence_holds_across_sidecars)
+{
+    struct store *other = open_second();
+    struct store_acquire_out out;
+
+    expect_acquired("k", fp_a, t0, 1);
+    cr_assert_eq(store_acquire(other, SCOPE, "k", fp_a, t0 + 1, LEASE, TTL, &out, &err), 0);
+    cr_expect_eq(out.claim, STORE_HELD);
+    cr_expect_eq(out.remaining_ms, LEASE - 1);
+    /* The first holder outlives its lease; the other sidecar takes over. */
+    cr_assert_eq(store_acquire(other, SCOPE, "k", fp_a, t0 + LEASE, LEASE, TTL, &out, &err), 0);
+    cr_assert_eq(out.claim, STORE_ACQUIRED);
+    cr_expect_eq(out.attempt, 2);
+    cr_expect_eq(store_release(st, SCOPE, "k", 1, t0 + LEASE + 1, TTL, &err), -ESTALE);
+    cr_expect(strstr(err.text, "attempt 2 holds the lease, not 1"), "%s", err.text);
+    expect_claim("k", fp_a, t0 + LEASE + 2, STORE_HELD);
+    cr_expect_eq(store_release(other, SCOPE, "k", 2, t0 + LEASE + 3, TTL, &err), 0, "%s", err.text);
+    expect_acquired("k", fp_a, t0 + LEASE + 3, 3);
+    store_close(other);
+}
+
+Test(store, completed_records_replay_across_sidecars)
+{
+    struct store *other = open_second();
+    struct store_acquire_out out;
+    struct store_record r;
+
+    expect_acquired("k", fp_a, t0, 1);
+    complete_bin("k", t0 + 10);
+    cr_assert_eq(store_acquire(other, SCOPE, "k", fp_a, t0 + 20, LEASE, TTL, &out, &err), 0);
+    cr_assert_eq(out.claim, STORE_DONE);
+    expect_bin_result(&out.rec);
+    cr_expect_eq(out.rec.completed_ms, t0 + 10);
+    store_record_clear(&out.rec);
+    cr_assert_eq(store_acquire(other, SCOPE, "k", fp_b, t0 + 20, LEASE, TTL, &out, &err), 0);
+    cr_expect_eq(out.claim, STORE_MISMATCH);
+    cr_assert_eq(store_get(other, SCOPE, "k", t0 + 30, &r, &err), 0);
+    expect_bin_result(&r);
+    store_record_clear(&r);
+    cr_expect_eq(store_complete(other, SCOPE, "k", t0 + 40, TTL, 500, NULL, 0,
+                                NULL, 0, false, &err), -EALREADY);
+    store_close(other);
+}
+
+Test(store, lost_scripts_are_loaded_again)
+{
+    struct store_acquire_out out;
+
+    expect_acquired("a", fp_a, t0, 1);
+    cr_assert(redis_server_cmd(&srv, "SCRIPT FLUSH"));
+    expect_acquired("b", fp_a, t0, 1);
+    cr_assert(redis_server_cmd(&srv, "SCRIPT FLUSH"));
+    cr_assert_eq(store_release(st, SCOPE, "b", 1, t0, TTL, &err), 0, "%s", err.text);
+    cr_assert(redis_server_cmd(&srv, "SCRIPT FLUSH"));
+    complete_bin("a", t0);
+    cr_assert(redis_server_cmd(&srv, "SCRIPT FLUSH"));
+    cr_assert_eq(store_pause_set(st, SCOPE, t0, t0 + 100, &err), 0, "%s", err.text);
+    cr_assert_eq(acquire("a", fp_a, t0, &out), STORE_DONE);
+    store_record_clear(&out.rec);
+    cr_expect(store_healthy(st));
+}
+
+/* ---- asynchronous calls on an event loop ---- */
+
+struct waiter {
+    int done;           /* completions seen */
+    int in_start;       /* set around a start: done must not run then */
+    int done_in_start;
+};
+
+static void on_done(struct store_call *c)
+{
+    struct waiter *w = c->arg;
+
+    w->done++;
+    if (w->in_start)
+        w->done_in_start++;
+}
+
+static void tick(evutil_socket_t fd, short what, void *arg)
+{
+}
+
+/* Runs base until w has seen n completions or ms have passed; true if it
+ * has. A 10 ms tick bounds each turn of the loop. */
+static bool run_until(struct event_base *base, struct waiter *w, int n, unsigned ms)
+{
+    struct event *ev = event_new(base, -1, EV_PERSIST, tick, NULL);
+    struct timeval tv = {0, 10000};
+    uint64_t end = clock_mono_ns() + (uint64_t)ms * NS_PER_MS;
+
+    event_add(ev, &tv);
+    while (w->done < n && clock_mono_ns() < end)
+        event_base_loop(base, EVLOOP_ONCE);
+    event_free(ev);
+    return w->done >= n;
+}
+
+static void run_for(struct event_base *base, unsigned ms)
+{
+    struct waiter never = {0};
+
+    run_until(base, &never, 1, ms);
+}
+
+struct aloop {
+    struct event_base *base;
+    struct store_loop *sl;
+};
+
+static struct aloop aloop_new(struct store *s)
+{
+    struct aloop a = {event_base_new(), NULL};
+
+    cr_assert_not_null(a.base);
+    cr_assert_eq(store_loop_new(s, a.base, &a.sl, &err), 0, "%s", err.text);
+    return a;
+}
+
+static void aloop_free(struct aloop *a)
+{
+    store_loop_free(a->sl);
+    event_base_free(a->base);
+}
+
+static void call_init(struct store_call *c, struct waiter *w)
+{
+    memset(c, 0, sizeof *c);
+    c->done = on_done;
+    c->arg = w;
+}
+
+static int start_acquire(struct aloop *a, struct store_call *c, struct waiter *w,
+                         const char *key, uint64_t now)
+{
+    int rc;
+
+    call_init(c, w);
+    w->in_start = 1;
+    rc = store_acquire_async(a->sl, c, SCOPE, key, fp_a, now, LEASE, TTL);
+    w->in_start = 0;
+    return rc;
+}
+
+Test(store, async_calls_complete_on_the_loop)
+{
+    struct aloop a = aloop_new(st);
+    struct waiter w = {0};
+    struct store_call c;
+    uint64_t until;
+
+    cr_assert_eq(start_acquire(&a, &c, &w, "k", t0), -EINPROGRESS, "%s", c.err.text);
+    cr_expect(store_call_pending(&c));
+    cr_expect_eq(w.done, 0);
+    cr_assert(run_until(a.base, &w, 1, WAIT_MS));
+    cr_expect_eq(w.done_in_start, 0);
+    cr_expect_not(store_call_pending(&c));
+    cr_assert_eq(c.rc, 0, "%s", c.err.text);
+    cr_expect_eq(c.acq.claim, STORE_ACQUIRED);
+    cr_expect_eq(c.acq.attempt, 1);
+
+    call_init(&c, &w);
+    cr_assert_eq(store_complete_async(a.sl, &c, SCOPE, "k", t0 + 5, TTL, 201, HDRS, 3,
+                                      BIN_BODY, sizeof BIN_BODY, false), -EINPROGRESS);
+    cr_assert(run_until(a.base, &w, 2, WAIT_MS));
+    cr_assert_eq(c.rc, 0, "%s", c.err.text);
+
+    call_init(&c, &w);
+    cr_assert_eq(store_get_async(a.sl, &c, SCOPE, "k", t0 + 6), -EINPROGRESS);
+    cr_assert(run_until(a.base, &w, 3, WAIT_MS));
+    cr_assert_eq(c.rc, 0, "%s", c.err.text);
+    expect_bin_result(&c.rec);
+    cr_expect_eq(c.rec.completed_ms, t0 + 5);
+    store_record_clear(&c.rec);
+
+    cr_assert_eq(start_acquire(&a, &c, &w, "k", t0 + 7), -EINPROGRESS);
+    cr_assert(run_until(a.base, &w, 4, WAIT_MS));
+    cr_assert_eq(c.rc, 0);
+    cr_expect_eq(c.acq.claim, STORE_DONE);
+    expect_bin_result(&c.acq.rec);
+    store_record_clear(&c.acq.rec);
+
+    call_init(&c, &w);
+    cr_assert_eq(store_release_async(a.sl, &c, SCOPE, "k", 1, t0 + 8, TTL), -EINPROGRESS);
+    cr_assert(run_until(a.base, &w, 5, WAIT_MS));
+    cr_expect_eq(c.rc, -EALREADY, "%s", c.err.text);
+
+    call_init(&c, &w);
+    cr_assert_eq(store_pause_set_async(a.sl, &c, SCOPE, t0, t0 + 5000), -EINPROGRESS);
+    cr_assert(run_until(a.base, &w, 6, WAIT_MS));
+    cr_assert_eq(c.rc, 0, "%s", c.err.text);
+    cr_assert_eq(store_pause_get(st, SCOPE, t0, &until, &err), 0);
+    cr_expect_eq(until, t0 + 5000);
+
+    /* A bad key fails at once, before Redis. */
+    call_init(&c, &w);
+    cr_expect_eq(store_get_async(a.sl, &c, SCOPE, "", t0), -EINVAL);
+    cr_expect_not(store_call_pending(&c));
+    cr_expect_eq(w.done_in_start, 0);
+    aloop_free(&a);
+}
+
+#define PIPELINED 64
+
+/* Many exchanges' calls share the loop's one connection; one key's racers
+ * still get exactly one lease. */
+Test(store, async_calls_pipeline_on_one_connection)
+{
+    struct aloop a = aloop_new(st);
+    static struct store_call calls[PIPELINED];
+    struct waiter w = {0};
+    int acquired = 0, held = 0;
+    char key[32];
+
+    for (int i = 0; i < PIPELINED; i++) {
+        snprintf(key, sizeof key, i % 2 ? "same" : "k%d", i);
+        cr_assert_eq(start_acquire(&a, &calls[i], &w, key, t0), -EINPROGRESS);
+    }
+    cr_assert(run_until(a.base, &w, PIPELINED, WAIT_MS));
+    for (int i = 0; i < PIPELINED; i++) {
+        cr_assert_eq(calls[i].rc, 0, "%s", calls[i].err.text);
+        if (i % 2 == 0)
+            cr_expect_eq(calls[i].acq.claim, STORE_ACQUIRED);
+        else {
+            acquired += calls[i].acq.claim == STORE_ACQUIRED;
+            held += calls[i].acq.claim == STORE_HELD;
+        }
+    }
+    cr_expect_eq(acquired, 1);
+    cr_expect_eq(held, PIPELINED / 2 - 1);
+    {
+        /* The store's blocking connection, the loop's, and this one. */
+        redisReply *r = raw("CLIENT LIST");
+        int n = 0;
+
+        for (const char *p = r->str; p && (p = strchr(p, '\n')); p++)
+            n++;
+        cr_expect_eq(n, 3, "%s", r->str);
+        freeReplyObject(r);
+    }
+    aloop_free(&a);
+}
+
+Test(store, async_scripts_are_loaded_again)
+{
+    struct aloop a = aloop_new(st);
+    struct waiter w = {0};
+    struct store_call c;
+
+    cr_assert_eq(start_acquire(&a, &c, &w, "a", t0), -EINPROGRESS);
+    cr_assert(run_until(a.base, &w, 1, WAIT_MS));
+    cr_assert_eq(c.rc, 0, "%s", c.err.text);
+    cr_assert(redis_server_cmd(&srv, "SCRIPT FLUSH"));
+    cr_assert_eq(start_acquire(&a, &c, &w, "b", t0), -EINPROGRESS);
+    cr_assert(run_until(a.base, &w, 2, WAIT_MS));
+    cr_assert_eq(c.rc, 0, "%s", c.err.text);
+    cr_expect_eq(c.acq.claim, STORE_ACQUIRED);
+    aloop_free(&a);
+}
+
+Test(store, cancelled_call_never_completes)
+{
+    struct aloop a = aloop_new(st);
+    struct waiter w = {0}, w2 = {0};
+    struct store_call c, c2;
+    struct store_record r;
+
+    cr_assert_eq(start_acquire(&a, &c, &w, "k", t0), -EINPROGRESS);
+    store_call_cancel(&c);
+    cr_expect_not(store_call_pending(&c));
+    /* Replies come in order: once the next call is answered, the cancelled
+     * one's reply has been read (and dropped). */
+    cr_assert_eq(start_acquire(&a, &c2, &w2, "other", t0), -EINPROGRESS);
+    cr_assert(run_until(a.base, &w2, 1, WAIT_MS));
+    run_for(a.base, 50);
+    cr_expect_eq(w.done, 0);
+    /* Its write may still have happened: here it did. */
+    cr_expect_eq(get("k", t0, &r), 0);
+    store_record_clear(&r);
+    store_call_cancel(&c); /* nothing in flight: nothing to do */
+    aloop_free(&a);
+}
+
+Test(store, loop_free_cancels_what_is_in_flight)
+{
+    struct aloop a = aloop_new(st);
+    struct waiter w = {0};
+    struct store_call c[3];
+
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(start_acquire(&a, &c[i], &w, "k", t0), -EINPROGRESS);
+    store_loop_free(a.sl);
+    for (int i = 0; i < 3; i++)
+        cr_expect_not(store_call_pending(&c[i]));
+    cr_expect_eq(w.done, 0);
+    event_base_free(a.base);
+}
+
+/* ---- Redis stopped, stalled, restarted ---- */
+
+Test(store, redis_stopped_fails_fast_and_clearly)
+{
+    struct aloop a = aloop_new(st);
+    struct waiter w = {0};
+    struct store_call c;
+    struct store_record r;
+    char where[64];
+    int rc;
+
+    expect_acquired("k", fp_a, t0, 1);
+    cr_assert_eq(start_acquire(&a, &c, &w, "warm", t0), -EINPROGRESS);
+    cr_assert(run_until(a.base, &w, 1, WAIT_MS));
+    redis_server_stop(&srv);
+    snprintf(where, sizeof where, "redis at 127.0.0.1:%u", srv.port);
+
+    /* blocking: an error naming the server, and unhealthy */
+    cr_expect_lt(store_get(st, SCOPE, "k", t0, &r, &err), 0);
+    cr_expect(strstr(err.text, where), "%s", err.text);
+    cr_expect_not(store_healthy(st));
+
+    /* async: fails at once, or completes with an error, promptly */
+    rc = start_acquire(&a, &c, &w, "k2", t0);
+    if (rc == -EINPROGRESS) {
+        cr_assert(run_until(a.base, &w, 2, WAIT_MS), "no completion");
+        rc = c.rc;
+    }
+    cr_expect_lt(rc, 0);
+    cr_expect(strstr(c.err.text, where), "%s", c.err.text);
+    /* Once the loop knows, a call fails at once. */
+    run_for(a.base, 50);
+    rc = start_acquire(&a, &c, &w, "k3", t0);
+    cr_expect_eq(rc, -ENOTCONN, "%d %s", rc, c.err.text);
+    cr_expect(strstr(c.err.text, "not connected"), "%s", c.err.text);
+    cr_expect_eq(w.done_in_start, 0);
+    aloop_free(&a);
+}
+
+Test(store, redis_restarted_is_used_again)
+{
+    struct aloop a = aloop_new(st);
+    struct waiter w = {0};
+    struct store_call c;
+    uint64_t end;
+    bool ok = false;
+
+    expect_acquired("k", fp_a, t0, 1);
+    redis_server_stop(&srv);
+    run_for(a.base, 300); /* a few failed attempts: the backoff grows */
+    cr_expect_not(store_healthy(st));
+    cr_assert_eq(redis_server_start(&srv, srv.port, NULL), 0, "restart");
+    /* The loop's next attempt comes within its backoff (well under 5 s). */
+    end = clock_mono_ns() + (uint64_t)WAIT_MS * NS_PER_MS;
+    while (!ok && clock_mono_ns() < end) {
+        int rc = start_acquire(&a, &c, &w, "after", t0);
+
+        if (rc == -EINPROGRESS) {
+            int before = w.done;
+
+            cr_assert(run_until(a.base, &w, before + 1, WAIT_MS));
+            rc = c.rc;
+        }
+        ok = rc == 0;
+        if (!ok)
+            run_for(a.base, 50);
+    }
+    cr_assert(ok, "the loop did not reconnect: %s", c.err.text);
+    cr_expect_eq(c.acq.claim, STORE_ACQUIRED, "a new, empty Redis");
+    cr_expect(store_healthy(st), "back once a command works");
+    expect_claim("after", fp_a, t0, STORE_HELD);
+    aloop_free(&a);
+}
+
+Test(store, stalled_redis_times_out)
+{
+    struct store *fast = open_with(NULL, 0, 200, NULL);
+    struct aloop a = aloop_new(fast);
+    struct waiter w = {0};
+    struct store_call c;
+    struct store_record r;
+    uint64_t start;
+
+    cr_assert_eq(start_acquire(&a, &c, &w, "warm", t0), -EINPROGRESS);
+    cr_assert(run_until(a.base, &w, 1, WAIT_MS));
+    cr_assert_eq(c.rc, 0, "%s", c.err.text);
+    cr_assert_eq(kill(srv.pid, SIGSTOP), 0);
+    start = clock_mono_ns();
+    cr_assert_eq(start_acquire(&a, &c, &w, "k", t0), -EINPROGRESS);
+    cr_assert(run_until(a.base, &w, 2, WAIT_MS));
+    cr_expect_eq(c.rc, -ETIMEDOUT, "%d %s", c.rc, c.err.text);
+    cr_expect(strstr(c.err.text, "no reply within 200 ms"), "%s", c.err.text);
+    cr_expect_lt(clock_mono_ns() - start, 2000 * NS_PER_MS);
+    cr_expect_eq(store_get(fast, SCOPE, "k", t0, &r, &err), -ETIMEDOUT);
+    cr_expect(strstr(err.text, "no reply within 200 ms"), "%s", err.text);
+    cr_assert_eq(kill(srv.pid, SIGCONT), 0);
+    aloop_free(&a);
+    store_close(fast);
+}
+
+Test(store, store_opens_while_redis_is_down)
+{
+    struct store *later;
+    struct store_record r;
+
+    redis_server_stop(&srv);
+    later = open_second();
+    cr_expect_not(store_healthy(later));
+    cr_expect_eq(store_get(later, SCOPE, "k", t0, &r, &err), -ENOTCONN);
+    cr_expect(strstr(err.text, "cannot connect"), "%s", err.text);
+    cr_assert_eq(redis_server_start(&srv, srv.port, NULL), 0, "restart");
+    cr_expect(store_healthy(later));
+    cr_expect_eq(store_get(later, SCOPE, "k", t0, &r, &err), -ENOENT);
+    store_close(later);
+}
+
+/* ---- a password and a db ---- */
+
+Test(store_auth, password_and_db)
+{
+    struct redis_server s = {0};
+    struct store_redis_opts o = {.host = "127.0.0.1", .password = "s3cret",
+                                 .db = 3, .timeout_ms = TIMEOUT_MS};
+    struct store *good, *bad;
+    struct store_acquire_out out;
+    struct sc_error e;
+
+    cr_assert_eq(redis_server_start(&s, 0, "s3cret"), 0);
+    t0 = clock_wall_ms(); /* this suite has no setup */
+    o.port = s.port;
+    cr_assert_eq(store_open_redis(&o, &good, &e), 0, "%s", e.text);
+    cr_expect(store_healthy(good));
+    cr_assert_eq(store_acquire(good, SCOPE, "k", fp_a, t0, LEASE, TTL, &out, &e), 0, "%s", e.text);
+    cr_expect_eq(out.claim, STORE_ACQUIRED);
+    cr_expect(redis_server_cmd(&s, "SELECT 3"));
+    {
+        struct timeval tv = {2, 0};
+        redisContext *c = redisConnectWithTimeout("127.0.0.1", (int)s.port, tv);
+        redisReply *r;
+
+        cr_assert(c && !c->err);
+        freeReplyObject(redisCommand(c, "AUTH s3cret"));
+        r = redisCommand(c, "EXISTS sluice:{payments}:k:k");
+        cr_expect_eq(r->integer, 0, "not in db 0");
+        freeReplyObject(r);
+        freeReplyObject(redisCommand(c, "SELECT 3"));
+        r = redisCommand(c, "EXISTS sluice:{payments}:k:k");
+        cr_expect_eq(r->integer, 1, "in db 3");
+        freeReplyObject(r);
+        redisFree(c);
+    }
+    o.password = "wrong";
+    cr_assert_eq(store_open_redis(&o, &bad, &e), 0, "%s", e.text);
+    cr_expect_not(store_healthy(bad));
+    cr_expect_lt(store_acquire(bad, SCOPE, "k", fp_a, t0, LEASE, TTL, &out, &e), 0);
+    cr_expect(strstr(e.text, "AUTH failed"), "%s", e.text);
+    {
+        struct aloop a = aloop_new(bad);
+        struct waiter w = {0};
+        struct store_call c;
+        int rc = start_acquire(&a, &c, &w, "k", t0);
+
+        if (rc == -EINPROGRESS) {
+            cr_assert(run_until(a.base, &w, 1, WAIT_MS));
+            rc = c.rc;
+        }
+        cr_expect_lt(rc, 0);
+        cr_expect(strstr(c.err.text, "AUTH failed") || strstr(c.err.text, "not connected"),
+                  "%s", c.err.text);
+        aloop_free(&a);
+    }
+    store_close(bad);
+    store_close(good);
+    redis_server_destroy(&s);
+}
