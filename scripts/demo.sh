@@ -1,14 +1,15 @@
 #!/bin/sh
-# The run command: installs dependencies, builds sluice, starts the demo
-# upstream (the test stub) on 127.0.0.1:9000 and sluice on the default
-# sidecar.yaml (workers: 127.0.0.1:8080, admin: 127.0.0.1:9901). Ctrl-C stops
-# both.
+# The run command: installs what building and running need (no test tools),
+# builds sluice, starts the demo upstream (the test stub) on 127.0.0.1:9000 and
+# sluice on the default sidecar.yaml (workers: 127.0.0.1:8080, admin:
+# 127.0.0.1:9901). Ctrl-C stops both.
 set -eu
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
-sh scripts/deps.sh
-cmake -S "$ROOT" -B "$ROOT/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+sh scripts/deps.sh build
+# No tests: Criterion is a test package. scripts/test.sh turns them back on.
+cmake -S "$ROOT" -B "$ROOT/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_TESTS=OFF >/dev/null
 cmake --build "$ROOT/build" -j "$(nproc 2>/dev/null || echo 2)" --target sluice sluice-stub
 
 "$ROOT/build/sluice" --check-config sidecar.yaml
