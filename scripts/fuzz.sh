@@ -22,7 +22,7 @@ JOBS=${3:-1}
 CORES=$(nproc 2>/dev/null || echo 1)
 [ "$JOBS" -gt "$CORES" ] && JOBS=$CORES
 
-sh scripts/deps.sh
+sh scripts/deps.sh test
 cmake -S "$ROOT" -B "$ROOT/build-fuzz" -DCMAKE_C_COMPILER=clang \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_FUZZ=ON -DSLUICE_TESTS=OFF >/dev/null
 cmake --build "$ROOT/build-fuzz" -j "$JOBS" --target "fuzz_$TARGET"

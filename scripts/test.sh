@@ -8,11 +8,13 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 JOBS=$(nproc 2>/dev/null || echo 2)
 
-sh scripts/deps.sh
+sh scripts/deps.sh test
 
 run_suite() { # dir, extra cmake args...
     dir=$1; shift
-    cmake -S "$ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+    # SLUICE_TESTS=ON explicitly: scripts/demo.sh configures build/ without
+    # the tests (Criterion is not among its packages), and CMake remembers.
+    cmake -S "$ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_TESTS=ON "$@" >/dev/null
     cmake --build "$dir" -j "$JOBS"
     (cd "$dir" && ctest --output-on-failure -j "$JOBS" --timeout 600)
 }

@@ -19,8 +19,8 @@ say() { printf '%s\n' "$*" >&2; }
 die() { say "$NAME: $*"; exit 1; }
 
 deps() {
-    sh "$REPO/scripts/deps.sh" --bench
-    command -v wrk >/dev/null || die "wrk not found after scripts/deps.sh --bench"
+    sh "$REPO/scripts/deps.sh" bench
+    command -v wrk >/dev/null || die "wrk not found after scripts/deps.sh bench"
     command -v curl >/dev/null || die "curl not found"
 }
 

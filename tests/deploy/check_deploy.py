@@ -11,7 +11,7 @@ container engine (neither runs on these machines).
   agree with the sluice config embedded in the ConfigMap, and that config passes
   `sluice --check-config`.
 - deploy/Dockerfile: two Debian 12 stages; the builder installs the -dev
-  packages of scripts/deps.sh; every shared library that `ldd SLUICE_BINARY`
+  packages of `scripts/deps.sh build`; every shared library that `ldd SLUICE_BINARY`
   lists comes from a package the runtime stage installs (or one they depend on).
 - deploy/systemd/sluice.service: `systemd-analyze verify` says nothing, the
   offline security review stays under a threshold, and the promised settings
@@ -339,9 +339,10 @@ def apt_packages(steps):
     return pkgs
 
 
-def deps_sh_packages():
+def deps_sh_build_packages():
+    """The packages `scripts/deps.sh build` installs (its BUILD_PKGS line)."""
     with open(os.path.join(ROOT, "scripts", "deps.sh")) as f:
-        m = re.search(r'^PKGS="([^"]*)"', f.read(), re.M)
+        m = re.search(r'^BUILD_PKGS="([^"]*)"', f.read(), re.M)
     return set(m.group(1).split()) if m else set()
 
 
@@ -437,9 +438,11 @@ def check_dockerfile(sluice_bin):
         check(re.fullmatch(r"debian:(bookworm|12)([-.][\w.-]*)?", image) is not None,
               "FROM %s is Debian 12 (bookworm)" % image)
     build, runtime = apt_packages(stages[0][1]), apt_packages(stages[-1][1])
-    # test-only: Criterion, and clang's libFuzzer runtime for tests/fuzz
-    test_only = {"libcriterion-dev", "libclang-rt-14-dev"}
-    wanted = {p for p in deps_sh_packages() if p.endswith("-dev") and p not in test_only}
+    # deps.sh keeps test-only packages (Criterion, clang's libFuzzer runtime) out of
+    # its build list, so every -dev package there is one the image needs.
+    build_pkgs = deps_sh_build_packages()
+    check(len(build_pkgs) > 0, "scripts/deps.sh has a BUILD_PKGS line")
+    wanted = {p for p in build_pkgs if p.endswith("-dev")}
     wanted |= {"build-essential", "cmake", "pkg-config"}
     check(wanted <= build, "the build stage installs scripts/deps.sh's build packages (missing: %s)"
           % (", ".join(sorted(wanted - build)) or "none"))
