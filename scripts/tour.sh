@@ -270,12 +270,13 @@ expect_field calls 1
 
 step 6 "The same key with another body"
 run 'curl -i -X POST http://127.0.0.1:8080/demo/orders -H "Idempotency-Key: $KEY" --data "two widgets"'
-note "expect: 422, Sluice-Outcome: rejected, a problem+json body: this key was used for"
-note "        another request (a bug in the worker, not a transient failure)"
+note "expect: 422, Sluice-Outcome: rejected, a problem+json body with reason key_reused:"
+note "        this key was used for another request (a bug in the worker, not a transient failure)"
 expect_status 422
 expect_header Sluice-Outcome rejected
 expect_header Content-Type application/problem+json
 expect_field status 422
+expect_field reason key_reused
 expect_upstream_calls 0
 
 step 7 "A job's last attempt fails: without a key the worker says which attempt this is"
