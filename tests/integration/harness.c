@@ -191,14 +191,18 @@ static char *full_config(const struct h_sluice *s, int port, int admin,
 {
     char *yaml;
 
-    /* Two loops by default, so cross-thread paths are exercised. */
+    /* Two loops by default, so cross-thread paths are exercised; a body
+     * with its own store block (fleet tests: Redis) keeps it. */
+    bool own_store = !strncmp(body, "store:", 6) || strstr(body, "\nstore:");
+
     if (asprintf(&yaml,
                  "listen: 127.0.0.1:%d\nadmin: 127.0.0.1:%d\n%s"
-                 "store: {path: %s/data}\n%s",
+                 "%s%s%s%s",
                  port, admin,
                  strncmp(body, "threads:", 8) && !strstr(body, "\nthreads:")
                      ? "threads: 2\n" : "",
-                 s->dir, body) < 0)
+                 own_store ? "" : "store: {path: ", own_store ? "" : s->dir,
+                 own_store ? "" : "/data}\n", body) < 0)
         return NULL;
     return yaml;
 }

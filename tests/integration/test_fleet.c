@@ -1,0 +1,334 @@
+/* Fleet mode (docs/contract.md §10): three real sluices on one real
+ * redis-server in front of one real stub. The promises that hold in one pod
+ * must hold across them: a key completed through one sidecar is replayed by
+ * another; concurrent duplicates spread over the fleet reach the upstream
+ * once; the fleet's arrivals keep one bucket's rate (and the same policy
+ * paced per sidecar visibly does not); a 429 through one pauses all; slots
+ * are counted fleet-wide; Redis down is visible and safe, and its return is
+ * followed without a restart. */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "integration/harness.h"
+#include "support/redis_server.h"
+
+#define FLEET 3
+
+static struct redis_server rs;
+static struct h_stub stub;
+static struct h_sluice sl[FLEET];
+
+static const char default_policies[] =
+    "  fleet: {rate: 20/s, burst: 2, max_wait: 30s, shared: redis,\n"
+    "          idempotency: {required: false, lease: 10s}}\n"
+    "  solo: {rate: 20/s, burst: 2, max_wait: 30s}\n"
+    "  slots: {concurrency: 2, max_wait: 20s, shared: redis}\n";
+
+static void fleet_stop(void)
+{
+    for (int i = 0; i < FLEET; i++)
+        h_sluice_cleanup(&sl[i]);
+    h_stub_stop(&stub);
+    redis_server_destroy(&rs);
+}
+
+static void fleet_start(const char *const *stub_args, const char *policies)
+{
+    char *cfg;
+
+    cr_assert_eq(redis_server_start(&rs, 0, NULL), 0, "redis-server did not start");
+    if (h_stub_start(&stub, stub_args) != 0) {
+        redis_server_destroy(&rs);
+        cr_assert_fail("the stub did not start");
+    }
+    cr_assert(asprintf(&cfg,
+        "store: {backend: redis, url: \"redis://127.0.0.1:%u/0\", timeout: 500ms,\n"
+        "        fleet_size: %d}\n"
+        "upstreams: {stub: {url: http://127.0.0.1:%d, timeout: 5s}}\n"
+        "policies:\n%s"
+        "routes:\n"
+        "  - {prefix: /f, upstream: stub, policy: fleet}\n"
+        "  - {prefix: /l, upstream: stub, policy: solo}\n"
+        "  - {prefix: /c, upstream: stub, policy: slots}\n",
+        rs.port, FLEET, stub.port, policies ? policies : default_policies) > 0);
+    for (int i = 0; i < FLEET; i++)
+        if (h_sluice_start(&sl[i], cfg) != 0) {
+            free(cfg);
+            fleet_stop(); /* an assert in .init skips .fini */
+            cr_assert_fail("sluice %d did not start", i);
+        }
+    free(cfg);
+}
+
+
+static void start_default(void)
+{
+    fleet_start(NULL, NULL);
+}
+
+TestSuite(fleet, .init = start_default, .fini = fleet_stop, .timeout = 120);
+TestSuite(fleet_rate, .fini = fleet_stop, .timeout = 120);
+
+static long long key_effects(const char *key)
+{
+    struct h_resp r;
+    char path[256];
+    json_t *j;
+    long long n;
+
+    snprintf(path, sizeof path, "/_stub/keys/%s", key);
+    cr_assert_eq(h_http(stub.port, "GET", path, NULL, NULL, 0, &r), 0);
+    j = json_loads(r.body, 0, NULL);
+    cr_assert_not_null(j, "%s", r.body);
+    n = json_integer_value(json_object_get(j, "side_effects"));
+    json_decref(j);
+    h_resp_free(&r);
+    return n;
+}
+
+static bool header_is(const struct h_resp *r, const char *name, const char *want)
+{
+    char *v = h_header(r, name);
+    bool ok = v && strcmp(v, want) == 0;
+
+    free(v);
+    return ok;
+}
+
+static int post_key(int i, const char *path, const char *key, const char *extra,
+                    const char *body, struct h_resp *r)
+{
+    char hdr[512];
+
+    snprintf(hdr, sizeof hdr, "Idempotency-Key: %s\r\n%s", key, extra ? extra : "");
+    return h_http(sl[i].port, "POST", path, hdr, body, strlen(body), r);
+}
+
+Test(fleet, a_key_completed_on_one_sidecar_is_replayed_by_another)
+{
+    struct h_resp r;
+
+    cr_assert_eq(post_key(0, "/f/orders", "fleet-k1", NULL, "one widget", &r), 0);
+    cr_expect_eq(r.status, 200);
+    h_resp_free(&r);
+    cr_assert_eq(post_key(1, "/f/orders", "fleet-k1", NULL, "one widget", &r), 0);
+    cr_expect_eq(r.status, 200);
+    cr_expect(header_is(&r, "Idempotent-Replayed", "true"), "replayed by another sidecar");
+    cr_expect(r.body_len == 10 && memcmp(r.body, "one widget", 10) == 0, "byte-exact");
+    h_resp_free(&r);
+    cr_assert_eq(post_key(2, "/f/orders", "fleet-k1", NULL, "two widgets", &r), 0);
+    cr_expect_eq(r.status, 422);
+    cr_expect(r.body && strstr(r.body, "\"key_reused\""), "%s", r.body ? r.body : "");
+    h_resp_free(&r);
+    cr_expect_eq(key_effects("fleet-k1"), 1, "one side effect for the fleet");
+}
+
+struct dup_arg {
+    int sidecar;
+    int status;
+};
+
+static void *send_dup(void *p)
+{
+    struct dup_arg *a = p;
+    struct h_resp r;
+
+    if (post_key(a->sidecar, "/f/dup", "fleet-dup", "X-Stub-Delay-Ms: 400\r\n", "x", &r) == 0) {
+        a->status = r.status;
+        h_resp_free(&r);
+    }
+    return NULL;
+}
+
+Test(fleet, concurrent_duplicates_over_the_fleet_reach_the_upstream_once)
+{
+    enum { N = 21 };
+    pthread_t t[N];
+    struct dup_arg a[N];
+    int ok = 0, held = 0;
+
+    for (int i = 0; i < N; i++) {
+        a[i] = (struct dup_arg){.sidecar = i % FLEET};
+        pthread_create(&t[i], NULL, send_dup, &a[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(t[i], NULL);
+        ok += a[i].status == 200;
+        held += a[i].status == 409;
+    }
+    cr_expect_eq(key_effects("fleet-dup"), 1, "one upstream call for 21 duplicates");
+    cr_expect_eq(ok + held, N, "%d answered 200, %d lease_held", ok, held);
+    cr_expect_geq(ok, 1);
+}
+
+Test(fleet, a_429_through_one_sidecar_pauses_the_policy_on_all)
+{
+    struct h_resp r;
+    long long before;
+
+    cr_assert_eq(h_http(sl[0].port, "GET", "/f/a",
+                        "X-Stub-Status: 429\r\nX-Stub-Retry-After: 120\r\n", NULL, 0, &r), 0);
+    cr_expect_eq(r.status, 429);
+    cr_expect(r.body && strstr(r.body, "upstream_429"), "%s", r.body ? r.body : "");
+    h_resp_free(&r);
+    before = h_stub_stat(&stub, "requests");
+    for (int i = 1; i < FLEET; i++) {
+        cr_assert_eq(h_http(sl[i].port, "GET", "/f/b", NULL, NULL, 0, &r), 0);
+        cr_expect_eq(r.status, 429, "sidecar %d", i);
+        cr_expect(r.body && strstr(r.body, "upstream_cooldown"), "sidecar %d: %s", i,
+                  r.body ? r.body : "");
+        h_resp_free(&r);
+    }
+    cr_expect_eq(h_stub_stat(&stub, "requests"), before, "nothing sent during the pause");
+}
+
+static void *send_slot(void *p)
+{
+    struct dup_arg *a = p;
+    struct h_resp r;
+
+    if (h_http(sl[a->sidecar].port, "GET", "/c/x", "X-Stub-Delay-Ms: 300\r\n", NULL, 0,
+               &r) == 0) {
+        a->status = r.status;
+        h_resp_free(&r);
+    }
+    return NULL;
+}
+
+Test(fleet, concurrency_is_counted_across_the_fleet)
+{
+    enum { N = 12 };
+    pthread_t t[N];
+    struct dup_arg a[N];
+    int ok = 0;
+
+    for (int i = 0; i < N; i++) {
+        a[i] = (struct dup_arg){.sidecar = i % FLEET};
+        pthread_create(&t[i], NULL, send_slot, &a[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(t[i], NULL);
+        ok += a[i].status == 200;
+    }
+    cr_expect_eq(ok, N, "every request got a slot within max_wait");
+    cr_expect_leq(h_stub_stat(&stub, "in_flight_max"), 2,
+                  "concurrency 2 for the fleet, not per sidecar");
+    cr_expect_geq(h_stub_stat(&stub, "in_flight_max"), 2);
+}
+
+static bool body_has(int port, const char *path, const char *text)
+{
+    struct h_resp r = {0};
+    int rc = h_http(port, "GET", path, NULL, NULL, 0, &r);
+    bool has = rc == 0 && r.body && strstr(r.body, text) != NULL;
+
+    if (rc == 0)
+        h_resp_free(&r);
+    return has;
+}
+
+Test(fleet, redis_down_is_visible_and_safe_and_its_return_is_followed)
+{
+    struct h_resp r;
+    long long before;
+    int waited = 0;
+
+    redis_server_stop(&rs);
+    before = h_stub_stat(&stub, "requests");
+    cr_assert_eq(post_key(0, "/f/k", "fleet-down", NULL, "x", &r), 0);
+    cr_expect_eq(r.status, 503);
+    cr_expect(r.body && strstr(r.body, "store_unavailable"), "%s", r.body ? r.body : "");
+    cr_expect(header_is(&r, "Sluice-Outcome", "requeue"));
+    h_resp_free(&r);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), before, "a keyed request is not forwarded");
+
+    cr_assert_eq(h_http(sl[1].port, "GET", "/f/unkeyed", NULL, NULL, 0, &r), 0);
+    cr_expect_eq(r.status, 200, "an unkeyed request is paced locally meanwhile");
+    h_resp_free(&r);
+    cr_expect(body_has(sl[1].admin_port, "/metrics", "sluice_bucket_fallback{policy=\"fleet\"} 1"),
+              "the fallback is shown");
+    cr_expect(body_has(sl[0].admin_port, "/readyz", "\"store_unavailable\""), "readyz says why");
+
+    cr_assert_eq(redis_server_start(&rs, rs.port, NULL), 0, "redis-server did not restart");
+    /* Reconnection backs off up to 5 s: within 10 s keyed requests work. */
+    for (;;) {
+        cr_assert_eq(post_key(0, "/f/k", "fleet-back", NULL, "x", &r), 0);
+        if (r.status == 200 || waited >= 100)
+            break;
+        h_resp_free(&r);
+        usleep(100 * 1000);
+        waited++;
+    }
+    cr_expect_eq(r.status, 200, "no recovery within 10 s");
+    h_resp_free(&r);
+    cr_expect(body_has(sl[0].admin_port, "/readyz", "\"ready\": true"), "ready again");
+}
+
+/* ---- the fleet's rate ------------------------------------------------- */
+
+struct burst {
+    int sidecar;
+    const char *path;
+    int status;
+};
+
+static void *send_one(void *p)
+{
+    struct burst *b = p;
+    struct h_resp r;
+
+    if (h_http(sl[b->sidecar].port, "GET", b->path, NULL, NULL, 0, &r) == 0) {
+        b->status = r.status;
+        h_resp_free(&r);
+    }
+    return NULL;
+}
+
+/* N requests spread over the fleet at once; answers that are not 200. */
+static int burst(const char *path, int n)
+{
+    pthread_t t[64];
+    struct burst b[64];
+    int bad = 0;
+
+    for (int i = 0; i < n; i++) {
+        b[i] = (struct burst){.sidecar = i % FLEET, .path = path};
+        pthread_create(&t[i], NULL, send_one, &b[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        pthread_join(t[i], NULL);
+        bad += b[i].status != 200;
+    }
+    return bad;
+}
+
+/* The stub refuses (429) whatever arrives faster than 20/s with a burst of
+ * 5: the policy's 20/s with a burst of 2, plus 150 ms of scheduling slack.
+ * Shared through Redis, the three sidecars together stay within it; the
+ * same numbers paced by each sidecar alone send three times as fast. */
+Test(fleet_rate, the_fleet_keeps_one_buckets_rate)
+{
+    static const char *const args[] = {"--max-rate", "20", "--burst", "5", NULL};
+    struct h_resp r;
+    int bad;
+
+    fleet_start(args, NULL);
+    bad = burst("/f/r", 45);
+    cr_expect_eq(bad, 0, "%d requests not answered 200", bad);
+    cr_expect_eq(h_stub_stat(&stub, "rejected"), 0, "the fleet went over 20/s");
+    cr_expect_eq(h_stub_stat(&stub, "accepted"), 45);
+
+    cr_assert_eq(h_http(stub.port, "POST", "/_stub/reset", NULL, NULL, 0, &r), 0);
+    h_resp_free(&r);
+    sleep(1); /* the stub's bucket refills */
+    burst("/l/r", 45);
+    cr_expect_gt(h_stub_stat(&stub, "rejected"), 0,
+                 "sidecars pacing alone should have exceeded the partner's rate");
+}
