@@ -171,7 +171,12 @@ def check_config_passes(sluice_bin, text, env_names, where):
 
 
 def check_store(spec, workload, sluice, cfg, where):
-    """The store path lies on a volume: returns 'emptyDir', 'claim' or None."""
+    """The store path lies on a volume: returns 'emptyDir', 'claim' or None;
+    'redis' in fleet mode, which keeps nothing on disk."""
+    if (cfg.get("store") or {}).get("backend") == "redis":
+        check(not any(m.get("name") == "state" for m in sluice.get("volumeMounts") or []),
+              "%s: fleet mode mounts no state volume" % where)
+        return "redis"
     store = (cfg.get("store") or {}).get("path", "./data")
     for m in sluice.get("volumeMounts") or []:
         root = m["mountPath"].rstrip("/")
