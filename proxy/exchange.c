@@ -118,6 +118,7 @@ static void exchange_free(struct exchange *ex)
     if (ex->slot.granted_ev)
         event_free(ex->slot.granted_ev);
     store_record_clear(&ex->replay);
+    free(ex->scall);
     up_response_clear(&ex->ureq.resp);
     if (ex->ureq.wire)
         evbuffer_free(ex->ureq.wire);

@@ -94,7 +94,7 @@ static bool read_key(struct exchange *ex)
 
 static int start_get(struct exchange *ex)
 {
-    return store_get_async(ex->loop->store, &ex->scall, scope(ex), ex->key,
+    return store_get_async(ex->loop->store, ex->scall, scope(ex), ex->key,
                            clock_wall_ms());
 }
 
@@ -103,16 +103,16 @@ static bool looked_up(struct exchange *ex)
 {
     uint64_t now = clock_wall_ms();
     struct store_record *rec = &ex->replay;
-    int rc = ex->scall.rc;
+    int rc = ex->scall->rc;
 
     if (rc == -ENOENT)
         return true;
     if (rc != 0) {
-        store_failed(ex, "read", &ex->scall.err);
+        store_failed(ex, "read", &ex->scall->err);
         return false;
     }
-    *rec = ex->scall.rec; /* the exchange owns it now */
-    memset(&ex->scall.rec, 0, sizeof ex->scall.rec);
+    *rec = ex->scall->rec; /* the exchange owns it now */
+    memset(&ex->scall->rec, 0, sizeof ex->scall->rec);
     if (memcmp(rec->fingerprint, ex->fp, STORE_FP_LEN) != 0) {
         mismatch(ex);
         return false;
@@ -169,18 +169,18 @@ static int start_acquire(struct exchange *ex)
 {
     const struct sc_idempotency *id = &ex->pol->idem;
 
-    return store_acquire_async(ex->loop->store, &ex->scall, scope(ex), ex->key,
+    return store_acquire_async(ex->loop->store, ex->scall, scope(ex), ex->key,
                                ex->fp, clock_wall_ms(), id->lease_ms,
                                id->ttl_ms);
 }
 
 static bool took_lease(struct exchange *ex)
 {
-    struct store_acquire_out *out = &ex->scall.acq;
+    struct store_acquire_out *out = &ex->scall->acq;
     const struct sc_idempotency *id = &ex->pol->idem;
 
-    if (ex->scall.rc != 0) {
-        store_failed(ex, "lease", &ex->scall.err);
+    if (ex->scall->rc != 0) {
+        store_failed(ex, "lease", &ex->scall->err);
         return false;
     }
     switch (out->claim) {
@@ -250,11 +250,11 @@ static int start_complete(struct exchange *ex)
     int rc;
 
     if (!h) {
-        ex->scall.rc = -ENOMEM;
-        sc_error_set(&ex->scall.err, "out of memory");
+        ex->scall->rc = -ENOMEM;
+        sc_error_set(&ex->scall->err, "out of memory");
         return -ENOMEM;
     }
-    rc = store_complete_async(ex->loop->store, &ex->scall, scope(ex), ex->key,
+    rc = store_complete_async(ex->loop->store, ex->scall, scope(ex), ex->key,
                               clock_wall_ms(), ex->pol->idem.ttl_ms, r->status,
                               h, stored_headers(r, h),
                               blen ? evbuffer_pullup(r->body, -1) : NULL, blen,
@@ -265,18 +265,18 @@ static int start_complete(struct exchange *ex)
 
 static void completed(struct exchange *ex)
 {
-    if (ex->scall.rc == 0)
+    if (ex->scall->rc == 0)
         return;
     /* The side effect happened; the worker must still learn the truth.
      * The lease stays, so a duplicate waits for its expiry. */
     count_store_error(ex);
     log_error("policy %s: cannot store the completed result of a key: %s",
-              scope(ex), ex->scall.err.text);
+              scope(ex), ex->scall->err.text);
 }
 
 static int start_release(struct exchange *ex)
 {
-    return store_release_async(ex->loop->store, &ex->scall, scope(ex), ex->key,
+    return store_release_async(ex->loop->store, ex->scall, scope(ex), ex->key,
                                ex->attempt, clock_wall_ms(),
                                ex->pol->idem.ttl_ms);
 }
@@ -347,7 +347,7 @@ enum ex_verdict stage_commit(struct exchange *ex, uint64_t now)
         return v;
     ex->settled = true;
     if (ex->commit == COMMIT_RELEASE)
-        released(ex, ex->scall.rc, &ex->scall.err);
+        released(ex, ex->scall->rc, &ex->scall->err);
     else
         completed(ex);
     return EXV_ANSWER;

@@ -102,7 +102,9 @@ struct exchange {
     char key_buf[256];
     uint8_t fp[STORE_FP_LEN];
     struct store_record replay; /* ANSWER_REPLAY */
-    struct store_call scall;    /* the store call a stage waits for */
+    struct store_call *scall;   /* the store call a stage waits for: made
+                                   at the first (unkeyed, unshared requests
+                                   never pay for its size) */
     uint64_t store_deadline;    /* monotonic ns: the call counts as failed */
     enum ex_commit { COMMIT_NONE = 0, COMMIT_KEEP, COMMIT_COMPLETE,
                      COMMIT_COMPLETE_HEAD, COMMIT_RELEASE } commit;

@@ -66,7 +66,7 @@ static bool shared(const struct exchange *ex)
 
 static int start_permit(struct exchange *ex)
 {
-    return store_permit_async(ex->loop->store, &ex->scall, ex->pol->name,
+    return store_permit_async(ex->loop->store, ex->scall, ex->pol->name,
                               ex->bucket != &ex->ps->bucket ? ex->partition : NULL,
                               ex->bucket->g.t_ns, ex->bucket->g.tau_ns,
                               ex->pol->max_wait_ms * NS_PER_MS);
@@ -79,7 +79,7 @@ static void fall_back(struct exchange *ex)
     if (!atomic_exchange(&ex->ps->fallback, true))
         log_warn("policy %s: shared bucket unreachable (%s): pacing locally "
                  "at its share of the fleet's rate", ex->pol->name,
-                 ex->scall.err.text);
+                 ex->scall->err.text);
 }
 
 static enum ex_verdict local_permit(struct exchange *ex, uint64_t now);
@@ -89,12 +89,13 @@ static enum ex_verdict local_permit(struct exchange *ex, uint64_t now);
 static enum ex_verdict shared_answer(struct exchange *ex, uint64_t now)
 {
     enum ex_verdict v = ex_store_wait(ex, now, start_permit, ex->woke == WOKE_FIRST);
-    const struct store_permit *pm = &ex->scall.permit;
+    const struct store_permit *pm;
 
     if (v != EXV_NEXT)
         return v;
+    pm = &ex->scall->permit;
     ex->asking = false;
-    if (ex->scall.rc != 0) {
+    if (ex->scall->rc != 0) {
         fall_back(ex);
         return local_permit(ex, now);
     }
@@ -232,7 +233,7 @@ static enum ex_verdict local_slot(struct exchange *ex, uint64_t now)
  * a margin. */
 static int start_slot(struct exchange *ex)
 {
-    return store_slot_take_async(ex->loop->store, &ex->scall, ex->pol->name,
+    return store_slot_take_async(ex->loop->store, ex->scall, ex->pol->name,
                                  ex->holder, ex->pol->concurrency,
                                  ex->up->timeout_ms + SLOT_HOLD_MARGIN_MS);
 }
@@ -248,11 +249,11 @@ static enum ex_verdict shared_slot(struct exchange *ex, uint64_t now, bool first
         return v;
     }
     ex->asking = false;
-    if (ex->scall.rc != 0) {
+    if (ex->scall->rc != 0) {
         fall_back(ex);
         return local_slot(ex, now);
     }
-    if (ex->scall.slot.granted) {
+    if (ex->scall->slot.granted) {
         ex->shared_slot = true;
         atomic_fetch_add(&ex->ps->inflight, 1);
         return got_slot(ex, now);

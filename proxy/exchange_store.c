@@ -3,6 +3,7 @@
  * The idempotency stages wait for the records, the pacing stages for a
  * shared bucket or slot. */
 #include <errno.h>
+#include <stdlib.h>
 
 #include "proxy/app.h"
 #include "proxy/exchange_internal.h"
@@ -23,21 +24,25 @@ enum ex_verdict ex_store_wait(struct exchange *ex, uint64_t now,
 {
     uint64_t timeout_ms = ex->loop->app->fixed.store_timeout_ms;
 
+    if (first && !ex->scall && !(ex->scall = calloc(1, sizeof *ex->scall))) {
+        ex_refuse(ex, 500, OUT_REJECTED, R_INTERNAL, "out of memory");
+        return EXV_ANSWER;
+    }
     if (first) {
-        ex->scall.done = on_store_done;
-        ex->scall.arg = ex;
+        ex->scall->done = on_store_done;
+        ex->scall->arg = ex;
         if (start(ex) != -EINPROGRESS)
             return EXV_NEXT;
         ex->store_deadline = timeout_ms ? now + timeout_ms * NS_PER_MS : 0;
         ex->wake_at = ex->store_deadline;
         return EXV_WAIT;
     }
-    if (!store_call_pending(&ex->scall))
+    if (!store_call_pending(ex->scall))
         return EXV_NEXT;
     if (ex->woke == WOKE_TIMER) {
-        store_call_cancel(&ex->scall);
-        ex->scall.rc = -ETIMEDOUT;
-        sc_error_set(&ex->scall.err, "no answer within %llu ms",
+        store_call_cancel(ex->scall);
+        ex->scall->rc = -ETIMEDOUT;
+        sc_error_set(&ex->scall->err, "no answer within %llu ms",
                      (unsigned long long)timeout_ms);
         return EXV_NEXT;
     }
@@ -47,9 +52,11 @@ enum ex_verdict ex_store_wait(struct exchange *ex, uint64_t now,
 
 void ex_store_cancel(struct exchange *ex)
 {
-    store_call_cancel(&ex->scall);
-    store_record_clear(&ex->scall.rec);
-    store_record_clear(&ex->scall.acq.rec);
+    if (!ex->scall)
+        return;
+    store_call_cancel(ex->scall);
+    store_record_clear(&ex->scall->rec);
+    store_record_clear(&ex->scall->acq.rec);
 }
 
 void ex_store_detach(struct store_call *c, int rc)

@@ -112,6 +112,8 @@ static void result(struct exchange *ex, enum up_result r, int status)
 static void finish(struct exchange *ex)
 {
     ex_store_cancel(ex);
+    free(ex->scall);
+    ex->scall = NULL;
     idem_release_lease(ex);
     idem_unclaim(ex);
     up_response_clear(&ex->ureq.resp);
