@@ -102,6 +102,17 @@ static bool header_is(const struct h_resp *r, const char *name, const char *want
     return ok;
 }
 
+static bool body_has(int port, const char *path, const char *text)
+{
+    struct h_resp r = {0};
+    int rc = h_http(port, "GET", path, NULL, NULL, 0, &r);
+    bool has = rc == 0 && r.body && strstr(r.body, text) != NULL;
+
+    if (rc == 0)
+        h_resp_free(&r);
+    return has;
+}
+
 static int post_key(int i, const char *path, const char *key, const char *extra,
                     const char *body, struct h_resp *r)
 {
@@ -128,6 +139,15 @@ Test(fleet, a_key_completed_on_one_sidecar_is_replayed_by_another)
     cr_expect(r.body && strstr(r.body, "\"key_reused\""), "%s", r.body ? r.body : "");
     h_resp_free(&r);
     cr_expect_eq(key_effects("fleet-k1"), 1, "one side effect for the fleet");
+    /* The admin endpoints of any sidecar read and forget the fleet's records. */
+    cr_expect(body_has(sl[2].admin_port, "/idempotency/fleet/fleet-k1", "\"completed\""),
+              "the record, read through another sidecar's admin port");
+    cr_assert_eq(h_http(sl[1].admin_port, "DELETE", "/idempotency/fleet/fleet-k1", NULL, NULL, 0,
+                        &r), 0);
+    cr_expect_eq(r.status, 200);
+    h_resp_free(&r);
+    cr_expect(!body_has(sl[0].admin_port, "/idempotency/fleet/fleet-k1", "\"completed\""),
+              "forgotten for the whole fleet");
 }
 
 struct dup_arg {
@@ -223,16 +243,6 @@ Test(fleet, concurrency_is_counted_across_the_fleet)
     cr_expect_geq(h_stub_stat(&stub, "in_flight_max"), 2);
 }
 
-static bool body_has(int port, const char *path, const char *text)
-{
-    struct h_resp r = {0};
-    int rc = h_http(port, "GET", path, NULL, NULL, 0, &r);
-    bool has = rc == 0 && r.body && strstr(r.body, text) != NULL;
-
-    if (rc == 0)
-        h_resp_free(&r);
-    return has;
-}
 
 Test(fleet, redis_down_is_visible_and_safe_and_its_return_is_followed)
 {

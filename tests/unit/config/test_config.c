@@ -393,6 +393,7 @@ Test(config_sidecar, commented_example_loads_when_uncommented)
     regfree(&re);
     cr_expect(n > 40, "only %zu example lines found", n);
     setenv("PARTNER_TOKEN", "x", 1);
+    setenv("REDIS_PASSWORD", "x", 1); /* the fleet-mode store keys */
     cfg = load_ok(out);
     cr_expect_eq(cfg->n_upstreams, 2);
     cr_expect_eq(cfg->n_policies, 2);
