@@ -68,7 +68,7 @@ static int start_permit(struct exchange *ex)
 {
     return store_permit_async(ex->loop->store, ex->scall, ex->pol->name,
                               ex->bucket != &ex->ps->bucket ? ex->partition : NULL,
-                              ex->bucket->g.t_ns, ex->bucket->g.tau_ns,
+                              ex->ps->fleet_t_ns, ex->ps->fleet_tau_ns,
                               ex->pol->max_wait_ms * NS_PER_MS);
 }
 

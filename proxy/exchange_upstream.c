@@ -138,7 +138,7 @@ static void tell_fleet(struct exchange *ex, uint64_t pause_ms)
     ex_store_detach(&c, store_bucket_pause_async(
                             ex->loop->store, &c, ex->pol->name,
                             ex->bucket != &ex->ps->bucket ? ex->partition : NULL,
-                            ex->bucket->g.t_ns, ex->bucket->g.tau_ns,
+                            ex->ps->fleet_t_ns, ex->ps->fleet_tau_ns,
                             pause_ms * NS_PER_MS));
 }
 

@@ -50,8 +50,14 @@ static struct policy_state *state_new(const struct sc_policy *p,
     ps->partition_max = p->partition_max;
     ps->has_bucket = p->has_rate;
     if (p->has_rate) {
+        struct gcra fleet;
+
         gcra_init(&ps->bucket.g, ps->rate, ps->burst);
         gcra_init(&ps->bucket.sent, ps->rate, ps->burst);
+        /* The fleet's own numbers, undivided, for the bucket in Redis. */
+        gcra_init(&fleet, p->rate, p->burst);
+        ps->fleet_t_ns = fleet.t_ns;
+        ps->fleet_tau_ns = fleet.tau_ns;
     }
     pthread_mutex_init(&ps->mu, NULL);
     TAILQ_INIT(&ps->waiters);

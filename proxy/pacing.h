@@ -62,6 +62,8 @@ struct policy_state {
                                      this sidecar's fallback share */
     atomic_bool fallback;         /* shared, and the fleet's bucket or
                                      slots did not answer: local numbers */
+    uint64_t fleet_t_ns, fleet_tau_ns; /* shared: the fleet's bucket, as the
+                                     policy states it (policies/gcra.h) */
     struct bucket bucket;         /* unpartitioned */
     pthread_mutex_t mu;           /* slots and partitions */
     _Atomic uint32_t inflight;
