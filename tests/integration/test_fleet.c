@@ -10,6 +10,7 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,8 @@ static const char default_policies[] =
     "  fleet: {rate: 20/s, burst: 2, max_wait: 30s, shared: redis,\n"
     "          idempotency: {required: false, lease: 10s}}\n"
     "  solo: {rate: 20/s, burst: 2, max_wait: 30s}\n"
-    "  slots: {concurrency: 2, max_wait: 20s, shared: redis}\n";
+    "  slots: {concurrency: 2, max_wait: 20s, shared: redis}\n"
+    "  leasy: {idempotency: {required: false, lease: 2s}}\n";
 
 static void fleet_stop(void)
 {
@@ -51,13 +53,16 @@ static void fleet_start(const char *const *stub_args, const char *policies)
     cr_assert(asprintf(&cfg,
         "store: {backend: redis, url: \"redis://127.0.0.1:%u/0\", timeout: 500ms,\n"
         "        fleet_size: %d}\n"
-        "upstreams: {stub: {url: http://127.0.0.1:%d, timeout: 5s}}\n"
+        "upstreams: {stub: {url: http://127.0.0.1:%d, timeout: 5s},\n"
+        "            quick: {url: http://127.0.0.1:%d, timeout: 1s}}\n"
         "policies:\n%s"
         "routes:\n"
         "  - {prefix: /f, upstream: stub, policy: fleet}\n"
         "  - {prefix: /l, upstream: stub, policy: solo}\n"
-        "  - {prefix: /c, upstream: stub, policy: slots}\n",
-        rs.port, FLEET, stub.port, policies ? policies : default_policies) > 0);
+        "  - {prefix: /c, upstream: stub, policy: slots}\n"
+        "  - {prefix: /k, upstream: quick, policy: leasy}\n",
+        rs.port, FLEET, stub.port, stub.port,
+        policies ? policies : default_policies) > 0);
     for (int i = 0; i < FLEET; i++)
         if (h_sluice_start(&sl[i], cfg) != 0) {
             free(cfg);
@@ -279,6 +284,54 @@ Test(fleet, redis_down_is_visible_and_safe_and_its_return_is_followed)
     cr_expect_eq(r.status, 200, "no recovery within 10 s");
     h_resp_free(&r);
     cr_expect(body_has(sl[0].admin_port, "/readyz", "\"ready\": true"), "ready again");
+}
+
+struct held {
+    int sidecar;
+};
+
+static void *send_slow(void *p)
+{
+    struct held *h = p;
+    struct h_resp r;
+
+    /* The sidecar dies under it: no answer is expected. */
+    if (post_key(h->sidecar, "/k/x", "fleet-crash", "X-Stub-Delay-Ms: 3000\r\n", "x", &r) == 0)
+        h_resp_free(&r);
+    return NULL;
+}
+
+/* kill -9 of the sidecar holding a key's lease: the others answer
+ * lease_held until the lease (2 s) expires, then one takes the key over. */
+Test(fleet, a_dead_sidecars_lease_holds_then_is_taken_over)
+{
+    struct held h = {.sidecar = 0};
+    struct h_resp r;
+    pthread_t t;
+    int waited = 0;
+
+    pthread_create(&t, NULL, send_slow, &h);
+    for (int i = 0; i < 100 && h_stub_stat(&stub, "in_flight") < 1; i++)
+        usleep(20 * 1000);
+    cr_assert_geq(h_stub_stat(&stub, "in_flight"), 1, "the request never reached the stub");
+    kill(sl[0].pid, SIGKILL);
+    cr_assert_eq(post_key(1, "/k/x", "fleet-crash", NULL, "x", &r), 0);
+    cr_expect_eq(r.status, 409, "the dead sidecar's lease holds");
+    cr_expect(r.body && strstr(r.body, "lease_held"), "%s", r.body ? r.body : "");
+    h_resp_free(&r);
+    for (;;) {
+        cr_assert_eq(post_key(2, "/k/x", "fleet-crash", NULL, "x", &r), 0);
+        if (r.status != 409 || waited >= 60)
+            break;
+        h_resp_free(&r);
+        usleep(100 * 1000);
+        waited++;
+    }
+    cr_expect_eq(r.status, 200, "taken over after the lease expired (waited %d ms)",
+                 waited * 100);
+    cr_expect_geq(waited, 5, "taken over before the lease could have expired");
+    h_resp_free(&r);
+    pthread_join(t, NULL);
 }
 
 /* ---- the fleet's rate ------------------------------------------------- */
