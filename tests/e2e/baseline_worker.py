@@ -18,12 +18,11 @@ import threading
 import time
 import urllib.parse
 
-import redis
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "..", "deploy", "examples", "python"))
 from worker import (AFTER_CALL_MS, CONCURRENCY, DELAYED, DLQ, DONE, PROMOTE,  # noqa: E402
-                    QUEUE, READY, REDIS_ADDR, WORKER_ID, recover)
+                    QUEUE, READY, WORKER_ID, connect, recover)
 
 PARTNER_URL = os.environ["PARTNER_URL"]
 MAX_ATTEMPTS = int(os.environ.get("MAX_ATTEMPTS", "8"))
@@ -33,8 +32,7 @@ stopping = threading.Event()
 
 
 def slot(index):
-    host, port = REDIS_ADDR.rsplit(":", 1)
-    r = redis.Redis(host=host, port=int(port))
+    r = connect()
     promote = r.register_script(PROMOTE)
     processing = f"{QUEUE}:processing:{WORKER_ID}-{index}"
     url = urllib.parse.urlsplit(PARTNER_URL)
@@ -75,8 +73,7 @@ def slot(index):
 
 
 def main():
-    host, port = REDIS_ADDR.rsplit(":", 1)
-    recover(redis.Redis(host=host, port=int(port)))
+    recover(connect())
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     threads = [threading.Thread(target=slot, args=(i,)) for i in range(CONCURRENCY)]
     for t in threads:

@@ -230,11 +230,14 @@ def plan(args):
     sluice dies in the middle of the burst, while its policy cools down and the bounced jobs wait
     in the delayed set ("a restart during the delay window"), and comes back as the
     burst ends. Nothing is in flight to the downstream then, so the outcome does not depend on
-    where in a request the kill lands (see the README on unknown outcomes)."""
+    where in a request the kill lands (see the README on unknown outcomes). The worker killed for
+    good dies after the others are back from their kill -9, so that a running worker's periodic
+    reap (not only the reap at start) has to find its jobs."""
     t = args.jobs / args.rate
     burst = args.burst_ms / 1000
     return {"burst": 0.25 * t, "kill_sluice": 0.25 * t + burst / 2,
-            "restart_sluice": 0.25 * t + burst, "kill_workers": 0.5 * t, "outage": 0.7 * t}
+            "restart_sluice": 0.25 * t + burst, "kill_workers": 0.5 * t, "outage": 0.7 * t,
+            "kill_for_good": 0.55 * t}
 
 
 def make_job(prefix, i):
@@ -245,7 +248,10 @@ def make_job(prefix, i):
 
 
 def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin, hooks=None, stub_args=()):
-    """One run of the batch. `hooks` (kill_test.py): extra_time() lengthens the deadline,
+    """One run of the batch. Besides the plan's kill -9 of half the workers (restarted under the
+    same WORKER_ID), the sluice arm kills one other worker for good while it holds jobs, as a
+    rollout replaces a pod: its jobs must come back through the other workers' reaper (Redis
+    pattern) or BullMQ's stalled-job check. `hooks` (kill_test.py): extra_time() lengthens the deadline,
     start(ctx) runs once the workers do, busy() keeps the run going while true, finish(ctx, res)
     runs before sluice and the stub stop; with hooks the plan's own kill and restart of sluice
     are left out (the hooks kill it). `stub_args`: more command-line flags for the stub."""
@@ -257,7 +263,10 @@ def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin, hooks=None, 
     prefix = f"{arm}-{kind}"
     q = queues.make(kind, redis.Redis(host="127.0.0.1", port=rport), prefix, args)
     q.enqueue([make_job(prefix, i) for i in range(args.jobs)])
+    # REDIS_URL for the Python and Go examples, REDIS_ADDR for the baseline and BullMQ; a short
+    # heartbeat (1.5 s TTL) so that a dead worker's jobs are reaped within the run.
     env = dict(os.environ, REDIS_ADDR=f"127.0.0.1:{rport}", QUEUE=q.name,
+               REDIS_URL=f"redis://127.0.0.1:{rport}/0", HEARTBEAT_MS="500",
                CONCURRENCY=str(args.threads), AFTER_CALL_MS=str(args.after_call_ms),
                MAX_ATTEMPTS=str(args.max_attempts), HTTP_TIMEOUT="30",
                LOCK_MS="5000", STALLED_MS="1000")
@@ -266,12 +275,16 @@ def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin, hooks=None, 
     events = sorted(plan(args).items(), key=lambda e: e[1])
     if hooks:
         events = [e for e in events if e[0] not in ("kill_sluice", "restart_sluice")]
+    # The worker killed for good: one the plan's kill_workers does not restart.
+    doomed = pool.ids[1] if arm == "sluice" and not hooks and len(pool.ids) > 1 else None
+    doom_at = dict(events).pop("kill_for_good")
+    events = [e for e in events if e[0] != "kill_for_good"]
     bound = args.jobs / args.rate + (args.burst_ms + args.outage_ms) / 1000
     deadline = args.deadline or \
         max(60.0, args.timeout_factor * bound) + (hooks.extra_time() if hooks else 0)
     res = {"arm": arm, "worker": kind, "breaker": args.breaker, "jobs": args.jobs,
            "bound_s": bound, "peak_held": 0, "slot_s_held": 0.0, "max_delay_s": 0.0,
-           "sluice_restart_s": None, "drain_s": None}
+           "sluice_restart_s": None, "drain_s": None, "doomed": doomed, "orphans": None}
 
     t0 = time.monotonic()
     for wid in pool.ids:
@@ -297,6 +310,14 @@ def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin, hooks=None, 
                 restarts.append((now + 0.5, victims))
             elif name == "outage":
                 http(stub + "/_stub/window", "POST", f"{args.outage_ms} 503".encode())
+        # Killed only while it holds a job, so that there is something to reap; its job ids are
+        # read after the kill, when nothing but a reaper can move them.
+        if doomed and now - t0 >= doom_at and q.held_by(doomed):
+            pool.kill9([doomed])
+            res["orphans"] = q.held_by(doomed)
+            doomed = None
+        elif doomed and now - t0 >= doom_at + 10:
+            doomed = None     # never seen holding a job: failures() says so
         for when, victims in list(restarts):
             if now >= when:
                 for wid in victims:
@@ -307,7 +328,7 @@ def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin, hooks=None, 
         res["slot_s_held"] += s["held"] * (now - last)
         res["max_delay_s"] = max(res["max_delay_s"], s["max_delay_ms"] / 1000)
         last = now
-        if not events and not restarts and s["done"] + s["dlq"] >= args.jobs and \
+        if not events and not restarts and not doomed and s["done"] + s["dlq"] >= args.jobs and \
                 s["ready"] == s["delayed"] == s["held"] == 0 and not (hooks and hooks.busy()):
             res["drain_s"] = now - t0
             break
@@ -316,6 +337,8 @@ def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin, hooks=None, 
         time.sleep(0.05)
 
     pool.stop()
+    if res["orphans"] is not None:
+        res["orphans_done"] = q.finished(res["orphans"])
     st = json.loads(http(stub + "/_stub/stats")[1])
     end = q.sample()
     res.update(done=end["done"], dlq=end["dlq"], provider_calls=st["requests"],
@@ -323,6 +346,7 @@ def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin, hooks=None, 
                max_attempts_used=st["max_calls_per_key"], asleep_s=q.asleep(),
                left=end["ready"] + end["delayed"] + end["held"], window_hits=st["window_hits"])
     res["ratio"] = res["drain_s"] / bound if res["drain_s"] else None
+    res["n_orphans"] = len(res["orphans"]) if res["orphans"] is not None else None
     if hooks:
         hooks.finish(ctx, res)
     res["permit_wait_s"] = (sluice.permit_wait_s + sluice.permit_wait()) if sluice else 0.0
@@ -346,6 +370,8 @@ ROWS = [
     ("side effects", "side_effects", "{}"),
     ("duplicate side effects", "duplicates", "{}"),
     ("max attempts used by a job", "max_attempts_used", "{}"),
+    ("jobs held by the worker killed for good", "n_orphans", "{}"),
+    ("... finished by the other workers", "orphans_done", "{}"),
     ("peak in-flight worker slots", "peak_held", "{}"),
     ("worker slot-seconds holding a job", "slot_s_held", "{:.1f}"),
     ("slot-seconds asleep after 429/5xx", "asleep_s", "{:.1f}"),
@@ -377,6 +403,15 @@ def failures(r, args):
         f.append("neither the 429 burst nor the outage reached a request: nothing was tested")
     if r["sluice_restart_s"] is None:
         f.append("sluice was not killed and restarted")
+    if r.get("doomed"):
+        if r["orphans"] is None:
+            f.append(f"worker {r['doomed']} was never seen holding a job: the kill for good "
+                     "did not happen")
+        elif not r["orphans"]:
+            f.append(f"worker {r['doomed']} held no job once killed: nothing was left to reap")
+        elif r["orphans_done"] != len(r["orphans"]):
+            f.append(f"{len(r['orphans']) - r['orphans_done']} of the {len(r['orphans'])} jobs "
+                     f"the worker killed for good held never finished: {r['orphans']}")
     if r["drain_s"] is None:
         f.append(f"the batch did not drain ({r['done']} done, {r['dlq']} dead, {r['left']} left)")
     if r["duplicates"]:

@@ -39,6 +39,17 @@ class RedisPattern:
     def asleep(self):
         return float(self.r.get(self.key("stats:asleep")) or 0)
 
+    def held_by(self, worker):
+        """Ids of the jobs in the processing lists of `worker` (<queue>:processing:<worker>-<slot>)."""
+        ids = []
+        for k in self.r.scan_iter(match=self.key(f"processing:{worker}-*"), count=1000):
+            ids += [json.loads(raw)["id"] for raw in self.r.lrange(k, 0, -1)]
+        return ids
+
+    def finished(self, ids):
+        """How many of `ids` are in the done set."""
+        return sum(bool(self.r.sismember(self.key("done"), i)) for i in ids)
+
 
 class BullMQ:
     """BullMQ 5 keys: bull:<queue>:wait|paused|active (lists), :prioritized|:delayed|:completed|
@@ -69,6 +80,15 @@ class BullMQ:
 
     def asleep(self):
         return 0.0
+
+    def held_by(self, worker):
+        """Ids of the active jobs that `worker` took (BullMQ stores its name in field pb)."""
+        ids = [i.decode() for i in self.r.lrange(self.key("active"), 0, -1)]
+        return [i for i in ids if self.r.hget(self.key(i), "pb") == worker.encode()]
+
+    def finished(self, ids):
+        """How many of `ids` are in the completed set."""
+        return sum(self.r.zscore(self.key("completed"), i) is not None for i in ids)
 
 
 def make(kind, r, prefix, args):

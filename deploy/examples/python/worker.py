@@ -6,8 +6,11 @@ one processing list per worker slot, a done set and a dead-letter list). Each sl
 its own Redis and HTTP connections. The worker never sleeps on a 429 and never retries in place:
 a job that must wait goes back to the delayed set and the slot takes the next job.
 
+A reaper thread keeps this worker's heartbeat key alive and hands back to the ready list the jobs
+of workers whose heartbeat is gone (a pod replaced by a rollout never comes back under its name).
+
 Needs Python 3.9+ and redis-py (Debian: python3-redis). Settings come from the environment; see
-../README.md. Run: SLUICE_URL=http://127.0.0.1:8080 REDIS_ADDR=127.0.0.1:6379 ./worker.py
+../README.md. Run: SLUICE_URL=http://127.0.0.1:8080 REDIS_URL=redis://127.0.0.1:6379/0 ./worker.py
 """
 import http.client
 import json
@@ -23,15 +26,27 @@ import urllib.parse
 import redis
 
 SLUICE_URL = os.environ.get("SLUICE_URL", "http://127.0.0.1:8080")
-REDIS_ADDR = os.environ.get("REDIS_ADDR", "127.0.0.1:6379")
+# REDIS_URL (redis://[:password@]host:port/db, rediss:// for TLS) wins; REDIS_ADDR (host:port) and
+# REDIS_PASSWORD are the older settings, still honoured when REDIS_URL is unset.
+REDIS_URL = os.environ.get("REDIS_URL") or \
+    f"redis://{os.environ.get('REDIS_ADDR', '127.0.0.1:6379')}/0"
+REDIS_PASSWORD = None if os.environ.get("REDIS_URL") else os.environ.get("REDIS_PASSWORD")
 QUEUE = os.environ.get("QUEUE", "jobs")
 WORKER_ID = os.environ.get("WORKER_ID", socket.gethostname())
 CONCURRENCY = int(os.environ.get("CONCURRENCY", "4"))
 AFTER_CALL_MS = int(os.environ.get("AFTER_CALL_MS", "0"))
 HTTP_TIMEOUT = float(os.environ.get("HTTP_TIMEOUT", "90"))
+# The heartbeat is refreshed every HEARTBEAT_MS and lives 3x that: one or two late refreshes (a
+# slow Redis, a GC pause) do not make a live worker look dead.
+HEARTBEAT_MS = int(os.environ.get("HEARTBEAT_MS", "5000"))
 LOG = os.environ.get("LOG") == "1"
 
 READY, DELAYED, DONE, DLQ = (f"{QUEUE}:{k}" for k in ("ready", "delayed", "done", "dlq"))
+PROCESSING = f"{QUEUE}:processing:"    # + <worker>-<slot>
+
+
+def alive_key(worker):
+    return f"{QUEUE}:worker:{worker}:alive"
 
 # Moves due delayed jobs to the front of the ready list in one step, so two workers never move the
 # same job and a crash in the middle loses none.
@@ -44,7 +59,21 @@ end
 return #due
 """
 
+# Hands a dead worker's processing list back to the ready list (next in line), but only if the
+# owner's heartbeat is still missing when the script runs: checking and moving in one script means
+# an owner that comes back in between keeps its job, and two reapers never move the same job.
+REAP = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+local n = 0
+while redis.call('LMOVE', KEYS[1], KEYS[3], 'RIGHT', 'RIGHT') do n = n + 1 end
+return n
+"""
+
 stopping = threading.Event()
+
+
+def connect():
+    return redis.Redis.from_url(REDIS_URL, password=REDIS_PASSWORD)
 
 
 def log(msg):
@@ -65,8 +94,7 @@ class Slot(threading.Thread):
     def __init__(self, index):
         super().__init__(name=f"slot-{index}")
         self.processing = f"{QUEUE}:processing:{WORKER_ID}-{index}"
-        host, port = REDIS_ADDR.rsplit(":", 1)
-        self.r = redis.Redis(host=host, port=int(port))
+        self.r = connect()
         self.promote = self.r.register_script(PROMOTE)
         self.http = None
 
@@ -175,16 +203,58 @@ def recover(r):
     return moved
 
 
+def reap(r, script):
+    """Moves back to the ready list the jobs of every processing list whose owner's heartbeat is
+    gone. A processing list is <QUEUE>:processing:<worker>-<slot>; the worker id may itself
+    contain dashes (pod names do), the slot is after the last one."""
+    moved = 0
+    for key in r.scan_iter(match=PROCESSING + "*", count=100):
+        key = key.decode()
+        owner = key[len(PROCESSING):].rsplit("-", 1)[0]
+        if owner == WORKER_ID:
+            continue
+        n = script(keys=[key, alive_key(owner), READY])
+        if n > 0:
+            moved += n
+            log(f"reaped {n} job(s) of {owner} (no heartbeat) from {key}")
+    return moved
+
+
+def heartbeat_and_reap(r):
+    """The reaper thread: refresh our heartbeat every HEARTBEAT_MS, reap every 3x that (a dead
+    worker's heartbeat takes that long to expire anyway). Redis errors are retried: a missed
+    refresh or two is what the 3x TTL is for."""
+    script = r.register_script(REAP)
+    next_reap = 0.0
+    while not stopping.is_set():
+        try:
+            r.set(alive_key(WORKER_ID), str(time.time()), px=3 * HEARTBEAT_MS)
+            if time.monotonic() >= next_reap:
+                reap(r, script)
+                next_reap = time.monotonic() + 3 * HEARTBEAT_MS / 1000
+        except redis.RedisError as e:
+            log(f"heartbeat: redis: {e}")
+        stopping.wait(HEARTBEAT_MS / 1000)
+
+
 def main():
-    host, port = REDIS_ADDR.rsplit(":", 1)
-    moved = recover(redis.Redis(host=host, port=int(port)))
-    log(f"{CONCURRENCY} slots, queue {QUEUE!r} on {REDIS_ADDR}, sluice {SLUICE_URL}, "
-        f"recovered {moved} job(s)")
+    r = connect()
+    # The heartbeat goes up before anything else: from now on no other worker reaps our lists.
+    # Our own lists (a previous run under the same WORKER_ID) are ours to recover; then the first
+    # reap, for the workers that went away while none was running.
+    r.set(alive_key(WORKER_ID), str(time.time()), px=3 * HEARTBEAT_MS)
+    moved = recover(r)
+    reaped = reap(r, r.register_script(REAP))
+    where = r.connection_pool.connection_kwargs
+    log(f"{CONCURRENCY} slots, queue {QUEUE!r} on {where.get('host')}:{where.get('port')}, "
+        f"sluice {SLUICE_URL}, recovered {moved} job(s), reaped {reaped}")
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     slots = [Slot(i) for i in range(CONCURRENCY)]
     for s in slots:
         s.start()
+    # daemon: it holds no job, and must not keep a finished worker alive.
+    threading.Thread(target=heartbeat_and_reap, args=(r,), name="reaper", daemon=True).start()
     for s in slots:
         s.join()
     log("stopped")
