@@ -22,12 +22,13 @@ libsystemd-dev libhiredis-dev curl"
 # Criterion runs the unit and integration tests; openssl makes their
 # certificates; promtool (only in Debian's prometheus package) checks the metrics
 # output and the alert rules; redis-server, Python, Go and Node.js run the
-# burst-and-restart experiment with each worker example; systemd brings
+# burst-and-restart experiment with each worker example (the Go one
+# on Debian's redigo, built offline in GOPATH mode); systemd brings
 # systemd-analyze for the unit file check. clang builds the fuzz targets:
 # libFuzzer and the sanitizer runtimes are in libclang-rt-14-dev, which clang
 # only recommends; llvm-14 brings llvm-symbolizer for readable stacks.
 TEST_PKGS="libcriterion-dev openssl prometheus redis-server python3 python3-redis
-python3-yaml golang-go systemd clang libclang-rt-14-dev llvm-14"
+python3-yaml golang-go golang-github-gomodule-redigo-dev systemd clang libclang-rt-14-dev llvm-14"
 
 # tests/bench drives load with wrk and compares with nginx.
 BENCH_PKGS="wrk nginx-light"

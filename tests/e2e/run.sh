@@ -17,8 +17,11 @@ python)
     exec /usr/bin/python3 "$here/experiment.py" $small --worker python --arms sluice,baseline
     ;;
 go)
+    # Offline: redigo comes from Debian's golang-github-gomodule-redigo-dev, found in GOPATH
+    # mode under /usr/share/gocode (module mode would want the module proxy).
     (cd "$root/deploy/examples/go" &&
-        GOCACHE="$out/go-cache" GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0 \
+        GOCACHE="$out/go-cache" GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS= \
+            GOTOOLCHAIN=local CGO_ENABLED=0 \
             sh -c 'go vet ./... && go test ./... && go build -o "$1/go-worker" .' - "$out")
     exec /usr/bin/python3 "$here/experiment.py" $small --worker go --arms sluice \
         --go-worker "$out/go-worker"

@@ -10,6 +10,7 @@ import (
 	"math/rand"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
@@ -22,12 +23,13 @@ import (
 
 type settings struct {
 	sluiceURL   string
-	redisAddr   string
+	redisURL    string
 	queue       string
 	workerID    string
 	concurrency int
 	afterCall   time.Duration
 	httpTimeout time.Duration
+	heartbeat   time.Duration
 	logJobs     bool
 }
 
@@ -35,10 +37,12 @@ func loadSettings() (settings, error) {
 	host, _ := os.Hostname()
 	s := settings{
 		sluiceURL: strings.TrimRight(env("SLUICE_URL", "http://127.0.0.1:8080"), "/"),
-		redisAddr: env("REDIS_ADDR", "127.0.0.1:6379"),
-		queue:     env("QUEUE", "jobs"),
-		workerID:  env("WORKER_ID", host),
-		logJobs:   os.Getenv("LOG") == "1",
+		// REDIS_URL (redis://[:password@]host:port/db) wins; REDIS_ADDR
+		// (host:port) is the older setting, still honoured without it.
+		redisURL: env("REDIS_URL", "redis://"+env("REDIS_ADDR", "127.0.0.1:6379")),
+		queue:    env("QUEUE", "jobs"),
+		workerID: env("WORKER_ID", host),
+		logJobs:  os.Getenv("LOG") == "1",
 	}
 	if s.workerID == "" {
 		return s, fmt.Errorf("WORKER_ID is empty and the host name is unknown")
@@ -52,6 +56,11 @@ func loadSettings() (settings, error) {
 		return s, err
 	}
 	s.afterCall = time.Duration(afterMS) * time.Millisecond
+	heartbeatMS, err := envInt("HEARTBEAT_MS", 5000, 10)
+	if err != nil {
+		return s, err
+	}
+	s.heartbeat = time.Duration(heartbeatMS) * time.Millisecond
 	timeout, err := strconv.ParseFloat(env("HTTP_TIMEOUT", "90"), 64)
 	if err != nil || timeout <= 0 {
 		return s, fmt.Errorf("HTTP_TIMEOUT: want seconds > 0, got %q", os.Getenv("HTTP_TIMEOUT"))
@@ -104,8 +113,8 @@ func main() {
 		log.Print(err)
 		os.Exit(2)
 	}
-	log.Printf("worker %s: SLUICE_URL=%s REDIS_ADDR=%s QUEUE=%s CONCURRENCY=%d AFTER_CALL_MS=%d HTTP_TIMEOUT=%gs",
-		s.workerID, s.sluiceURL, s.redisAddr, s.queue, s.concurrency, s.afterCall.Milliseconds(), s.httpTimeout.Seconds())
+	log.Printf("worker %s: SLUICE_URL=%s REDIS_URL=%s QUEUE=%s CONCURRENCY=%d AFTER_CALL_MS=%d HTTP_TIMEOUT=%gs HEARTBEAT_MS=%d",
+		s.workerID, s.sluiceURL, redactURL(s.redisURL), s.queue, s.concurrency, s.afterCall.Milliseconds(), s.httpTimeout.Seconds(), s.heartbeat.Milliseconds())
 	rand.Seed(time.Now().UnixNano())
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -118,9 +127,21 @@ func main() {
 	w := newWorker(s)
 	queues := make([]*queue, s.concurrency)
 	for slot := range queues {
-		queues[slot] = newQueue(s.redisAddr, s.queue, s.workerID, slot)
+		queues[slot] = newQueue(s.redisURL, s.queue, s.workerID, slot)
+	}
+	// The heartbeat goes up before anything else: from then on no other worker
+	// reaps our lists. With it, the first reap of the lists of workers that
+	// went away while none was running; then our own lists (a previous run
+	// under this WORKER_ID). The reaper's queue takes no job (slot -1): only
+	// its connection is used.
+	reaper := newQueue(s.redisURL, s.queue, s.workerID, -1)
+	for !w.beatAndReap(reaper, true) {
+		if !sleep(ctx, time.Second) {
+			return
+		}
 	}
 	w.recoverAll(ctx, queues)
+	go w.runReaper(ctx, reaper)
 
 	var wg sync.WaitGroup
 	for slot, q := range queues {
@@ -154,6 +175,47 @@ func (w *worker) recoverAll(ctx context.Context, queues []*queue) {
 			}
 		}
 	}
+}
+
+// runReaper refreshes the heartbeat every HEARTBEAT_MS and reaps every 3x that
+// (a dead worker's heartbeat, alive for 3x HEARTBEAT_MS, takes that long to
+// expire anyway). It stops with ctx; the key then expires by itself.
+func (w *worker) runReaper(ctx context.Context, q *queue) {
+	defer q.close()
+	lastReap := time.Now()
+	for sleep(ctx, w.heartbeat) {
+		due := time.Since(lastReap) >= 3*w.heartbeat
+		if w.beatAndReap(q, due) && due {
+			lastReap = time.Now()
+		}
+	}
+}
+
+// beatAndReap refreshes the heartbeat (alive for 3x HEARTBEAT_MS: one or two
+// late refreshes do not make a live worker look dead) and, if reapNow, hands
+// back the jobs of workers whose heartbeat is gone. It reports success.
+func (w *worker) beatAndReap(q *queue, reapNow bool) bool {
+	c, err := q.c()
+	if err == nil {
+		err = heartbeat(c, w.queue, w.workerID, 3*w.heartbeat)
+	}
+	if err == nil && reapNow {
+		_, err = reap(c, w.queue, w.workerID, log.Printf)
+	}
+	q.check()
+	if err != nil {
+		log.Printf("heartbeat: redis: %v", err)
+	}
+	return err == nil
+}
+
+// redactURL hides the password of a redis:// URL in the start-up log line.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparseable)"
+	}
+	return u.Redacted()
 }
 
 // runSlot takes and handles jobs one at a time until ctx is cancelled. A

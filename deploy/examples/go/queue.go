@@ -8,37 +8,66 @@ package main
 
 import (
 	"fmt"
-	"strconv"
+	"strings"
 	"time"
+
+	"github.com/gomodule/redigo/redis"
 )
+
+// redisTimeout bounds every command, so a Redis that stops answering turns
+// into an error (and a reconnect) instead of a stuck slot. It must exceed the
+// BLMOVE block time.
+const redisTimeout = 10 * time.Second
+
+// dial opens one connection to REDIS_URL (redis://[:password@]host:port/db;
+// redigo sends AUTH and SELECT itself).
+func dial(url string) (redis.Conn, error) {
+	return redis.DialURL(url,
+		redis.DialConnectTimeout(5*time.Second),
+		redis.DialReadTimeout(redisTimeout),
+		redis.DialWriteTimeout(redisTimeout))
+}
 
 // promoteScript moves due delayed jobs to the right end of the ready list
 // (the end workers take from: they have waited long enough already). Being
 // one script, it is atomic: two workers promoting at once cannot both move
 // the same job.
-const promoteScript = `
+var promoteScript = redis.NewScript(2, `
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 for _, job in ipairs(due) do
   redis.call('ZREM', KEYS[1], job)
   redis.call('RPUSH', KEYS[2], job)
 end
-return #due`
+return #due`)
+
+// reapScript hands a dead worker's processing list (KEYS[1]) back to the
+// ready list (KEYS[3]), next in line, but only if the owner's heartbeat key
+// (KEYS[2]) is still missing when it runs: checking and moving in one script
+// means an owner that comes back in between keeps its job, and two reapers
+// never move the same job. -1: the owner is alive.
+var reapScript = redis.NewScript(3, `
+if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+local n = 0
+while redis.call('LMOVE', KEYS[1], KEYS[3], 'RIGHT', 'RIGHT') do n = n + 1 end
+return n`)
 
 // queue is one slot's view of the queue, over its own Redis connection
 // (BLMOVE blocks the connection, so slots cannot share one).
 type queue struct {
-	addr       string
+	url        string
+	prefix     string
 	ready      string
 	delayed    string
 	done       string
 	dlq        string
 	processing string
-	conn       *redisConn // nil until needed, and again after a network error
+	conn       redis.Conn // nil until needed, and again after a network error
 }
 
-func newQueue(addr, prefix, worker string, slot int) *queue {
+func newQueue(url, prefix, worker string, slot int) *queue {
 	return &queue{
-		addr:       addr,
+		url:        url,
+		prefix:     prefix,
 		ready:      prefix + ":ready",
 		delayed:    prefix + ":delayed",
 		done:       prefix + ":done",
@@ -51,23 +80,40 @@ func processingKey(prefix, worker string, slot int) string {
 	return fmt.Sprintf("%s:processing:%s-%d", prefix, worker, slot)
 }
 
-// do runs one command, connecting first if needed. After a network error the
-// connection is dropped, so the next call starts on a fresh one (a half-read
-// reply would otherwise poison every later command).
-func (q *queue) do(args ...string) (interface{}, error) {
+func aliveKey(prefix, worker string) string {
+	return prefix + ":worker:" + worker + ":alive"
+}
+
+// c returns the slot's connection, dialling it first if needed.
+func (q *queue) c() (redis.Conn, error) {
 	if q.conn == nil {
-		c, err := dialRedis(q.addr)
+		c, err := dial(q.url)
 		if err != nil {
 			return nil, err
 		}
 		q.conn = c
 	}
-	v, err := q.conn.do(args...)
-	if err != nil && !isRedisError(err) {
+	return q.conn, nil
+}
+
+// do runs one command. After a network error (redigo marks the connection
+// with Err()) the connection is dropped, so the next call starts on a fresh
+// one; an error reply (redis.Error) leaves it usable.
+func (q *queue) do(cmd string, args ...interface{}) (interface{}, error) {
+	c, err := q.c()
+	if err != nil {
+		return nil, err
+	}
+	v, err := c.Do(cmd, args...)
+	q.check()
+	return v, err
+}
+
+func (q *queue) check() {
+	if q.conn != nil && q.conn.Err() != nil {
 		q.conn.Close()
 		q.conn = nil
 	}
-	return v, err
 }
 
 func (q *queue) close() {
@@ -84,7 +130,7 @@ func (q *queue) recover() (int, error) {
 	n := 0
 	for {
 		v, err := q.do("LMOVE", q.processing, q.ready, "RIGHT", "RIGHT")
-		if err != nil || v == nil {
+		if err != nil || v == nil { // nil: the list is empty
 			return n, err
 		}
 		n++
@@ -94,17 +140,20 @@ func (q *queue) recover() (int, error) {
 // take promotes due delayed jobs, then waits up to 0.2 s for a ready job and
 // moves it to the processing list. ok is false when none came.
 func (q *queue) take() (raw string, ok bool, err error) {
-	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
-	if _, err := q.do("EVAL", promoteScript, "2", q.delayed, q.ready, now, "100"); err != nil {
-		return "", false, fmt.Errorf("promote: %w", err)
-	}
-	v, err := q.do("BLMOVE", q.ready, q.processing, "RIGHT", "LEFT", "0.2")
-	if err != nil || v == nil {
+	c, err := q.c()
+	if err != nil {
 		return "", false, err
 	}
-	raw, ok = v.(string)
-	if !ok {
-		return "", false, fmt.Errorf("BLMOVE: unexpected reply %T", v)
+	defer q.check()
+	if _, err := promoteScript.Do(c, q.delayed, q.ready, time.Now().UnixMilli(), 100); err != nil {
+		return "", false, fmt.Errorf("promote: %w", err)
+	}
+	raw, err = redis.String(c.Do("BLMOVE", q.ready, q.processing, "RIGHT", "LEFT", "0.2"))
+	if err == redis.ErrNil { // nothing ready within 0.2 s
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, err
 	}
 	return raw, true, nil
 }
@@ -118,8 +167,8 @@ func (q *queue) take() (raw string, ok bool, err error) {
 
 func (q *queue) ack(raw, id string) error {
 	return q.transaction(
-		[]string{"LREM", q.processing, "1", raw},
-		[]string{"SADD", q.done, id},
+		[]interface{}{"LREM", q.processing, 1, raw},
+		[]interface{}{"SADD", q.done, id},
 	)
 }
 
@@ -129,42 +178,83 @@ func (q *queue) ack(raw, id string) error {
 func (q *queue) requeue(raw string, delay time.Duration) error {
 	due := time.Now().Add(delay).UnixMilli()
 	return q.transaction(
-		[]string{"ZADD", q.delayed, strconv.FormatInt(due, 10), raw},
-		[]string{"LREM", q.processing, "1", raw},
+		[]interface{}{"ZADD", q.delayed, due, raw},
+		[]interface{}{"LREM", q.processing, 1, raw},
 	)
 }
 
 func (q *queue) deadLetter(raw, entry string) error {
 	return q.transaction(
-		[]string{"LPUSH", q.dlq, entry},
-		[]string{"LREM", q.processing, "1", raw},
+		[]interface{}{"LPUSH", q.dlq, entry},
+		[]interface{}{"LREM", q.processing, 1, raw},
 	)
 }
 
-func (q *queue) transaction(cmds ...[]string) error {
-	if _, err := q.do("MULTI"); err != nil {
+// transaction pipelines MULTI, the commands and EXEC in one round trip. A
+// command Redis refuses (a wrong argument) aborts the whole transaction.
+func (q *queue) transaction(cmds ...[]interface{}) error {
+	c, err := q.c()
+	if err != nil {
 		return err
 	}
+	defer q.check()
+	c.Send("MULTI")
 	for _, cmd := range cmds {
-		if _, err := q.do(cmd...); err != nil {
-			if isRedisError(err) { // still connected: leave MULTI state
-				q.do("DISCARD")
-			}
-			return fmt.Errorf("%s: %w", cmd[0], err)
-		}
+		c.Send(cmd[0].(string), cmd[1:]...)
 	}
-	v, err := q.do("EXEC")
+	results, err := redis.Values(c.Do("EXEC"))
 	if err != nil {
 		return fmt.Errorf("EXEC: %w", err)
 	}
-	results, ok := v.([]interface{})
-	if !ok {
-		return fmt.Errorf("EXEC: transaction aborted")
-	}
 	for i, r := range results {
-		if e, bad := r.(redisError); bad {
+		if e, bad := r.(redis.Error); bad {
 			return fmt.Errorf("%s: %w", cmds[i][0], e)
 		}
 	}
 	return nil
+}
+
+// heartbeat (re)sets this worker's heartbeat key, alive for ttl.
+func heartbeat(c redis.Conn, prefix, worker string, ttl time.Duration) error {
+	_, err := c.Do("SET", aliveKey(prefix, worker), time.Now().Unix(), "PX", ttl.Milliseconds())
+	return err
+}
+
+// reap moves back to the ready list the jobs of every processing list whose
+// owner's heartbeat is gone, and returns how many it moved. A processing list
+// is <prefix>:processing:<worker>-<slot>; the worker id may itself contain
+// dashes (pod names do), the slot is after the last one.
+func reap(c redis.Conn, prefix, self string, logf func(string, ...interface{})) (int, error) {
+	match := prefix + ":processing:"
+	var keys []string
+	for cursor := 0; ; {
+		v, err := redis.Values(c.Do("SCAN", cursor, "MATCH", match+"*", "COUNT", 100))
+		if err != nil {
+			return 0, err
+		}
+		page, _ := redis.Strings(v[1], nil)
+		keys = append(keys, page...)
+		if cursor, _ = redis.Int(v[0], nil); cursor == 0 {
+			break
+		}
+	}
+	moved := 0
+	for _, key := range keys {
+		owner := strings.TrimPrefix(key, match)
+		if i := strings.LastIndexByte(owner, '-'); i >= 0 {
+			owner = owner[:i]
+		}
+		if owner == self {
+			continue
+		}
+		n, err := redis.Int(reapScript.Do(c, key, aliveKey(prefix, owner), prefix+":ready"))
+		if err != nil {
+			return moved, err
+		}
+		if n > 0 {
+			moved += n
+			logf("reaped %d job(s) of %s (no heartbeat) from %s", n, owner, key)
+		}
+	}
+	return moved, nil
 }
