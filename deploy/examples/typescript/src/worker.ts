@@ -2,7 +2,9 @@
 // `Sluice-Outcome` says (docs/contract.md §4, deploy/examples/README.md).
 //
 //   ok, replayed                        -> return: the job is completed
-//   requeue                             -> job.moveToDelayed(now + delay_ms) + DelayedError:
+//   requeue, reason upstream_cooldown   -> worker.rateLimit(delay_ms) + RateLimitError: the
+//                                          job back in `wait`, the whole queue paused
+//   requeue, any other reason           -> job.moveToDelayed(now + delay_ms) + DelayedError:
 //                                          back in `delayed`, no BullMQ attempt spent
 //   dead_letter, permanent_error,
 //   rejected                            -> UnrecoverableError: the job goes to the `failed` set
@@ -157,6 +159,17 @@ async function processJob(job: Job<Payload>, token?: string): Promise<Result> {
         typeof body.delay_ms === "number" && body.delay_ms > 0
           ? body.delay_ms
           : retryAfterMs(res.headers.get("retry-after")) ?? 1000;
+      if (body.reason === "upstream_cooldown") {
+        // The partner itself asked for a pause (a 429 with Retry-After): every job of the queue
+        // would get the same answer until it ends, so pause the queue the BullMQ way instead of
+        // bouncing job after job through sluice. rateLimit() sets the queue's limiter key for
+        // delay_ms (all workers of the queue stop fetching); RateLimitError puts this job back
+        // in `wait` without spending an attempt. (bullmq 5 marks worker.rateLimit deprecated in
+        // favour of queue.rateLimit, the same SET, which would need a Queue connection here.)
+        log(`job ${job.id}: upstream_cooldown, pausing the queue ${Math.round(delayMs)} ms`);
+        await worker.rateLimit(Math.max(1, Math.round(delayMs)));
+        throw Worker.RateLimitError();
+      }
       const why = `requeue ${res.status} ${String(body.reason ?? "")} attempt ${String(body.attempt ?? "?")}`;
       return delayJob(job, token, delayMs, why);
     }
@@ -189,6 +202,9 @@ const worker = new Worker<Payload, Result>(QUEUE, processJob, {
   // Running such a job again is safe here -- sluice replays the stored answer or says lease_held
   // (requeue) -- so never fail a job for stalling.
   maxStalledCount: MAX_STALLED,
+  // BullMQ honours worker.rateLimit() only when the worker has a limiter (moveToActive checks the
+  // limiter key against limiter.max). This one never limits by itself: sluice paces the calls.
+  limiter: { max: 1_000_000, duration: 1000 },
   // Unset = keep every completed and failed job (the failed set is the dead-letter queue).
   removeOnComplete: KEEP_COMPLETED !== undefined ? { count: KEEP_COMPLETED } : undefined,
   removeOnFail: KEEP_FAILED !== undefined ? { count: KEEP_FAILED } : undefined,
