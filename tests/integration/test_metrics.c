@@ -1143,6 +1143,32 @@ static void collect_queries(json_t *j, const char *key, struct names *exprs)
     }
 }
 
+/* Whether every metric selector of expr (each "sluice_<name>") carries the
+ * job, namespace and pod variables, so that no panel shows every sidecar
+ * whatever the dashboard's choice. */
+static bool scoped_to_pods(const char *expr)
+{
+    static const char *const need[] = {
+        "job=~\"$job\"", "namespace=~\"$namespace\"", "pod=~\"$pod\"",
+    };
+    const char *p = expr;
+
+    while ((p = strstr(p, "sluice_"))) {
+        const char *close;
+
+        p += strcspn(p, "{[() ,");
+        if (*p != '{' || !(close = strchr(p, '}')))
+            return false;
+        for (size_t i = 0; i < sizeof need / sizeof *need; i++) {
+            const char *hit = strstr(p, need[i]);
+            if (!hit || hit > close)
+                return false;
+        }
+        p = close;
+    }
+    return true;
+}
+
 static void need_promtool(void)
 {
     cr_assert_eq(h_sh("command -v promtool >/dev/null 2>&1"), 0,
@@ -1191,7 +1217,7 @@ Test(metrics, dashboard_queries_live_families)
     json_error_t jerr;
     json_t *d = json_load_file(DASHBOARD, 0, &jerr), *v, *panel;
     struct expo e;
-    bool ds = false, route = false, policy = false;
+    bool ds = false, route = false, policy = false, job = false, ns = false, pod = false;
     size_t i, n_targets = 0;
     int ids[128] = {0};
     FILE *rf;
@@ -1217,10 +1243,22 @@ Test(metrics, dashboard_queries_live_families)
         if (!strcmp(name, "policy"))
             policy = !strcmp(type, "query") && def && strstr(def, "label_values(") &&
                      strstr(def, ", policy)");
+        /* job, namespace and pod: from the build info every sidecar exports. */
+        if (!strcmp(name, "job"))
+            job = !strcmp(type, "query") && def &&
+                  strstr(def, "label_values(sluice_build_info") && strstr(def, ", job)");
+        if (!strcmp(name, "namespace"))
+            ns = !strcmp(type, "query") && def &&
+                 strstr(def, "label_values(sluice_build_info") && strstr(def, ", namespace)");
+        if (!strcmp(name, "pod"))
+            pod = !strcmp(type, "query") && def &&
+                  strstr(def, "label_values(sluice_build_info") && strstr(def, ", pod)");
     }
     cr_expect(ds, "no datasource variable of type prometheus");
     cr_expect(route, "no route variable from label_values");
     cr_expect(policy, "no policy variable from label_values");
+    cr_expect(job && ns && pod, "no job, namespace or pod variable from "
+              "label_values(sluice_build_info...)");
     json_array_foreach(json_object_get(d, "panels"), i, panel) {
         json_int_t id = json_integer_value(json_object_get(panel, "id"));
         const char *type = json_string_value(json_object_get(panel, "type"));
@@ -1241,6 +1279,9 @@ Test(metrics, dashboard_queries_live_families)
                      "panel %lld has no query", (long long)id);
         json_array_foreach(json_object_get(panel, "targets"), k, t) {
             cr_expect(json_string_length(json_object_get(t, "expr")) > 0);
+            cr_expect(scoped_to_pods(json_string_value(json_object_get(t, "expr")) ?: ""),
+                      "panel %lld: a selector without job, namespace and pod: %s",
+                      (long long)id, json_string_value(json_object_get(t, "expr")));
             cr_expect(json_string_length(json_object_get(t, "refId")) > 0);
             n_targets++;
         }
@@ -1273,15 +1314,18 @@ Test(metrics, dashboard_queries_live_families)
         char *a = replace_all(exprs.v[i], "$__rate_interval", "5m");
         char *b = replace_all(a, "$route", ".*");
         char *c = replace_all(b, "$policy", ".*");
-        char *q = replace_all(c, "\n", "\n          ");
+        char *c1 = replace_all(c, "$job", ".*");
+        char *c2 = replace_all(c1, "$namespace", ".*");
+        char *c3 = replace_all(c2, "$pod", ".*");
+        char *q = replace_all(c3, "\n", "\n          ");
 
         if (strstr(q, "label_values(")) { /* a variable query, not PromQL */
-            free(a), free(b), free(c), free(q);
+            free(a), free(b), free(c), free(c1), free(c2), free(c3), free(q);
             continue;
         }
         cr_expect(!strchr(q, '$'), "a Grafana variable left in: %s", q);
         fprintf(rf, "      - record: dashboard:query_%zu\n        expr: |\n          %s\n", i, q);
-        free(a), free(b), free(c), free(q);
+        free(a), free(b), free(c), free(c1), free(c2), free(c3), free(q);
     }
     fclose(rf);
     {
