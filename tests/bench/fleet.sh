@@ -8,7 +8,7 @@
 #  2. the cost: a policy far above the load, shared: redis against shared: local, so the
 #     difference is the Redis round trip per permit: latency (p50, p99), sluice CPU per
 #     request, Redis CPU and commands per request.
-# Environment: SIDECARS (4), CLIENTS (64 per sidecar), RATE (500), BURST (20), SECONDS (10),
+# Environment: SIDECARS (4), CLIENTS (64 per sidecar), RATE (500), BURST (20), DURATION (10 s),
 # BUILD_DIR (build-bench-fleet/), NO_BUILD=1, KEEP=1 (keep the temp dir).
 set -euo pipefail
 
@@ -16,7 +16,7 @@ SIDECARS=${SIDECARS:-4}
 CLIENTS=${CLIENTS:-64}
 RATE=${RATE:-500}
 BURST=${BURST:-20}
-SECONDS_RUN=${SECONDS:-10}
+SECONDS_RUN=${DURATION:-10}
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -90,7 +90,7 @@ start_fleet() {   # start_fleet SHARED RATE BURST
     SL_PIDS=()
     SL_PORTS=()
     for i in $(seq "$SIDECARS"); do
-        read -r p a < <(free_ports 2 | tr '\n' ' ')
+        read -r p a <<<"$(free_ports 2 | tr '\n' ' ')"
         mkdir -p "$TMP/s$i"
         cat >"$TMP/s$i/sluice.yaml" <<EOF
 listen: 127.0.0.1:$p
@@ -136,10 +136,13 @@ run() {
     for i in "${!SL_PIDS[@]}"; do after+=("$(cpu_ns "${SL_PIDS[$i]}")"); done
     stub GET /_stub/arrivals >"$d/arrivals.json"
     stub GET /_stub/stats >"$d/stats.json"
-    cmds=$(rcli INFO stats | awk -F: '/^total_commands_processed/ { print $2 }' | tr -d '\r')
+    # Round trips: the scripts' EVALSHA calls (the commands a script runs inside count in
+    # total_commands_processed too, so that is Redis's work, not trips).
+    cmds=$(rcli INFO commandstats | tr -d '\r' |
+        awk -F'[:=,]' '/^cmdstat_/ { n += $3 } /^cmdstat_evalsha:/ { e = $3 } END { print e + 0, n + 0 }')
     local sl_cpu=0
     for i in "${!SL_PIDS[@]}"; do sl_cpu=$((sl_cpu + ${after[$i]} - ${before[$i]})); done
-    python3 "$HERE/fleetstat.py" "$d" "$SIDECARS" "$2" "$3" "$sl_cpu" "$((ra - rb))" "$cmds"
+    python3 "$HERE/fleetstat.py" "$d" "$SIDECARS" "$2" "$3" "$sl_cpu" "$((ra - rb))" $cmds
 }
 
 say "== 1. the fleet's rate: $SIDECARS sidecars x $CLIENTS clients, policy $RATE/s burst $BURST"
