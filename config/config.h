@@ -250,4 +250,9 @@ const struct sc_upstream *config_upstream(const struct sc_config *cfg,
                                           const char *name);
 long config_policy_index(const struct sc_config *cfg, const char *name);
 
+/* The config reference (docs/configuration.md) as a Markdown table written
+ * from the schema's rows: each key, its type, default and bounds. Owned,
+ * free(); NULL without memory. */
+char *config_reference_markdown(void);
+
 #endif
