@@ -15,6 +15,8 @@ static const double b_duration[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1
                                     0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
 static const double b_permit[] = {0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2,
                                   5, 10, 30, 60, 120, 300};
+static const double b_store[] = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+                                 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5};
 static const double b_days[] = {1, 5, 10, 30, 60, 300, 900, 1800, 3600, 21600,
                                 86400, 259200, 604800};
 
@@ -26,6 +28,12 @@ static const struct {
     [H_PERMIT_WAIT] = {b_permit, sizeof b_permit / sizeof *b_permit},
     [H_QUEUE_AGE] = {b_days, sizeof b_days / sizeof *b_days},
     [H_REQUEUE_DELAY] = {b_days, sizeof b_days / sizeof *b_days},
+    [H_STORE] = {b_store, sizeof b_store / sizeof *b_store},
+};
+
+static const char *const store_op_names[ST__COUNT] = {
+    [ST_GET] = "get", [ST_ACQUIRE] = "acquire", [ST_COMPLETE] = "complete",
+    [ST_RELEASE] = "release", [ST_PERMIT] = "permit", [ST_SLOT] = "slot",
 };
 
 /* A histogram takes n buckets + the +Inf bucket + count + sum (in µs, so it
@@ -63,6 +71,7 @@ static const struct family families[] = {
     {"sluice_requeue_delay_seconds", "histogram", "Delays handed to workers in requeue instructions."},
     {"sluice_config_reloads_total", "counter", "Config reloads, by result."},
     {"sluice_store_errors_total", "counter", "Idempotency store operations that failed."},
+    {"sluice_store_duration_seconds", "histogram", "Store calls a request waited for, from start to completion (RocksDB: at once; Redis: a round trip), by operation."},
     {"sluice_connections_refused_total", "counter", "Worker connections closed at once over limits.max_connections."},
 };
 
@@ -316,6 +325,11 @@ static void build_process(struct build *b)
     setl(b, "%s", "");
     b->ids->store_errors = reg(b, "sluice_store_errors_total", S_COUNTER, 0);
     b->ids->conns_refused = reg(b, "sluice_connections_refused_total", S_COUNTER, 0);
+    for (int op = 0; op < ST__COUNT; op++) {
+        setl(b, "op=\"%s\"", store_op_names[op]);
+        b->ids->store_duration[op] =
+            reg(b, "sluice_store_duration_seconds", S_HIST, H_STORE);
+    }
 }
 
 static int ids_alloc(struct metrics_ids *ids, const struct sc_config *cfg)

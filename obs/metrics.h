@@ -25,7 +25,15 @@ enum hist_kind {
     H_PERMIT_WAIT,    /* 1 ms .. 5 min */
     H_QUEUE_AGE,      /* 1 s .. 7 d */
     H_REQUEUE_DELAY,  /* 1 s .. 7 d */
+    H_STORE,          /* a store call: 50 µs .. 5 s */
     H__COUNT
+};
+
+/* The store calls a request waits for, as sluice_store_duration_seconds'
+ * op label. */
+enum store_timed_op {
+    ST_GET = 0, ST_ACQUIRE, ST_COMPLETE, ST_RELEASE, ST_PERMIT, ST_SLOT,
+    ST__COUNT
 };
 
 /* Upstream response classes of sluice_upstream_responses_total. */
@@ -63,6 +71,7 @@ struct metrics_ids {
     uint32_t *up_duration;    /* [upstream] */
     uint32_t *requeue_delay;  /* [(policy+1) * R__COUNT] */
     uint32_t reloads_ok, reloads_error, store_errors, conns_refused;
+    uint32_t store_duration[ST__COUNT]; /* histogram bases, by op */
 };
 
 int metrics_init(struct metrics *m, unsigned n_shards);

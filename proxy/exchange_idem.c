@@ -158,7 +158,7 @@ enum ex_verdict stage_lookup(struct exchange *ex, uint64_t now)
 
     if (!ex->idem)
         return EXV_NEXT;
-    if ((v = ex_store_wait(ex, now, start_get, ex->woke == WOKE_FIRST)) != EXV_NEXT)
+    if ((v = ex_store_wait(ex, now, start_get, ex->woke == WOKE_FIRST, ST_GET)) != EXV_NEXT)
         return v;
     return looked_up(ex) && claim(ex) ? EXV_NEXT : EXV_ANSWER;
 }
@@ -211,7 +211,7 @@ enum ex_verdict stage_lease(struct exchange *ex, uint64_t now)
 
     if (!ex->idem)
         return EXV_NEXT;
-    if ((v = ex_store_wait(ex, now, start_acquire, ex->woke == WOKE_FIRST)) != EXV_NEXT)
+    if ((v = ex_store_wait(ex, now, start_acquire, ex->woke == WOKE_FIRST, ST_ACQUIRE)) != EXV_NEXT)
         return v;
     return took_lease(ex) ? EXV_NEXT : EXV_ANSWER;
 }
@@ -342,7 +342,8 @@ enum ex_verdict stage_commit(struct exchange *ex, uint64_t now)
     }
     v = ex_store_wait(ex, now,
                       ex->commit == COMMIT_RELEASE ? start_release : start_complete,
-                      ex->woke == WOKE_FIRST);
+                      ex->woke == WOKE_FIRST,
+                      ex->commit == COMMIT_RELEASE ? ST_RELEASE : ST_COMPLETE);
     if (v != EXV_NEXT)
         return v;
     ex->settled = true;

@@ -27,6 +27,7 @@
 #include "proxy/pacing.h"
 #include "policies/problem.h"
 #include "proxy/upstream.h"
+#include "obs/metrics.h"
 #include "store/store.h"
 
 struct loop;
@@ -106,6 +107,7 @@ struct exchange {
                                    at the first (unkeyed, unshared requests
                                    never pay for its size) */
     uint64_t store_deadline;    /* monotonic ns: the call counts as failed */
+    uint64_t store_started;     /* monotonic ns: when the call began */
     enum ex_commit { COMMIT_NONE = 0, COMMIT_KEEP, COMMIT_COMPLETE,
                      COMMIT_COMPLETE_HEAD, COMMIT_RELEASE } commit;
 
@@ -206,7 +208,8 @@ void ex_rate_headers(const struct exchange *ex, char *policy, size_t plen,
  * (usually the stage's first run); EXV_NEXT once its result is there (a
  * timeout is -ETIMEDOUT), else EXV_WAIT for its completion. */
 enum ex_verdict ex_store_wait(struct exchange *ex, uint64_t now,
-                              int (*start)(struct exchange *ex), bool first);
+                              int (*start)(struct exchange *ex), bool first,
+                              enum store_timed_op op);
 /* Releases the call still in flight (its answer is dropped). */
 void ex_store_cancel(struct exchange *ex);
 /* A write nobody waits for: started into c (rc is what the call returned),

@@ -88,7 +88,7 @@ static enum ex_verdict local_permit(struct exchange *ex, uint64_t now);
  * to the queue; no answer: the local fallback decides. */
 static enum ex_verdict shared_answer(struct exchange *ex, uint64_t now)
 {
-    enum ex_verdict v = ex_store_wait(ex, now, start_permit, ex->woke == WOKE_FIRST);
+    enum ex_verdict v = ex_store_wait(ex, now, start_permit, ex->woke == WOKE_FIRST, ST_PERMIT);
     const struct store_permit *pm;
 
     if (v != EXV_NEXT)
@@ -240,7 +240,7 @@ static int start_slot(struct exchange *ex)
 
 static enum ex_verdict shared_slot(struct exchange *ex, uint64_t now, bool first)
 {
-    enum ex_verdict v = ex_store_wait(ex, now, start_slot, first);
+    enum ex_verdict v = ex_store_wait(ex, now, start_slot, first, ST_SLOT);
     uint64_t next = now + SLOT_POLL_MS * NS_PER_MS;
 
     ex->slot_polling = false;

@@ -19,8 +19,21 @@ static void on_store_done(struct store_call *c)
  * once; else waits for its completion, or gives it up at the store's
  * timeout (-ETIMEDOUT, a failure like any other). EXV_NEXT means ex->scall
  * holds the result. */
+/* sluice_store_duration_seconds: from the start to the completion (or the
+ * store's timeout), per operation. */
+static void timed(struct exchange *ex, enum store_timed_op op)
+{
+    uint64_t end = clock_mono_ns();
+    struct app *app = ex->loop->app;
+
+    metrics_observe(&app->metrics.shards[ex->loop->idx], H_STORE,
+                    ex->rt->ids.store_duration[op],
+                    (double)(end - ex->store_started) / 1e9);
+}
+
 enum ex_verdict ex_store_wait(struct exchange *ex, uint64_t now,
-                              int (*start)(struct exchange *ex), bool first)
+                              int (*start)(struct exchange *ex), bool first,
+                              enum store_timed_op op)
 {
     uint64_t timeout_ms = ex->loop->app->fixed.store_timeout_ms;
 
@@ -31,19 +44,25 @@ enum ex_verdict ex_store_wait(struct exchange *ex, uint64_t now,
     if (first) {
         ex->scall->done = on_store_done;
         ex->scall->arg = ex;
-        if (start(ex) != -EINPROGRESS)
+        ex->store_started = clock_mono_ns();
+        if (start(ex) != -EINPROGRESS) {
+            timed(ex, op);
             return EXV_NEXT;
+        }
         ex->store_deadline = timeout_ms ? now + timeout_ms * NS_PER_MS : 0;
         ex->wake_at = ex->store_deadline;
         return EXV_WAIT;
     }
-    if (!store_call_pending(ex->scall))
+    if (!store_call_pending(ex->scall)) {
+        timed(ex, op);
         return EXV_NEXT;
+    }
     if (ex->woke == WOKE_TIMER) {
         store_call_cancel(ex->scall);
         ex->scall->rc = -ETIMEDOUT;
         sc_error_set(&ex->scall->err, "no answer within %llu ms",
                      (unsigned long long)timeout_ms);
+        timed(ex, op);
         return EXV_NEXT;
     }
     ex->wake_at = ex->store_deadline;

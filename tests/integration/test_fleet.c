@@ -144,6 +144,9 @@ Test(fleet, a_key_completed_on_one_sidecar_is_replayed_by_another)
     cr_expect(r.body && strstr(r.body, "\"key_reused\""), "%s", r.body ? r.body : "");
     h_resp_free(&r);
     cr_expect_eq(key_effects("fleet-k1"), 1, "one side effect for the fleet");
+    cr_expect(body_has(sl[0].admin_port, "/metrics",
+                       "sluice_store_duration_seconds_count{op=\"acquire\"} 1\n"),
+              "the lease's round trip is timed");
     /* The admin endpoints of any sidecar read and forget the fleet's records. */
     cr_expect(body_has(sl[2].admin_port, "/idempotency/fleet/fleet-k1", "\"completed\""),
               "the record, read through another sidecar's admin port");

@@ -589,6 +589,7 @@ static const struct {
     {"sluice_store_records", "gauge", true},
     {"sluice_config_reloads_total", "counter", true},
     {"sluice_store_up", "gauge", true},         /* §10 */
+    {"sluice_store_duration_seconds", "histogram", true}, /* §10 */
     {"sluice_bucket_fallback", "gauge", true},  /* §10: shared policies only */
     {"sluice_queue_age_invalid_total", "counter", false},
     {"sluice_store_errors_total", "counter", false},
@@ -920,6 +921,8 @@ static const char *const allowed_codes[] = {"2xx", "3xx", "4xx", "429", "5xx", "
                                             "connection_lost", "timeout", NULL};
 static const char *const allowed_results[] = {"ok", "error", NULL};
 static const char *const allowed_shadow[] = {"true", NULL};
+static const char *const allowed_ops[] = {"get", "acquire", "complete", "release", "permit",
+                                          "slot", NULL};
 
 static const struct {
     const char *name;
@@ -929,6 +932,7 @@ static const struct {
     {"upstream", allowed_upstreams}, {"outcome", allowed_outcomes},
     {"reason", allowed_reasons},     {"code", allowed_codes},
     {"result", allowed_results},     {"shadow", allowed_shadow},
+    {"op", allowed_ops},
 };
 
 static bool in_set(const char *const *set, const char *v)

@@ -43,6 +43,8 @@ static void setup(void)
     dir = tu_mkdtemp("idem");
     cr_assert_eq(store_open_rocksdb(dir, false, &app.store, &err), 0, "%s", err.text);
     cr_assert_eq(claims_init(&app.claims), 0);
+    cr_assert_eq(metrics_init(&app.metrics, 1), 0);
+    cr_assert_eq(metrics_ids_build(&app.metrics, cfg, &rt.ids), 0);
     memset(&lp, 0, sizeof lp);
     lp.app = &app;
     cr_assert_eq(store_loop_new(app.store, NULL, &lp.store, &err), 0, "%s", err.text);
@@ -53,6 +55,8 @@ static void teardown(void)
     claims_free(&app.claims);
     store_loop_free(lp.store);
     store_close(app.store);
+    metrics_ids_free(&rt.ids);
+    metrics_free(&app.metrics);
     tu_rm_rf(dir);
     free(dir);
     config_free(cfg);
