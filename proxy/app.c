@@ -123,15 +123,16 @@ static int open_redis(struct app *app, struct sc_error *err)
 {
     const struct app_fixed *f = &app->fixed;
     struct sc_redis_url u;
+    struct store_redis_opts o;
     char buf[1024];
     int rc = config_redis_url_parse(f->store_url, &u, buf, sizeof buf, err);
-    struct store_redis_opts o = {
-        .host = u.host, .port = u.port, .password = u.password, .db = u.db,
-        .timeout_ms = f->store_timeout_ms, .prefix = f->store_prefix,
-    };
 
     if (rc != 0)
         return rc;
+    o = (struct store_redis_opts){
+        .host = u.host, .port = u.port, .password = u.password, .db = u.db,
+        .timeout_ms = f->store_timeout_ms, .prefix = f->store_prefix,
+    };
     return store_open_redis(&o, &app->store, err);
 }
 

@@ -15,10 +15,6 @@ static void on_store_done(struct store_call *c)
     ex_wake(c->arg);
 }
 
-/* Starts the call when asked to (first) and goes on when it completed at
- * once; else waits for its completion, or gives it up at the store's
- * timeout (-ETIMEDOUT, a failure like any other). EXV_NEXT means ex->scall
- * holds the result. */
 /* sluice_store_duration_seconds: from the start to the completion (or the
  * store's timeout), per operation. */
 static void timed(struct exchange *ex, enum store_timed_op op)
@@ -31,6 +27,10 @@ static void timed(struct exchange *ex, enum store_timed_op op)
                     (double)(end - ex->store_started) / 1e9);
 }
 
+/* Starts the call when asked to (first) and goes on when it completed at
+ * once; else waits for its completion, or gives it up at the store's
+ * timeout (-ETIMEDOUT, a failure like any other). EXV_NEXT means ex->scall
+ * holds the result. */
 enum ex_verdict ex_store_wait(struct exchange *ex, uint64_t now,
                               int (*start)(struct exchange *ex), bool first,
                               enum store_timed_op op)
