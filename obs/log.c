@@ -97,6 +97,9 @@ void log_access(const struct access_entry *e)
     text_put(buf, sizeof buf, &pos, "{\"time\":");
     put_time(buf, sizeof buf, &pos);
     text_put(buf, sizeof buf, &pos, ",\"type\":\"access\"");
+    if (e->request_id)
+        put_str_field(buf, sizeof buf, &pos, "request_id", e->request_id,
+                      strlen(e->request_id));
     put_str_field(buf, sizeof buf, &pos, "route", e->route, strlen(e->route));
     put_str_field(buf, sizeof buf, &pos, "policy", e->policy, strlen(e->policy));
     put_str_field(buf, sizeof buf, &pos, "method", e->method, strlen(e->method));

@@ -33,6 +33,7 @@ struct access_entry {
     double permit_wait_ms, upstream_ms, total_ms;
     const char *key;        /* idempotency key or NULL; only a hash is logged */
     const char *shadow;     /* shadow mode: what enforce would have done */
+    const char *request_id; /* X-Request-Id, as echoed; NULL when none */
 };
 
 void log_access(const struct access_entry *e);

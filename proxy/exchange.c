@@ -24,6 +24,7 @@
 #include "proxy/server.h"
 #include "proxy/upstream.h"
 #include "util/clock.h"
+#include "util/rand.h"
 
 /* ---- allocation --------------------------------------------------------- */
 
@@ -146,6 +147,36 @@ void ex_refuse(struct exchange *ex, int status, enum outcome o, enum reason r,
     va_end(ap);
 }
 
+/* 1 to EX_REQUEST_ID_MAX visible ASCII characters: it is logged and sent
+ * on, so nothing that could break a header or a log line. */
+static bool request_id_usable(const char *v)
+{
+    size_t n = v ? strlen(v) : 0;
+
+    if (n == 0 || n > EX_REQUEST_ID_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (v[i] <= 0x20 || v[i] >= 0x7f)
+            return false;
+    return true;
+}
+
+const char *ex_request_id(struct exchange *ex)
+{
+    const char *v;
+
+    if (ex->request_id[0])
+        return ex->request_id;
+    v = ex->mc ? MHD_lookup_connection_value(ex->mc, MHD_HEADER_KIND, "X-Request-Id")
+               : NULL;
+    if (request_id_usable(v))
+        snprintf(ex->request_id, sizeof ex->request_id, "%s", v);
+    else
+        snprintf(ex->request_id, sizeof ex->request_id, "%016llx%016llx",
+                 (unsigned long long)rand_u64(), (unsigned long long)rand_u64());
+    return ex->request_id;
+}
+
 static enum MHD_Result queue(struct exchange *ex, struct MHD_Response *resp)
 {
     enum MHD_Result rc;
@@ -153,6 +184,10 @@ static enum MHD_Result queue(struct exchange *ex, struct MHD_Response *resp)
     if (!resp)
         return MHD_NO;
     MHD_add_response_header(resp, "Sluice-Outcome", outcome_name(ex->outcome));
+    /* A replay is the stored response: it carries the id of the request
+     * that reached the partner (stored with it). */
+    if (ex->kind != ANSWER_REPLAY)
+        MHD_add_response_header(resp, "X-Request-Id", ex_request_id(ex));
     rc = MHD_queue_response(ex->mc, (unsigned)ex->status, resp);
     MHD_destroy_response(resp);
     ex_set_answered(ex);
@@ -590,6 +625,7 @@ static void log_exchange(const struct exchange *ex)
     e.upstream_ms = u->done_ns > u->sent_ns ? (double)(u->done_ns - u->sent_ns) / 1e6 : 0;
     e.total_ms = (double)(now - ex->t0_ns) / 1e6;
     e.key = ex->key;
+    e.request_id = ex->request_id[0] ? ex->request_id : NULL;
     log_access(&e);
 }
 

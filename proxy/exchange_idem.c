@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <event2/buffer.h>
 
@@ -225,17 +226,25 @@ bool ex_idem_replayable(const struct exchange *ex)
            !sc_retry_on_status(&ex->pol->retry, ex->status);
 }
 
-/* The end-to-end headers, as the worker gets them. */
-static size_t stored_headers(const struct up_response *r, struct store_header *h)
+/* The end-to-end headers, as the worker gets them: the request's own
+ * X-Request-Id in place of any the upstream sent, so a replay carries the
+ * id of the request that reached the partner. h has room for one more. */
+static size_t stored_headers(struct exchange *ex, const struct up_response *r,
+                             struct store_header *h)
 {
     const struct up_header *keep[UP_MAX_HEADERS];
-    size_t n = up_response_end_to_end(r, keep);
+    size_t n = up_response_end_to_end(r, keep), m = 0;
 
     for (size_t i = 0; i < n; i++) {
-        h[i].name = keep[i]->name;
-        h[i].value = keep[i]->value;
+        if (strcasecmp(keep[i]->name, "X-Request-Id") == 0)
+            continue;
+        h[m].name = keep[i]->name;
+        h[m].value = keep[i]->value;
+        m++;
     }
-    return n;
+    h[m].name = "X-Request-Id";
+    h[m].value = (char *)ex_request_id(ex);
+    return m + 1;
 }
 
 /* Stores the answer for replay; head-only (a body over max_stored_body, or
@@ -256,7 +265,7 @@ static int start_complete(struct exchange *ex)
     }
     rc = store_complete_async(ex->loop->store, ex->scall, scope(ex), ex->key,
                               clock_wall_ms(), ex->pol->idem.ttl_ms, r->status,
-                              h, stored_headers(r, h),
+                              h, stored_headers(ex, r, h),
                               blen ? evbuffer_pullup(r->body, -1) : NULL, blen,
                               omit);
     free(h);

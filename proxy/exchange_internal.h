@@ -68,6 +68,10 @@ enum shadow_verdict {
 /* "permit_wait", "rate_limited", "concurrency", or NULL for none. */
 const char *shadow_name(enum shadow_verdict v);
 
+/* The longest X-Request-Id taken from a worker; a longer or odd one is
+ * replaced by one sluice makes (32 hex digits). */
+#define EX_REQUEST_ID_MAX 128
+
 /* A body up to this size goes out whole, from memory, with its head. */
 #define EX_WHOLE_MAX_BYTES ((size_t)64 * 1024)
 
@@ -95,6 +99,7 @@ struct exchange {
     uint32_t attempt;       /* this request's attempt number, 1-based */
     const char *key;        /* idempotency key (parsed) or header value or NULL */
     const char *partition;  /* the policy's partition header value, or NULL */
+    char request_id[EX_REQUEST_ID_MAX + 1]; /* "" until ex_request_id */
 
     /* idempotency */
     bool idem;              /* the policy's idempotency applies, key valid */
@@ -150,6 +155,9 @@ struct exchange {
 };
 
 /* exchange.c */
+/* The request's X-Request-Id: the worker's when it sent a usable one,
+ * else 128 random bits in hex, made once. */
+const char *ex_request_id(struct exchange *ex);
 void ex_refuse(struct exchange *ex, int status, enum outcome o, enum reason r,
                const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* An instruction answer: requeue (delay_ms) or dead_letter. */

@@ -6,6 +6,7 @@
  * costs a bounded amount of memory per connection, and a worker sees the
  * first bytes of a long answer without waiting for the last. */
 #include <string.h>
+#include <strings.h>
 
 #include <event2/buffer.h>
 
@@ -24,8 +25,10 @@ static void add_upstream_headers(struct MHD_Response *resp,
     const struct up_header *keep[UP_MAX_HEADERS];
     size_t n = up_response_end_to_end(ur, keep);
 
+    /* The request's own id is echoed instead (exchange.c, queue). */
     for (size_t i = 0; i < n; i++)
-        MHD_add_response_header(resp, keep[i]->name, keep[i]->value);
+        if (strcasecmp(keep[i]->name, "X-Request-Id") != 0)
+            MHD_add_response_header(resp, keep[i]->name, keep[i]->value);
 }
 
 static void free_evbuffer(void *cls)

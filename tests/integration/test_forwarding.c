@@ -317,3 +317,57 @@ Test(forwarding, access_log_line)
     cr_expect(!h_file_contains(sl.log_path, "my-very-secret-key"));
     cr_expect(!h_file_contains(sl.log_path, "token=abc"));
 }
+
+/* ---- request ids ---------------------------------------------------------- */
+
+static bool is_hex32(const char *s)
+{
+    return s && strlen(s) == 32 && strspn(s, "0123456789abcdef") == 32;
+}
+
+/* X-Request-Id: the worker's is forwarded once and echoed; without one (or
+ * with one unfit for a header or a log line) sluice makes one, sends it on
+ * and echoes it; tracing headers pass untouched; the access log has it. */
+Test(forwarding, request_ids_forwarded_made_echoed_and_logged)
+{
+    struct h_resp r;
+    char *id, want[128];
+
+    cr_assert_eq(h_http(sl.port, "GET", "/v1/sync",
+                        "X-Stub-Echo: json\r\nX-Request-Id: job-7-attempt-2\r\n"
+                        "traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n",
+                        NULL, 0, &r), 0);
+    expect_header(&r, "X-Request-Id", "job-7-attempt-2");
+    cr_expect(strstr(r.body, "[\"X-Request-Id\",\"job-7-attempt-2\"]") != NULL, "%s", r.body);
+    cr_expect(strstr(strstr(r.body, "X-Request-Id") + 1, "X-Request-Id") == NULL,
+              "sent once: %s", r.body);
+    cr_expect(strstr(r.body, "[\"traceparent\",\"00-0af7651916cd43dd8448eb211c80319c-"
+                             "b7ad6b7169203331-01\"]") != NULL, "%s", r.body);
+    h_resp_free(&r);
+
+    cr_assert_eq(h_http(sl.port, "GET", "/v1/sync", "X-Stub-Echo: json\r\n", NULL, 0, &r), 0);
+    id = h_header(&r, "X-Request-Id");
+    cr_expect(is_hex32(id), "made: %s", id ? id : "(none)");
+    snprintf(want, sizeof want, "[\"X-Request-Id\",\"%s\"]", id ? id : "");
+    cr_expect(id && strstr(r.body, want) != NULL, "sent on: %s", r.body);
+    free(id);
+    h_resp_free(&r);
+
+    cr_assert_eq(h_http(sl.port, "GET", "/v1/sync", "X-Request-Id: has\x01control\r\n", NULL, 0,
+                        &r), 0);
+    id = h_header(&r, "X-Request-Id");
+    cr_expect(is_hex32(id), "an unfit id is replaced: %s", id ? id : "(none)");
+    free(id);
+    h_resp_free(&r);
+
+    /* Rejections carry it too. */
+    cr_assert_eq(h_http(sl.port, "GET", "/v1/syncx", "X-Request-Id: lost-route\r\n", NULL, 0,
+                        &r), 0);
+    cr_expect_eq(r.status, 404);
+    expect_header(&r, "X-Request-Id", "lost-route");
+    h_resp_free(&r);
+    for (int i = 0; i < 100 && !h_file_contains(sl.log_path, "\"request_id\":\"lost-route\""); i++)
+        usleep(10 * 1000);
+    cr_expect(h_file_contains(sl.log_path, "\"request_id\":\"job-7-attempt-2\""));
+    cr_expect(h_file_contains(sl.log_path, "\"request_id\":\"lost-route\""));
+}

@@ -94,13 +94,14 @@ Test(idem, replay_is_byte_exact_and_takes_no_upstream_call)
 {
     struct h_resp a, b;
 
-    cr_assert_eq(post("order-1", "X-Stub-Status: 201\r\nX-Stub-Set-Header: X-Order: 17\r\n",
-                      "{\"qty\":3}\x01\x02", &a), 0);
+    cr_assert_eq(post("order-1", "X-Stub-Status: 201\r\nX-Stub-Set-Header: X-Order: 17\r\n"
+                      "X-Request-Id: first-try\r\n", "{\"qty\":3}\x01\x02", &a), 0);
     cr_expect_eq(a.status, 201);
+    expect_header(&a, "X-Request-Id", "first-try");
     expect_header(&a, "Sluice-Outcome", "ok");
     expect_header(&a, "Idempotent-Replayed", NULL);
-    cr_assert_eq(post("order-1", "X-Stub-Status: 201\r\nX-Stub-Set-Header: X-Order: 17\r\n",
-                      "{\"qty\":3}\x01\x02", &b), 0);
+    cr_assert_eq(post("order-1", "X-Stub-Status: 201\r\nX-Stub-Set-Header: X-Order: 17\r\n"
+                      "X-Request-Id: second-try\r\n", "{\"qty\":3}\x01\x02", &b), 0);
     cr_expect_eq(b.status, 201);
     cr_expect_eq(b.body_len, a.body_len);
     cr_expect(a.body_len == b.body_len && memcmp(a.body, b.body, a.body_len) == 0);
@@ -108,6 +109,8 @@ Test(idem, replay_is_byte_exact_and_takes_no_upstream_call)
     expect_header(&b, "Idempotent-Replayed", "true");
     expect_header(&b, "X-Order", "17");
     expect_header(&b, "X-Stub-Seq", "1");
+    /* The stored response: the id of the request that reached the partner. */
+    expect_header(&b, "X-Request-Id", "first-try");
     cr_expect_eq(h_stub_stat(&stub, "requests"), 1);
     cr_expect_eq(side_effects("order-1"), 1);
     h_resp_free(&a);
