@@ -21,51 +21,20 @@ SECONDS_RUN=${DURATION:-10}
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 BUILD_DIR=${BUILD_DIR:-$REPO/build-bench-fleet}
+# shellcheck disable=SC2034  # NAME and TMP_PREFIX are read by benchlib.sh
+NAME=fleet.sh TMP_PREFIX=sluice-fleet
+# shellcheck source-path=SCRIPTDIR source=benchlib.sh
+. "$HERE/benchlib.sh"
 
-say() { printf '%s\n' "$*" >&2; }
-die() { say "fleet.sh: $*"; exit 1; }
+# schedstat's on-CPU time, in ns: finer than benchlib's clock ticks over short runs.
 cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ t += $1 } END { printf "%.0f\n", t }'; }
 
-sh "$REPO/scripts/deps.sh" bench
-command -v wrk >/dev/null || die "wrk not found"
+deps
 command -v redis-server >/dev/null || die "redis-server not found"
-if [ "${NO_BUILD:-0}" != 1 ]; then
-    say "building sluice and sluice-stub in $BUILD_DIR"
-    cmake -S "$REPO" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_TESTS=OFF >/dev/null
-    cmake --build "$BUILD_DIR" -j"$(nproc)" --target sluice sluice-stub >/dev/null
-fi
+build "$BUILD_DIR"
 SLUICE=$BUILD_DIR/sluice
 STUB=$BUILD_DIR/sluice-stub
-
-# ---- processes: every one started here is stopped by its pid -----------------
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/sluice-fleet.XXXXXX")
-PIDS=""
-stop_pid() {
-    local pid=$1 p rest="" _
-    for p in $PIDS; do [ "$p" = "$pid" ] || rest="$rest $p"; done
-    PIDS=$rest
-    kill -TERM "$pid" 2>/dev/null || return 0
-    for _ in $(seq 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-}
-cleanup() {
-    local pid
-    for pid in $PIDS; do stop_pid "$pid"; done
-    if [ "${KEEP:-0}" = 1 ]; then say "kept $TMP"; else rm -rf "$TMP"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
 free_ports() { python3 "$HERE/ratestat.py" ports "$1"; }
-wait_http() {
-    local _
-    for _ in $(seq 200); do
-        [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$1" || true)" = 200 ] && return 0
-        sleep 0.05
-    done
-    die "$1 did not answer 200 within 10 s"
-}
 
 # ---- servers -------------------------------------------------------------------
 REDIS_PORT=$(free_ports 1)
@@ -76,17 +45,13 @@ PIDS="$PIDS $REDIS_PID"
 for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
 rcli() { redis-cli -p "$REDIS_PORT" "$@"; }
 
-"$STUB" --listen 127.0.0.1:0 --body-size 2 >"$TMP/stub.out" 2>"$TMP/stub.err" &
-STUB_PID=$!
-PIDS="$PIDS $STUB_PID"
-for _ in $(seq 200); do grep -q '^listening ' "$TMP/stub.out" 2>/dev/null && break; sleep 0.05; done
-STUB_PORT=$(sed -n 's/^listening 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$TMP/stub.out")
+start_stub "$STUB"
 stub() { curl -sf --max-time 10 -X "$1" "http://127.0.0.1:$STUB_PORT$2"; }
 
 SL_PIDS=()
 SL_PORTS=()
 start_fleet() {   # start_fleet SHARED RATE BURST
-    local i ports p a
+    local i p a
     SL_PIDS=()
     SL_PORTS=()
     for i in $(seq "$SIDECARS"); do
@@ -105,16 +70,14 @@ policies:
 routes:
   - {prefix: /, upstream: stub, policy: p}
 EOF
-        "$SLUICE" -c "$TMP/s$i/sluice.yaml" >"$TMP/s$i/stdout" 2>"$TMP/s$i/stderr" &
-        SL_PIDS+=($!)
-        PIDS="$PIDS $!"
+        start_sluice "$SLUICE" "$TMP/s$i" "$a"
+        SL_PIDS+=("$SLUICE_PID")
         SL_PORTS+=("$p")
-        wait_http "http://127.0.0.1:$a/readyz"
     done
 }
 stop_fleet() {
-    local pid
-    for pid in "${SL_PIDS[@]}"; do stop_pid "$pid"; done
+    local i
+    for i in "${!SL_PIDS[@]}"; do stop_sluice "${SL_PIDS[$i]}" "$TMP/s$((i + 1))"; done
 }
 
 # run NAME: wrk against every sidecar at once; per-run files in $TMP/NAME
