@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/hex.h"
+
 #define DEFAULT_PORT 6379
 #define SCHEME "redis://"
 #define TLS_SCHEME "rediss://"
@@ -32,17 +34,6 @@ static char *put(struct out *o, const char *s, size_t n)
     return start;
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Decodes %XX in place; false on a malformed escape or a %00. */
 static bool unescape(char *s)
 {
@@ -55,7 +46,7 @@ static bool unescape(char *s)
             *w++ = *r;
             continue;
         }
-        if ((hi = hexval(r[1])) < 0 || (lo = hexval(r[2])) < 0 ||
+        if ((hi = hex_digit(r[1])) < 0 || (lo = hex_digit(r[2])) < 0 ||
             (hi == 0 && lo == 0))
             return false;
         *w++ = (char)(hi * 16 + lo);

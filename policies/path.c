@@ -5,16 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
+#include "util/hex.h"
 
 /* RFC 3986 section 2.3. */
 static bool is_unreserved(int c)
@@ -39,8 +30,8 @@ static long decode_unreserved(const char *path, size_t n, char *dst,
             dst[o++] = path[i];
             continue;
         }
-        if (n - i < 3 || (hi = hex_value(path[i + 1])) < 0 ||
-            (lo = hex_value(path[i + 2])) < 0) {
+        if (n - i < 3 || (hi = hex_digit(path[i + 1])) < 0 ||
+            (lo = hex_digit(path[i + 2])) < 0) {
             sc_error_set(err, "malformed percent-encoding in the path");
             return -EINVAL;
         }
