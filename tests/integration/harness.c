@@ -104,19 +104,33 @@ void h_stub_stop(struct h_stub *s)
     }
 }
 
-long long h_stub_stat(const struct h_stub *s, const char *name)
+/* One integer member of the JSON the stub answers at path, or -1. */
+static long long stub_number(const struct h_stub *s, const char *path, const char *name)
 {
     struct h_resp r;
     json_t *j = NULL, *v;
     long long n = -1;
 
-    if (h_http(s->port, "GET", "/_stub/stats", NULL, NULL, 0, &r) == 0)
+    if (h_http(s->port, "GET", path, NULL, NULL, 0, &r) == 0)
         j = json_loads(r.body ? r.body : "", 0, NULL);
     h_resp_free(&r);
     if (j && json_is_integer(v = json_object_get(j, name)))
         n = json_integer_value(v);
     json_decref(j);
     return n;
+}
+
+long long h_stub_stat(const struct h_stub *s, const char *name)
+{
+    return stub_number(s, "/_stub/stats", name);
+}
+
+long long h_stub_key_stat(const struct h_stub *s, const char *key, const char *name)
+{
+    char path[512];
+
+    snprintf(path, sizeof path, "/_stub/keys/%s", key);
+    return stub_number(s, path, name);
 }
 
 /* ---- sluice ------------------------------------------------------------- */

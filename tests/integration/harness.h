@@ -37,6 +37,9 @@ void h_stub_stop(struct h_stub *s);
 /* One number of the stub's GET /_stub/stats ("requests", "in_flight_max"
  * ...), or -1 when it cannot be read. */
 long long h_stub_stat(const struct h_stub *s, const char *name);
+/* The same from GET /_stub/keys/<key> ("side_effects", "calls" ...); the
+ * key is put in the path as it is (no escaping). */
+long long h_stub_key_stat(const struct h_stub *s, const char *key, const char *name);
 
 /* Writes a config (listen/admin/threads/store are added in front of `body`)
  * and starts sluice; waits until /readyz answers 200. */

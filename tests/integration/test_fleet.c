@@ -8,7 +8,6 @@
  * followed without a restart. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
-#include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -83,19 +82,7 @@ TestSuite(fleet_rate, .fini = fleet_stop, .timeout = 120);
 
 static long long key_effects(const char *key)
 {
-    struct h_resp r;
-    char path[256];
-    json_t *j;
-    long long n;
-
-    snprintf(path, sizeof path, "/_stub/keys/%s", key);
-    cr_assert_eq(h_http(stub.port, "GET", path, NULL, NULL, 0, &r), 0);
-    j = json_loads(r.body, 0, NULL);
-    cr_assert_not_null(j, "%s", r.body);
-    n = json_integer_value(json_object_get(j, "side_effects"));
-    json_decref(j);
-    h_resp_free(&r);
-    return n;
+    return h_stub_key_stat(&stub, key, "side_effects");
 }
 
 static bool header_is(const struct h_resp *r, const char *name, const char *want)

@@ -45,19 +45,7 @@ static void start_default(void)
 
 static long long side_effects(const char *key)
 {
-    struct h_resp r;
-    char path[512];
-    json_t *j;
-    long long n;
-
-    snprintf(path, sizeof path, "/_stub/keys/%s", key);
-    cr_assert_eq(h_http(stub.port, "GET", path, NULL, NULL, 0, &r), 0);
-    j = json_loads(r.body, 0, NULL);
-    cr_assert_not_null(j, "%s", r.body);
-    n = json_integer_value(json_object_get(j, "side_effects"));
-    json_decref(j);
-    h_resp_free(&r);
-    return n;
+    return h_stub_key_stat(&stub, key, "side_effects");
 }
 
 static int post(const char *key, const char *extra, const char *body,
