@@ -145,38 +145,58 @@ Test(fleet, a_key_completed_on_one_sidecar_is_replayed_by_another)
               "forgotten for the whole fleet");
 }
 
-struct dup_arg {
+/* One request for a thread: a POST with the key when it has one, else a
+ * GET; status 0 when no answer came. */
+struct req {
     int sidecar;
+    const char *path, *key, *headers;
     int status;
 };
 
-static void *send_dup(void *p)
+static void *send_req(void *p)
 {
-    struct dup_arg *a = p;
+    struct req *q = p;
     struct h_resp r;
+    int rc = q->key ? post_key(q->sidecar, q->path, q->key, q->headers, "x", &r)
+                    : h_http(sl[q->sidecar].port, "GET", q->path, q->headers, NULL, 0, &r);
 
-    if (post_key(a->sidecar, "/f/dup", "fleet-dup", "X-Stub-Delay-Ms: 400\r\n", "x", &r) == 0) {
-        a->status = r.status;
+    if (rc == 0) {
+        q->status = r.status;
         h_resp_free(&r);
     }
     return NULL;
 }
 
+#define SPREAD_MAX 64
+
+/* n copies of one request at once, spread over the fleet; their statuses. */
+static void spread(struct req one, int n, int *statuses)
+{
+    pthread_t t[SPREAD_MAX];
+    struct req q[SPREAD_MAX];
+
+    cr_assert_leq(n, SPREAD_MAX);
+    for (int i = 0; i < n; i++) {
+        q[i] = one;
+        q[i].sidecar = i % FLEET;
+        pthread_create(&t[i], NULL, send_req, &q[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        pthread_join(t[i], NULL);
+        statuses[i] = q[i].status;
+    }
+}
+
 Test(fleet, concurrent_duplicates_over_the_fleet_reach_the_upstream_once)
 {
     enum { N = 21 };
-    pthread_t t[N];
-    struct dup_arg a[N];
-    int ok = 0, held = 0;
+    int st[N], ok = 0, held = 0;
 
+    spread((struct req){.path = "/f/dup", .key = "fleet-dup",
+                        .headers = "X-Stub-Delay-Ms: 400\r\n"}, N, st);
     for (int i = 0; i < N; i++) {
-        a[i] = (struct dup_arg){.sidecar = i % FLEET};
-        pthread_create(&t[i], NULL, send_dup, &a[i]);
-    }
-    for (int i = 0; i < N; i++) {
-        pthread_join(t[i], NULL);
-        ok += a[i].status == 200;
-        held += a[i].status == 409;
+        ok += st[i] == 200;
+        held += st[i] == 409;
     }
     cr_expect_eq(key_effects("fleet-dup"), 1, "one upstream call for 21 duplicates");
     cr_expect_eq(ok + held, N, "%d answered 200, %d lease_held", ok, held);
@@ -204,34 +224,14 @@ Test(fleet, a_429_through_one_sidecar_pauses_the_policy_on_all)
     cr_expect_eq(h_stub_stat(&stub, "requests"), before, "nothing sent during the pause");
 }
 
-static void *send_slot(void *p)
-{
-    struct dup_arg *a = p;
-    struct h_resp r;
-
-    if (h_http(sl[a->sidecar].port, "GET", "/c/x", "X-Stub-Delay-Ms: 300\r\n", NULL, 0,
-               &r) == 0) {
-        a->status = r.status;
-        h_resp_free(&r);
-    }
-    return NULL;
-}
-
 Test(fleet, concurrency_is_counted_across_the_fleet)
 {
     enum { N = 12 };
-    pthread_t t[N];
-    struct dup_arg a[N];
-    int ok = 0;
+    int st[N], ok = 0;
 
-    for (int i = 0; i < N; i++) {
-        a[i] = (struct dup_arg){.sidecar = i % FLEET};
-        pthread_create(&t[i], NULL, send_slot, &a[i]);
-    }
-    for (int i = 0; i < N; i++) {
-        pthread_join(t[i], NULL);
-        ok += a[i].status == 200;
-    }
+    spread((struct req){.path = "/c/x", .headers = "X-Stub-Delay-Ms: 300\r\n"}, N, st);
+    for (int i = 0; i < N; i++)
+        ok += st[i] == 200;
     cr_expect_eq(ok, N, "every request got a slot within max_wait");
     cr_expect_leq(h_stub_stat(&stub, "in_flight_max"), 2,
                   "concurrency 2 for the fleet, not per sidecar");
@@ -276,31 +276,18 @@ Test(fleet, redis_down_is_visible_and_safe_and_its_return_is_followed)
     cr_expect(body_has(sl[0].admin_port, "/readyz", "\"ready\": true"), "ready again");
 }
 
-struct held {
-    int sidecar;
-};
-
-static void *send_slow(void *p)
-{
-    struct held *h = p;
-    struct h_resp r;
-
-    /* The sidecar dies under it: no answer is expected. */
-    if (post_key(h->sidecar, "/k/x", "fleet-crash", "X-Stub-Delay-Ms: 3000\r\n", "x", &r) == 0)
-        h_resp_free(&r);
-    return NULL;
-}
-
 /* kill -9 of the sidecar holding a key's lease: the others answer
  * lease_held until the lease (2 s) expires, then one takes the key over. */
 Test(fleet, a_dead_sidecars_lease_holds_then_is_taken_over)
 {
-    struct held h = {.sidecar = 0};
+    /* The sidecar dies under it: no answer is expected. */
+    struct req slow = {.sidecar = 0, .path = "/k/x", .key = "fleet-crash",
+                       .headers = "X-Stub-Delay-Ms: 3000\r\n"};
     struct h_resp r;
     pthread_t t;
     int waited = 0;
 
-    pthread_create(&t, NULL, send_slow, &h);
+    pthread_create(&t, NULL, send_req, &slow);
     for (int i = 0; i < 100 && h_stub_stat(&stub, "in_flight") < 1; i++)
         usleep(20 * 1000);
     cr_assert_geq(h_stub_stat(&stub, "in_flight"), 1, "the request never reached the stub");
@@ -326,39 +313,14 @@ Test(fleet, a_dead_sidecars_lease_holds_then_is_taken_over)
 
 /* ---- the fleet's rate ------------------------------------------------- */
 
-struct burst {
-    int sidecar;
-    const char *path;
-    int status;
-};
-
-static void *send_one(void *p)
-{
-    struct burst *b = p;
-    struct h_resp r;
-
-    if (h_http(sl[b->sidecar].port, "GET", b->path, NULL, NULL, 0, &r) == 0) {
-        b->status = r.status;
-        h_resp_free(&r);
-    }
-    return NULL;
-}
-
 /* N requests spread over the fleet at once; answers that are not 200. */
 static int burst(const char *path, int n)
 {
-    pthread_t t[64];
-    struct burst b[64];
-    int bad = 0;
+    int st[SPREAD_MAX], bad = 0;
 
-    for (int i = 0; i < n; i++) {
-        b[i] = (struct burst){.sidecar = i % FLEET, .path = path};
-        pthread_create(&t[i], NULL, send_one, &b[i]);
-    }
-    for (int i = 0; i < n; i++) {
-        pthread_join(t[i], NULL);
-        bad += b[i].status != 200;
-    }
+    spread((struct req){.path = path}, n, st);
+    for (int i = 0; i < n; i++)
+        bad += st[i] != 200;
     return bad;
 }
 
