@@ -85,13 +85,6 @@ const char redis_script_slot_take[] =
     "end\n"
     "return 1\n";
 
-static int scope_ok(const char *scope, struct sc_error *err)
-{
-    struct record_key k;
-
-    return record_key_make(&k, scope, "-", err); /* checks the scope */
-}
-
 static void bucket_key(const struct redis_store *st, const char *scope,
                        const char *partition, struct rcmd *cmd)
 {
@@ -144,7 +137,7 @@ int redis_bucket_build(struct redis_store *st, enum store_op op,
                        const struct store_args *a, struct rcmd *cmd,
                        struct sc_error *err)
 {
-    int rc = scope_ok(a->scope, err);
+    int rc = redis_scope_check(a->scope, err);
 
     if (rc)
         return rc;

@@ -58,11 +58,17 @@ int redis_record_key(const struct redis_store *st, const char *scope,
     return 0;
 }
 
+int redis_scope_check(const char *scope, struct sc_error *err)
+{
+    struct record_key k;
+
+    return record_key_make(&k, scope, "-", err); /* checks the scope */
+}
+
 int redis_pause_key(const struct redis_store *st, const char *scope,
                      struct rcmd *cmd, struct sc_error *err)
 {
-    struct record_key k;
-    int rc = record_key_make(&k, scope, "-", err); /* checks the scope */
+    int rc = redis_scope_check(scope, err);
 
     if (rc)
         return rc;

@@ -103,6 +103,8 @@ int redis_bucket_result(const struct redis_store *st,
  * (record_key_make), so both backends take the same keys. 0 or -EINVAL. */
 int redis_record_key(const struct redis_store *st, const char *scope,
                      const char *key, struct rcmd *cmd, struct sc_error *err);
+/* The scope (a policy's name) as record_key_make takes it: 0 or -EINVAL. */
+int redis_scope_check(const char *scope, struct sc_error *err);
 int redis_pause_key(const struct redis_store *st, const char *scope,
                     struct rcmd *cmd, struct sc_error *err);
 
