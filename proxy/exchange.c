@@ -167,7 +167,7 @@ const char *ex_request_id(struct exchange *ex)
 
     if (ex->request_id[0])
         return ex->request_id;
-    v = ex->mc ? MHD_lookup_connection_value(ex->mc, MHD_HEADER_KIND, "X-Request-Id")
+    v = ex->mc ? MHD_lookup_connection_value(ex->mc, MHD_HEADER_KIND, EX_REQUEST_ID_HEADER)
                : NULL;
     if (request_id_usable(v))
         snprintf(ex->request_id, sizeof ex->request_id, "%s", v);
@@ -187,7 +187,7 @@ static enum MHD_Result queue(struct exchange *ex, struct MHD_Response *resp)
     /* A replay is the stored response: it carries the id of the request
      * that reached the partner (stored with it). */
     if (ex->kind != ANSWER_REPLAY)
-        MHD_add_response_header(resp, "X-Request-Id", ex_request_id(ex));
+        MHD_add_response_header(resp, EX_REQUEST_ID_HEADER, ex_request_id(ex));
     rc = MHD_queue_response(ex->mc, (unsigned)ex->status, resp);
     MHD_destroy_response(resp);
     ex_set_answered(ex);

@@ -236,13 +236,13 @@ static size_t stored_headers(struct exchange *ex, const struct up_response *r,
     size_t n = up_response_end_to_end(r, keep), m = 0;
 
     for (size_t i = 0; i < n; i++) {
-        if (strcasecmp(keep[i]->name, "X-Request-Id") == 0)
+        if (strcasecmp(keep[i]->name, EX_REQUEST_ID_HEADER) == 0)
             continue;
         h[m].name = keep[i]->name;
         h[m].value = keep[i]->value;
         m++;
     }
-    h[m].name = "X-Request-Id";
+    h[m].name = EX_REQUEST_ID_HEADER;
     h[m].value = (char *)ex_request_id(ex);
     return m + 1;
 }

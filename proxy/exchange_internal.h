@@ -71,6 +71,7 @@ const char *shadow_name(enum shadow_verdict v);
 /* The longest X-Request-Id taken from a worker; a longer or odd one is
  * replaced by one sluice makes (32 hex digits). */
 #define EX_REQUEST_ID_MAX 128
+#define EX_REQUEST_ID_HEADER "X-Request-Id"
 
 /* A body up to this size goes out whole, from memory, with its head. */
 #define EX_WHOLE_MAX_BYTES ((size_t)64 * 1024)

@@ -27,7 +27,7 @@ static void add_upstream_headers(struct MHD_Response *resp,
 
     /* The request's own id is echoed instead (exchange.c, queue). */
     for (size_t i = 0; i < n; i++)
-        if (strcasecmp(keep[i]->name, "X-Request-Id") != 0)
+        if (strcasecmp(keep[i]->name, EX_REQUEST_ID_HEADER) != 0)
             MHD_add_response_header(resp, keep[i]->name, keep[i]->value);
 }
 

@@ -58,7 +58,7 @@ static enum MHD_Result copy_header(void *cls, enum MHD_ValueKind kind,
     /* Expect: the body is already here, a 100-continue would be noise.
      * Configured headers replace the worker's. */
     if (hdr_skip_request(key, &w->tok) || strcasecmp(key, "Expect") == 0 ||
-        strcasecmp(key, "X-Request-Id") == 0 || configured_header(w->up, key))
+        strcasecmp(key, EX_REQUEST_ID_HEADER) == 0 || configured_header(w->up, key))
         return MHD_YES;
     if (evbuffer_add_printf(w->out, "%s: %s\r\n", key, value ? value : "") < 0)
         w->rc = -ENOMEM;
@@ -85,7 +85,7 @@ static int build_wire(struct exchange *ex)
     MHD_get_connection_values(ex->mc, MHD_HEADER_KIND, collect_conn_tokens, &w);
     MHD_get_connection_values(ex->mc, MHD_HEADER_KIND, copy_header, &w);
     /* The worker's id when usable, else the one sluice made (ex_request_id). */
-    evbuffer_add_printf(w.out, "X-Request-Id: %s\r\n", ex_request_id(ex));
+    evbuffer_add_printf(w.out, EX_REQUEST_ID_HEADER ": %s\r\n", ex_request_id(ex));
     for (size_t i = 0; i < ex->up->n_headers; i++)
         evbuffer_add_printf(w.out, "%s: %s\r\n", ex->up->headers[i].name,
                             ex->up->headers[i].value);
