@@ -204,6 +204,11 @@ void idem_release_lease(struct exchange *ex);
 enum ex_verdict stage_permit(struct exchange *ex, uint64_t now);
 enum ex_verdict stage_slot(struct exchange *ex, uint64_t now);
 enum ex_verdict stage_send_check(struct exchange *ex, uint64_t now);
+/* Whether the policy paces through the fleet's bucket (shared: redis on a
+ * store that can), and the partition value naming the request's bucket
+ * there (NULL: the policy's own). */
+bool pace_shared(const struct exchange *ex);
+const char *pace_partition(const struct exchange *ex);
 /* The drain deadline met a request waiting in a pacing stage: requeue. */
 void pace_drain_answer(struct exchange *ex, uint64_t now);
 /* Gives back the slot: a wait cancelled, or a held slot released. */

@@ -59,16 +59,21 @@ static enum ex_verdict refuse_rate(struct exchange *ex, uint64_t start_ns,
 
 /* ---- the fleet's bucket (shared: redis) ---------------------------------- */
 
-static bool shared(const struct exchange *ex)
+bool pace_shared(const struct exchange *ex)
 {
-    return ex->ps->shared && store_shares_buckets(ex->loop->app->store);
+    return ex->ps && ex->ps->shared && store_shares_buckets(ex->loop->app->store);
+}
+
+const char *pace_partition(const struct exchange *ex)
+{
+    return ex->bucket != &ex->ps->bucket ? ex->partition : NULL;
 }
 
 static int start_permit(struct exchange *ex)
 {
     return store_permit_async(ex->loop->store, ex->scall, ex->pol->name,
-                              ex->bucket != &ex->ps->bucket ? ex->partition : NULL,
-                              ex->ps->fleet_t_ns, ex->ps->fleet_tau_ns,
+                              pace_partition(ex), ex->ps->fleet_t_ns,
+                              ex->ps->fleet_tau_ns,
                               ex->pol->max_wait_ms * NS_PER_MS);
 }
 
@@ -153,7 +158,7 @@ static enum ex_verdict first_permit(struct exchange *ex, uint64_t now)
         shadow_permit(ex, now);
         return EXV_NEXT;
     }
-    if (shared(ex)) {
+    if (pace_shared(ex)) {
         ex->asking = true;
         return shared_answer(ex, now);
     }
@@ -274,7 +279,7 @@ static enum ex_verdict first_slot(struct exchange *ex, uint64_t now)
         atomic_fetch_add(&ex->ps->inflight, 1);
         return got_slot(ex, now);
     }
-    if (shared(ex)) {
+    if (pace_shared(ex)) {
         snprintf(ex->holder, sizeof ex->holder, "%016llx%016llx",
                  (unsigned long long)rand_u64(), (unsigned long long)rand_u64());
         return shared_slot(ex, now, true);

@@ -135,11 +135,10 @@ static void tell_fleet(struct exchange *ex, uint64_t pause_ms)
 {
     struct store_call c = {0};
 
-    if (!ex->ps || !ex->ps->shared || !store_shares_buckets(ex->loop->app->store))
+    if (!pace_shared(ex))
         return;
     ex_store_detach(&c, store_bucket_pause_async(
-                            ex->loop->store, &c, ex->pol->name,
-                            ex->bucket != &ex->ps->bucket ? ex->partition : NULL,
+                            ex->loop->store, &c, ex->pol->name, pace_partition(ex),
                             ex->ps->fleet_t_ns, ex->ps->fleet_tau_ns,
                             pause_ms * NS_PER_MS));
 }
