@@ -93,8 +93,12 @@ static void take_target(struct exchange *ex, const char *uri)
 void *exchange_uri_log(void *cls, const char *uri, struct MHD_Connection *c)
 {
     struct loop *w = cls;
-    struct exchange *ex = calloc(1, sizeof *ex);
+    struct exchange *ex;
 
+    /* First: MHD's completion notice follows every call here, and the
+     * connection's count of open requests must see both. */
+    conn_head_begun(c);
+    ex = calloc(1, sizeof *ex);
     if (!ex)
         return NULL;
     ex->loop = w;
@@ -104,7 +108,6 @@ void *exchange_uri_log(void *cls, const char *uri, struct MHD_Connection *c)
     ex->t0_ns = clock_mono_ns();
     ex->t0_wall_ms = clock_wall_ms();
     take_target(ex, uri);
-    conn_head_begun(c);
     atomic_fetch_add(&w->app->inflight, 1);
     return ex;
 }
@@ -752,6 +755,7 @@ void exchange_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 {
     struct exchange *ex = *con_cls;
 
+    conn_request_ended(c);
     if (!ex)
         return;
     /* An abandoned request may be closed by MHD before it calls back. */

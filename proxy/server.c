@@ -23,6 +23,8 @@
 #include "proxy/runtime.h"
 #include "proxy/upstream.h"
 #include "store/store.h"
+#include "util/clock.h"
+#include "util/rand.h"
 
 /* Idle keep-alive connections from workers are closed after this, like
  * nginx's keepalive_timeout default. Suspended requests are not affected. */
@@ -68,6 +70,7 @@ static void mhd_run(struct loop *w)
 {
     MHD_UNSIGNED_LONG_LONG ms;
 
+    w->mhd_runs++;
     MHD_run(w->mhd);
     /* MHD's timeout covers idle connections and pending work; re-arm after
      * every run (0 ms, "run again at once", is common under load). */
@@ -90,10 +93,25 @@ void loop_kick(struct loop *w)
     event_active(w->mhd_read_ev, EV_READ, 0);
 }
 
+static void refuse_content_length(struct loop *w, int status);
+
 static void mhd_logger(void *cls, const char *fmt, va_list ap)
 {
+    struct loop *w = cls;
     char msg[512];
 
+    /* MHD says so each time it sends an error answer of its own (a bad
+     * version, a line too long): no answer of ours may follow it. */
+    if (strncmp(fmt, "Error processing request", 24) == 0)
+        w->mhd_error_run = w->mhd_runs;
+    /* A Content-Length MHD cannot read: it queues its own HTML answer and
+     * then (libmicrohttpd 0.9.75) sends its head twice, without calling
+     * us. This message is the only notice, on the loop's thread, in the
+     * middle of reading that head. */
+    if (strncmp(fmt, "Failed to parse `Content-Length'", 32) == 0)
+        refuse_content_length(w, 400);
+    else if (strncmp(fmt, "Too large value of 'Content-Length'", 35) == 0)
+        refuse_content_length(w, 413);
     vsnprintf(msg, sizeof msg, fmt, ap);
     msg[strcspn(msg, "\n")] = '\0';
     log_debug("http server: %s", msg);
@@ -109,6 +127,10 @@ struct conn {
     struct MHD_Connection *mc;
     struct event *head_timer;   /* pending while a request head is incomplete */
     struct timeval head_timeout;
+    unsigned begun, ended;      /* request lines MHD read; requests it ended */
+    uint64_t ended_run;         /* the MHD run in which the last one ended */
+    uint64_t quiet_since_ns;    /* accepted, or its last request ended */
+    bool head_open;             /* request line read, head not complete */
     bool timed_out;             /* answered 408: the connection is closing */
 };
 
@@ -127,16 +149,19 @@ static struct conn *conn_of(struct MHD_Connection *c)
 static void send_raw_problem(int fd, int status, enum reason r, const char *detail)
 {
     size_t blen = 0;
-    char *body = problem_json(status, r, detail, &blen), head[256];
+    char *body = problem_json(status, r, detail, &blen), head[384];
     int hlen;
 
     if (!body)
         return;
+    /* Every answer carries a request id; the worker's, if any, is in a
+     * head nobody read, so this one is made here. */
     hlen = snprintf(head, sizeof head,
                     "HTTP/1.1 %d %s\r\nContent-Type: application/problem+json\r\n"
-                    "Sluice-Outcome: rejected\r\nConnection: close\r\n"
-                    "Content-Length: %zu\r\n\r\n",
-                    status, http_status_text(status), blen);
+                    "Sluice-Outcome: rejected\r\nX-Request-Id: %016llx%016llx\r\n"
+                    "Connection: close\r\nContent-Length: %zu\r\n\r\n",
+                    status, http_status_text(status), (unsigned long long)rand_u64(),
+                    (unsigned long long)rand_u64(), blen);
     if (hlen > 0 && (size_t)hlen < sizeof head) {
         struct iovec v[2] = {{head, (size_t)hlen}, {body, blen}};
         struct msghdr m = {.msg_iov = v, .msg_iovlen = 2};
@@ -191,6 +216,7 @@ static struct conn *conn_new(struct loop *w, struct MHD_Connection *c)
         return NULL;
     cn->w = w;
     cn->mc = c;
+    cn->quiet_since_ns = clock_mono_ns();
     cn->head_timer = evtimer_new(w->base, on_head_timeout, cn);
     if (!cn->head_timer) {
         free(cn);
@@ -208,10 +234,21 @@ static struct conn *conn_new(struct loop *w, struct MHD_Connection *c)
     return cn;
 }
 
+static void head_close(struct conn *cn)
+{
+    if (!cn->head_open)
+        return;
+    cn->head_open = false;
+    cn->w->heads_open--;
+    if (cn->w->head_conn == cn)
+        cn->w->head_conn = NULL;
+}
+
 static void conn_free(struct conn *cn)
 {
     if (!cn)
         return;
+    head_close(cn);
     event_free(cn->head_timer);
     free(cn);
 }
@@ -223,8 +260,66 @@ void conn_head_begun(struct MHD_Connection *c)
     /* On a reused connection MHD reports nothing before the request line is
      * complete: the clock starts there. A timer add is a heap insert, no
      * system call. */
-    if (cn && !evtimer_pending(cn->head_timer, NULL))
+    if (!cn)
+        return;
+    cn->begun++;
+    if (!cn->head_open) {
+        cn->head_open = true;
+        cn->w->heads_open++;
+    }
+    cn->w->head_conn = cn;
+    if (!evtimer_pending(cn->head_timer, NULL))
         evtimer_add(cn->head_timer, &cn->head_timeout);
+}
+
+void conn_request_ended(struct MHD_Connection *c)
+{
+    struct conn *cn = conn_of(c);
+
+    if (!cn)
+        return;
+    cn->ended++;
+    cn->ended_run = cn->w->mhd_runs;
+    cn->quiet_since_ns = clock_mono_ns();
+}
+
+/* True when MHD is closing the connection because it could not read a
+ * request line: libmicrohttpd 0.9.75 closes on a line without a space
+ * ("GARBAGE", "GET") without a word and tells nobody. What sets that close
+ * apart, at its CLOSED notice: no request is open (every line MHD read has
+ * ended), the close is not the end of an answer (that ends in the same MHD
+ * run), not a 408 of ours, not MHD's own error answer, not a drain, not the
+ * idle timeout, and the worker is still there and has sent nothing MHD left
+ * unread (a line too long for the pool leaves bytes unread: MHD answers
+ * that one itself). */
+static bool line_refused(const struct conn *cn, int fd)
+{
+    const struct loop *w = cn->w;
+    char b;
+
+    if (cn->begun != cn->ended || cn->timed_out || atomic_load(&w->app->draining))
+        return false;
+    if (cn->ended && cn->ended_run == w->mhd_runs)
+        return false;
+    if (w->mhd_error_run == w->mhd_runs)
+        return false;
+    if (clock_mono_ns() - cn->quiet_since_ns >= (WORKER_IDLE_TIMEOUT_S - 1) * 1000000000ull)
+        return false;
+    return recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) < 0 &&
+           (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+static void answer_refused_line(struct conn *cn)
+{
+    const union MHD_ConnectionInfo *i =
+        MHD_get_connection_info(cn->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+
+    if (!i || !line_refused(cn, i->connect_fd))
+        return;
+    send_raw_problem(i->connect_fd, 400, R_MALFORMED_REQUEST,
+                     "the request line is not \"method SP target SP version\"");
+    log_info("a request line without a target or version: 400, connection closed");
+    count_rejected(cn->w, R_MALFORMED_REQUEST);
 }
 
 bool conn_head_done(struct MHD_Connection *c)
@@ -233,8 +328,37 @@ bool conn_head_done(struct MHD_Connection *c)
 
     if (!cn)
         return true;
+    head_close(cn);
     evtimer_del(cn->head_timer);
     return !cn->timed_out;
+}
+
+/* The head MHD is reading when it logs a Content-Length it cannot read is
+ * the one whose request line came last, if no other head is open on this
+ * loop (heads in one packet, the usual case, are read in one go). Our
+ * answer goes out, then the socket is shut down so that MHD's own write
+ * fails and it closes the connection. With two heads open we cannot tell
+ * which: MHD's answer stands. */
+static void refuse_content_length(struct loop *w, int status)
+{
+    struct conn *cn = w->head_conn;
+    const union MHD_ConnectionInfo *i;
+
+    if (!cn || w->heads_open != 1 || !cn->head_open)
+        return;
+    i = MHD_get_connection_info(cn->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!i)
+        return;
+    if (status == 413)
+        send_raw_problem(i->connect_fd, 413, R_BODY_TOO_LARGE,
+                         "the Content-Length is too large to read");
+    else
+        send_raw_problem(i->connect_fd, 400, R_MALFORMED_REQUEST,
+                         "invalid Content-Length");
+    shutdown(i->connect_fd, SHUT_RDWR);
+    cn->timed_out = true; /* the connection is closing: no other answer */
+    log_info("a Content-Length that cannot be read: %d, connection closed", status);
+    count_rejected(w, status == 413 ? R_BODY_TOO_LARGE : R_MALFORMED_REQUEST);
 }
 
 /* Counts worker connections for max_connections (the accept path adds,
@@ -252,6 +376,8 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx
         return;
     }
     if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        if (*socket_ctx)
+            answer_refused_line(*socket_ctx);
         conn_free(*socket_ctx);
         *socket_ctx = NULL;
         atomic_fetch_sub(&w->app->conns, 1);
@@ -269,8 +395,11 @@ static struct MHD_Daemon *mhd_start(struct loop *w)
     size_t pool = (size_t)cfg->max_header + UP_MAX_HEAD_BYTES + 8192;
 
     return MHD_start_daemon(
+        /* TURBO: besides reading and writing before asking epoll, MHD then
+         * closes a connection without shutting it down first, so that
+         * answer_refused_line can still write to it at the CLOSED notice. */
         MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_NO_LISTEN_SOCKET |
-            MHD_USE_ERROR_LOG, 0, NULL, NULL, exchange_access, w,
+            MHD_USE_ERROR_LOG | MHD_USE_TURBO, 0, NULL, NULL, exchange_access, w,
         MHD_OPTION_URI_LOG_CALLBACK, exchange_uri_log, w,
         MHD_OPTION_NOTIFY_COMPLETED, exchange_completed, w,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, w,

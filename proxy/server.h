@@ -10,10 +10,12 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/queue.h>
 
 #include "config/config.h"
 #include "obs/statsd.h"
+#include "policies/problem.h"
 #include "util/error.h"
 
 struct app;
@@ -29,6 +31,7 @@ TAILQ_HEAD(exchange_list, exchange);
 
 /* One event-loop thread. Everything in it is touched only by its thread,
  * except the command events, which other threads may activate. */
+struct conn;
 struct loop {
     unsigned idx;
     struct app *app;
@@ -47,6 +50,10 @@ struct loop {
     _Atomic(struct runtime *) next_rt; /* handed over by a reload (a ref) */
     struct exchange_list waiting; /* exchanges suspended on the upstream */
     pthread_t tid;
+    uint64_t mhd_runs;          /* MHD_run calls so far */
+    uint64_t mhd_error_run;     /* the run in which MHD last answered an error itself */
+    struct conn *head_conn;     /* the connection whose request line came last */
+    unsigned heads_open;        /* connections between request line and head's end */
     bool started;
 };
 
@@ -74,6 +81,10 @@ void loop_kick(struct loop *w);
 struct MHD_Connection;
 void conn_head_begun(struct MHD_Connection *c);
 bool conn_head_done(struct MHD_Connection *c);
+/* A request of the connection has ended (MHD's completion notice): with
+ * conn_head_begun's count, tells the close of a connection between
+ * requests, where MHD refuses a request line without a word. */
+void conn_request_ended(struct MHD_Connection *c);
 
 /* The loop's current runtime, with a reference taken for the caller; on
  * the loop's thread only. No lock: a reload hands each loop its runtime
