@@ -263,8 +263,9 @@ def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin, hooks=None, 
     prefix = f"{arm}-{kind}"
     q = queues.make(kind, redis.Redis(host="127.0.0.1", port=rport), prefix, args)
     q.enqueue([make_job(prefix, i) for i in range(args.jobs)])
-    # REDIS_URL for the Python and Go examples, REDIS_ADDR for the baseline and BullMQ; a short
-    # heartbeat (1.5 s TTL) so that a dead worker's jobs are reaped within the run.
+    # REDIS_URL for the workers (it wins over REDIS_ADDR; the TypeScript producer takes
+    # REDIS_ADDR); a short heartbeat (1.5 s TTL) so that a dead worker's jobs are reaped within
+    # the run.
     env = dict(os.environ, REDIS_ADDR=f"127.0.0.1:{rport}", QUEUE=q.name,
                REDIS_URL=f"redis://127.0.0.1:{rport}/0", HEARTBEAT_MS="500",
                CONCURRENCY=str(args.threads), AFTER_CALL_MS=str(args.after_call_ms),

@@ -16,7 +16,7 @@
 
 import { hostname } from "node:os";
 import { DelayedError, Job, UnrecoverableError, Worker } from "bullmq";
-import { envNumber, redisConnection } from "./redis";
+import { envNumber, redisConnection, redisTargetText } from "./redis";
 
 /** One job's data: the payload object of deploy/examples/README.md. */
 interface Payload {
@@ -233,6 +233,6 @@ process.on("SIGTERM", () => void stop("SIGTERM"));
 process.on("SIGINT", () => void stop("SIGINT"));
 
 log(
-  `worker ${WORKER_ID} start queue=${QUEUE} redis=${process.env.REDIS_ADDR || "127.0.0.1:6379"} sluice=${SLUICE_URL} ` +
+  `worker ${WORKER_ID} start queue=${QUEUE} redis=${redisTargetText()} sluice=${SLUICE_URL} ` +
     `concurrency=${CONCURRENCY} lock_ms=${LOCK_MS} stalled_ms=${STALLED_MS} max_stalled=${MAX_STALLED}`,
 );
