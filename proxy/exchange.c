@@ -606,7 +606,7 @@ enum MHD_Result exchange_access(void *cls, struct MHD_Connection *c,
 
 /* ---- completion --------------------------------------------------------- */
 
-static void log_exchange(const struct exchange *ex)
+static void log_exchange(struct exchange *ex)
 {
     struct access_entry e = {0};
     uint64_t now = clock_mono_ns();
@@ -628,7 +628,9 @@ static void log_exchange(const struct exchange *ex)
     e.upstream_ms = u->done_ns > u->sent_ns ? (double)(u->done_ns - u->sent_ns) / 1e6 : 0;
     e.total_ms = (double)(now - ex->t0_ns) / 1e6;
     e.key = ex->key;
-    e.request_id = ex->request_id[0] ? ex->request_id : NULL;
+    /* Every line has one: a replay's own (its answer carries the stored
+     * one), an abandoned request's too. */
+    e.request_id = ex_request_id(ex);
     log_access(&e);
 }
 

@@ -105,6 +105,25 @@ Test(idem, replay_is_byte_exact_and_takes_no_upstream_call)
     h_resp_free(&b);
 }
 
+/* A replay answers with the stored id (of the request that reached the
+ * partner) and logs its own. */
+Test(idem, a_replay_carries_the_stored_id_and_logs_its_own)
+{
+    struct h_resp r;
+
+    cr_assert_eq(post("k-ids", "X-Request-Id: first-try\r\n", "{}", &r), 0);
+    cr_expect_eq(r.status, 200);
+    h_resp_free(&r);
+    cr_assert_eq(post("k-ids", "X-Request-Id: second-try\r\n", "{}", &r), 0);
+    expect_header(&r, "Sluice-Outcome", "replayed");
+    expect_header(&r, "X-Request-Id", "first-try");
+    h_resp_free(&r);
+    for (int i = 0; i < 100 && !h_file_contains(sl.log_path, "\"request_id\":\"second-try\""); i++)
+        usleep(20 * 1000);
+    cr_expect(h_file_contains(sl.log_path, "\"request_id\":\"second-try\""),
+              "the replay's own id is in its access-log line");
+}
+
 Test(idem, different_request_same_key_is_422)
 {
     struct h_resp r;
