@@ -70,7 +70,7 @@ struct metrics_ids {
     uint32_t *permit_wait;    /* [policy+1], policy n = default */
     uint32_t *up_duration;    /* [upstream] */
     uint32_t *requeue_delay;  /* [(policy+1) * R__COUNT] */
-    uint32_t reloads_ok, reloads_error, store_errors, conns_refused;
+    uint32_t reloads_ok, reloads_error, store_errors, commit_failures, conns_refused;
     uint32_t store_duration[ST__COUNT]; /* histogram bases, by op */
 };
 

@@ -277,8 +277,10 @@ static void completed(struct exchange *ex)
     if (ex->scall->rc == 0)
         return;
     /* The side effect happened; the worker must still learn the truth.
-     * The lease stays, so a duplicate waits for its expiry. */
+     * The lease stays, so a duplicate waits for its expiry. Counted
+     * apart too: the one store failure that leaves a redelivery risk. */
     count_store_error(ex);
+    metrics_add(&ex->loop->app->metrics.shards[ex->loop->idx], ex->rt->ids.commit_failures, 1);
     log_error("policy %s: cannot store the completed result of a key: %s",
               scope(ex), ex->scall->err.text);
 }

@@ -311,6 +311,30 @@ Test(fleet, a_dead_sidecars_lease_holds_then_is_taken_over)
     pthread_join(t, NULL);
 }
 
+/* Redis lost while the upstream works on a keyed request: the side effect
+ * happened, so the worker gets the upstream's answer; the failed commit is
+ * counted apart (sluice_store_commit_failures_total). */
+Test(fleet, redis_lost_after_the_upstream_answered_keeps_the_answer)
+{
+    struct req slow = {.sidecar = 0, .path = "/k/x", .key = "fleet-lost",
+                       .headers = "X-Stub-Delay-Ms: 800\r\n"};
+    pthread_t t;
+
+    cr_expect(body_has(sl[0].admin_port, "/metrics", "sluice_store_commit_failures_total 0"),
+              "listed at zero");
+    pthread_create(&t, NULL, send_req, &slow);
+    for (int i = 0; i < 100 && h_stub_stat(&stub, "in_flight") < 1; i++)
+        usleep(20 * 1000);
+    cr_assert_geq(h_stub_stat(&stub, "in_flight"), 1, "the request never reached the stub");
+    redis_server_stop(&rs);
+    pthread_join(t, NULL);
+    cr_expect_eq(slow.status, 200, "the upstream's answer, not %d", slow.status);
+    cr_expect_eq(key_effects("fleet-lost"), 1);
+    cr_expect(body_has(sl[0].admin_port, "/metrics", "sluice_store_commit_failures_total 1"),
+              "the failed commit is counted");
+    cr_expect(h_file_contains(sl[0].log_path, "cannot store the completed result"), "and logged");
+}
+
 /* ---- the fleet's rate ------------------------------------------------- */
 
 /* N requests spread over the fleet at once; answers that are not 200. */

@@ -593,6 +593,7 @@ static const struct {
     {"sluice_bucket_fallback", "gauge", true},  /* §10: shared policies only */
     {"sluice_queue_age_invalid_total", "counter", false},
     {"sluice_store_errors_total", "counter", false},
+    {"sluice_store_commit_failures_total", "counter", false}, /* §10 */
     {"sluice_connections_refused_total", "counter", false},
     {"sluice_connections", "gauge", false},
     {"sluice_ready", "gauge", false},
