@@ -431,7 +431,7 @@ static const struct endpoint endpoints[] = {
     {M_GET, "/", "/", "this list", ep_index, NULL},
     {M_GET, "/healthz", "/healthz", "200 while the process runs", ep_healthz, NULL},
     {M_GET, "/readyz", "/readyz", "200 once the config is loaded and the store open; "
-     "503 while starting or draining", ep_readyz, NULL},
+     "503 while starting, draining or the store is unavailable", ep_readyz, NULL},
     {M_GET, "/config", "/config", "the effective config as JSON, secrets redacted",
      ep_config, NULL},
     {M_GET, "/metrics", "/metrics", "Prometheus text exposition 0.0.4", ep_metrics, NULL},

@@ -54,8 +54,8 @@ static void lease_held(struct exchange *ex, uint64_t remaining_ms)
 static void mismatch(struct exchange *ex)
 {
     ex_refuse(ex, 422, OUT_REJECTED, R_KEY_REUSED,
-              "Idempotency-Key %s was used for a different request "
-              "(method, path or body differ)", ex->key);
+              "%s %s was used for a different request "
+              "(method, path or body differ)", ex->pol->idem.header, ex->key);
 }
 
 /* ---- arrival ------------------------------------------------------------ */
