@@ -36,6 +36,11 @@ static const char *const store_op_names[ST__COUNT] = {
     [ST_RELEASE] = "release", [ST_PERMIT] = "permit", [ST_SLOT] = "slot",
 };
 
+const char *store_op_name(enum store_timed_op op)
+{
+    return op < ST__COUNT ? store_op_names[op] : "?";
+}
+
 /* A histogram takes n buckets + the +Inf bucket + count + sum (in µs, so it
  * stays an integer an atomic can add). */
 static size_t hist_slots(enum hist_kind k)

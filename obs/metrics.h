@@ -35,6 +35,9 @@ enum store_timed_op {
     ST_GET = 0, ST_ACQUIRE, ST_COMPLETE, ST_RELEASE, ST_PERMIT, ST_SLOT,
     ST__COUNT
 };
+/* Its label value: get, acquire, complete, release, permit, slot. */
+const char *store_op_name(enum store_timed_op op);
+
 
 /* Upstream response classes of sluice_upstream_responses_total. */
 enum up_code {

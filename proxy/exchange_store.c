@@ -3,6 +3,7 @@
  * The idempotency stages wait for the records, the pacing stages for a
  * shared bucket or slot. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "proxy/app.h"
@@ -16,15 +17,20 @@ static void on_store_done(struct store_call *c)
 }
 
 /* sluice_store_duration_seconds: from the start to the completion (or the
- * store's timeout), per operation. */
+ * store's timeout), per operation; pushed to StatsD like the other timings. */
 static void timed(struct exchange *ex, enum store_timed_op op)
 {
     uint64_t end = clock_mono_ns();
     struct app *app = ex->loop->app;
+    double s = (double)(end - ex->store_started) / 1e9;
+    char tags[32];
 
     metrics_observe(&app->metrics.shards[ex->loop->idx], H_STORE,
-                    ex->rt->ids.store_duration[op],
-                    (double)(end - ex->store_started) / 1e9);
+                    ex->rt->ids.store_duration[op], s);
+    if (ex->loop->statsd.fd >= 0) {
+        snprintf(tags, sizeof tags, "op:%s", store_op_name(op));
+        statsd_timing(&ex->loop->statsd, "store_duration", s * 1000, tags);
+    }
 }
 
 /* Starts the call when asked to (first) and goes on when it completed at

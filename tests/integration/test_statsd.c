@@ -31,7 +31,9 @@ static void start(void)
     cr_assert(asprintf(&cfg,
         "metrics: {statsd: \"127.0.0.1:%d\"}\n"
         "upstreams: {stub: {url: http://127.0.0.1:%d}}\n"
-        "routes: [{name: s, prefix: /s, upstream: stub}]\n",
+        "policies: {k: {idempotency: {}}}\n"
+        "routes: [{name: s, prefix: /s, upstream: stub},\n"
+        "         {name: k, prefix: /k, upstream: stub, policy: k}]\n",
         ntohs(a.sin_port), stub.port) > 0);
     cr_assert_eq(h_sluice_start(&sl, cfg), 0);
     free(cfg);
@@ -101,14 +103,22 @@ Test(statsd, counters_and_timings_are_pushed)
                             NULL, 0, &r), 0);
         h_resp_free(&r);
     }
+    {
+        struct h_resp r;
+        cr_assert_eq(h_http(sl.port, "POST", "/k", "Idempotency-Key: sd-1\r\n", "x", 1, &r), 0);
+        h_resp_free(&r);
+    }
     all = collect("no such line: collect for the whole time", 2500, &max_dgram);
     cr_expect_eq(sum_counter(all, "sluice.requests:", "route:s,outcome:ok,reason:none"), 3,
                  "%s", all);
-    cr_expect_eq(sum_counter(all, "sluice.upstream_responses:", "upstream:stub,code:2xx"), 3,
+    cr_expect_eq(sum_counter(all, "sluice.upstream_responses:", "upstream:stub,code:2xx"), 4,
                  "%s", all);
     cr_expect(strstr(all, "sluice.request_duration:") && strstr(all, "|ms|#route:s"), "%s", all);
     cr_expect(strstr(all, "|ms|#upstream:stub") != NULL, "%s", all);
     cr_expect(strstr(all, "sluice.queue_age:") != NULL, "%s", all);
+    /* the store's calls, as sluice_store_duration_seconds{op} */
+    cr_expect(strstr(all, "sluice.store_duration:") && strstr(all, "|ms|#op:acquire"), "%s", all);
+    cr_expect(strstr(all, "|ms|#op:complete") != NULL, "%s", all);
     cr_expect_leq(max_dgram, 1432);
     free(all);
 }
@@ -121,6 +131,11 @@ Test(statsd, many_lines_are_split_into_small_datagrams)
     for (int i = 0; i < 60; i++) {
         struct h_resp r;
         cr_assert_eq(h_http(sl.port, "GET", "/s", NULL, NULL, 0, &r), 0);
+        h_resp_free(&r);
+    }
+    {
+        struct h_resp r;
+        cr_assert_eq(h_http(sl.port, "POST", "/k", "Idempotency-Key: sd-1\r\n", "x", 1, &r), 0);
         h_resp_free(&r);
     }
     all = collect("no such line: collect for the whole time", 2500, &max_dgram);
