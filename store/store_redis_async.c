@@ -1,5 +1,5 @@
 /* The Redis backend's asynchronous calls (store.h, store_backend.h): one
- * hiredis connection per event loop, attached to that loop's event_base,
+ * hiredis connection per event loop (two with replicas_ack), attached to that loop's event_base,
  * shared by every exchange on the loop (their commands are pipelined on it
  * and answered in order).
  *
@@ -11,7 +11,8 @@
  * connect), every call in flight completes with the error and new calls
  * fail at once (-ENOTCONN) until a new connection is made: tries after
  * 100 ms, doubling up to 5 s, on the same loop. A caller never waits
- * longer than timeout_ms for an answer.
+ * longer than timeout_ms for an answer (a completion with replicas_ack:
+ * STORE_WAIT_TIMEOUTS of them).
  *
  * Each call in flight is a small struct req of ours (hiredis's privdata):
  * cancelling clears its call pointer, so a reply that comes later is read
@@ -27,8 +28,11 @@
  * With replicas_ack, a completion is followed in the pipeline by WAIT
  * (bounded by timeout_ms) and completes only once WAIT answers; fewer
  * replicas than asked is not a failure of the call (replication_short).
- * WAIT holds up the connection, so calls issued behind it get until its
- * end to be answered.
+ * Redis holds a client's commands while its WAIT runs, so completions go
+ * on a second connection of the loop (commit), where WAIT holds up only
+ * other completions; one WAIT covers every completion sent while another
+ * runs, so a loop with no replica in reach still completes any number of
+ * them per two timeouts.
  *
  * hiredis 0.14 resolves a host name with a blocking getaddrinfo: give the
  * url an IP address or a name the host resolves locally (a Kubernetes

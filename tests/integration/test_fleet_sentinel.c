@@ -242,6 +242,38 @@ Test(sentinel, a_failover_is_followed_without_a_restart)
     cr_expect_eq(metric(1, "sluice_store_up"), 1);
 }
 
+/* A failover asked of Sentinel: the old primary lives on as a replica, so
+ * a sluice still talking to it would have its writes refused READONLY. */
+Test(sentinel, a_manual_failover_is_followed_and_the_old_primary_is_left)
+{
+    struct h_resp r;
+    uint64_t t0;
+    long long took;
+
+    cr_assert_eq(post_key(0, "man-before", "kept", &r), 0);
+    cr_assert_eq(r.status, 200, "%s", r.body ? r.body : "");
+    h_resp_free(&r);
+    cr_assert(sentinel_server_failover(&sentinel, MASTER), "SENTINEL FAILOVER refused");
+    t0 = now_ms();
+    while (sentinel_server_primary(&sentinel, MASTER) != replica.port &&
+           now_ms() - t0 < 20000)
+        usleep(100 * 1000);
+    cr_assert_eq(sentinel_server_primary(&sentinel, MASTER), replica.port,
+                 "sentinel did not move the primary within 20 s");
+    cr_assert(redis_server_wait_info(&primary, "replication", "role:slave", 10000),
+              "the old primary did not become a replica");
+    took = first_200(1, "man-after", 8000);
+    cr_expect(took >= 0, "no keyed request worked within 8 s of the switch");
+    cr_log_info("first 200 after the switch: %lld ms", took);
+    cr_assert_eq(post_key(0, "man-before", "kept", &r), 0);
+    cr_expect_eq(r.status, 200);
+    cr_expect(header_is(&r, "Idempotent-Replayed", "true"), "replayed after the switch");
+    h_resp_free(&r);
+    cr_expect(redis_server_wait_info(&primary, "keyspace", "db0:keys=", 5000),
+              "the old primary now replicates the new one");
+    cr_expect_eq(h_stub_key_stat(&stub, "man-after", "side_effects"), 1);
+}
+
 Test(replicas_ack, no_replica_in_time_is_answered_and_counted)
 {
     struct h_resp r;

@@ -140,6 +140,15 @@ bool sentinel_server_wait_replicas(const struct sentinel_server *s,
     return false;
 }
 
+bool sentinel_server_failover(const struct sentinel_server *s, const char *master)
+{
+    redisReply *r = ask(s, "SENTINEL failover %s", master);
+    bool ok = r && r->type != REDIS_REPLY_ERROR;
+
+    freeReplyObject(r);
+    return ok;
+}
+
 void sentinel_server_destroy(struct sentinel_server *s)
 {
     int status;

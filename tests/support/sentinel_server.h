@@ -30,6 +30,10 @@ unsigned sentinel_server_primary(const struct sentinel_server *s,
 bool sentinel_server_wait_replicas(const struct sentinel_server *s,
                                    const char *master, unsigned n, unsigned ms);
 
+/* SENTINEL FAILOVER master: the replica is promoted, the primary demoted,
+ * both alive. True when Sentinel accepted it. */
+bool sentinel_server_failover(const struct sentinel_server *s, const char *master);
+
 /* Stops it if running (SIGTERM, then SIGKILL) and removes its dir. */
 void sentinel_server_destroy(struct sentinel_server *s);
 
