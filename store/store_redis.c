@@ -20,7 +20,10 @@
  *
  * Here: opening, the blocking calls (one connection, a mutex around it, for
  * the admin server, start-up and tests), the commands and the reading of
- * replies. The asynchronous calls are in store_redis_async.c. */
+ * replies. The asynchronous calls are in store_redis_async.c; the primary's
+ * address, found and followed through Sentinel, in redis_sentinel.c. The
+ * blocking calls never WAIT for replicas (replicas_ack is the request
+ * path's: store_complete_async). */
 #include "store/store.h"
 
 #include <errno.h>
