@@ -47,16 +47,13 @@ void check_store(struct cfg_loader *lc, void *obj,
         return;
     /* Refused here rather than at start, so that --check-config and a reload
      * say it before a deploy does. */
-    if (!url[0])
+    if (!url[0] && cfg->store.sentinels.n)
+        err_sub(lc, pos_of(vals[SK_SENTINELS]), "url", "required with "
+                "sentinels too: its password and db apply to the primary, its "
+                "host is a first guess (redis://[:password@]host:port/db)");
+    else if (!url[0])
         err_sub(lc, pos_of(vals[SK_BACKEND]), "url", "required with backend: "
                 "redis (redis://[:password@]host:port/db)");
-    if (cfg->store.sentinels.n)
-        err_sub(lc, pos_of(vals[SK_SENTINELS]), "sentinels", "not available "
-                "in this build yet: point url at the primary");
-    if (cfg->store.replicas_ack)
-        err_sub(lc, pos_of(vals[SK_REPLICAS_ACK]), "replicas_ack", "not "
-                "available in this build yet: 0 (Redis replicates "
-                "asynchronously)");
 }
 
 void check_tls(struct cfg_loader *lc, void *obj,

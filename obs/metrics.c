@@ -77,6 +77,7 @@ static const struct family families[] = {
     {"sluice_config_reloads_total", "counter", "Config reloads, by result."},
     {"sluice_store_errors_total", "counter", "Idempotency store operations that failed."},
     {"sluice_store_commit_failures_total", "counter", "Completed results that could not be stored after the upstream answered (the worker still got the answer)."},
+    {"sluice_store_replication_timeouts_total", "counter", "Completions stored on the Redis primary that fewer than store.replicas_ack replicas confirmed within store.timeout (answered anyway)."},
     {"sluice_store_duration_seconds", "histogram", "Store calls a request waited for, from start to completion (RocksDB: at once; Redis: a round trip), by operation."},
     {"sluice_connections_refused_total", "counter", "Worker connections closed at once over limits.max_connections."},
 };
@@ -331,6 +332,8 @@ static void build_process(struct build *b)
     setl(b, "%s", "");
     b->ids->store_errors = reg(b, "sluice_store_errors_total", S_COUNTER, 0);
     b->ids->commit_failures = reg(b, "sluice_store_commit_failures_total", S_COUNTER, 0);
+    b->ids->replication_timeouts =
+        reg(b, "sluice_store_replication_timeouts_total", S_COUNTER, 0);
     b->ids->conns_refused = reg(b, "sluice_connections_refused_total", S_COUNTER, 0);
     for (int op = 0; op < ST__COUNT; op++) {
         setl(b, "op=\"%s\"", store_op_names[op]);

@@ -32,6 +32,20 @@ static unsigned resolve_threads(uint32_t threads)
     return n > 0 ? (unsigned)n : 1;
 }
 
+/* Copies the sentinels' addresses (their hosts owned by f). */
+static int fixed_sentinels(struct app_fixed *f, const struct sc_config *cfg)
+{
+    const struct sc_addr_list *l = &cfg->store.sentinels;
+
+    for (uint32_t i = 0; i < l->n; i++) {
+        f->sentinels.v[i] = l->v[i];
+        if (!(f->sentinels.v[i].host = strdup(l->v[i].host)))
+            return -ENOMEM;
+        f->sentinels.n = i + 1;
+    }
+    return 0;
+}
+
 static int fixed_init(struct app_fixed *f, const struct sc_config *cfg)
 {
     f->file = strdup(cfg->file ? cfg->file : "");
@@ -51,9 +65,12 @@ static int fixed_init(struct app_fixed *f, const struct sc_config *cfg)
     f->store_url = strdup(cfg->store.url ? cfg->store.url : "");
     f->store_prefix = strdup(cfg->store.key_prefix ? cfg->store.key_prefix : "");
     f->fleet_size = cfg->store.fleet_size;
+    f->store_master = strdup(cfg->store.master ? cfg->store.master : "");
+    f->replicas_ack = cfg->store.replicas_ack;
     f->statsd = strdup(cfg->metrics.statsd ? cfg->metrics.statsd : "");
     return f->file && f->listen.host && f->admin.host && f->store_path &&
-                   f->statsd && f->store_url && f->store_prefix
+                   f->statsd && f->store_url && f->store_prefix &&
+                   f->store_master && fixed_sentinels(f, cfg) == 0
                ? 0 : -ENOMEM;
 }
 
@@ -65,6 +82,9 @@ static void fixed_free(struct app_fixed *f)
     free(f->store_path);
     free(f->store_url);
     free(f->store_prefix);
+    free(f->store_master);
+    for (uint32_t i = 0; i < f->sentinels.n; i++)
+        free(f->sentinels.v[i].host);
     free(f->statsd);
     memset(f, 0, sizeof *f);
 }
@@ -122,6 +142,7 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
 static int open_redis(struct app *app, struct sc_error *err)
 {
     const struct app_fixed *f = &app->fixed;
+    struct store_redis_addr sentinels[SC_ADDR_LIST_MAX];
     struct sc_redis_url u;
     struct store_redis_opts o;
     char buf[1024];
@@ -129,9 +150,14 @@ static int open_redis(struct app *app, struct sc_error *err)
 
     if (rc != 0)
         return rc;
+    for (uint32_t i = 0; i < f->sentinels.n; i++)
+        sentinels[i] = (struct store_redis_addr){f->sentinels.v[i].host,
+                                                 f->sentinels.v[i].port};
     o = (struct store_redis_opts){
         .host = u.host, .port = u.port, .password = u.password, .db = u.db,
         .timeout_ms = f->store_timeout_ms, .prefix = f->store_prefix,
+        .sentinels = sentinels, .n_sentinels = f->sentinels.n,
+        .master = f->store_master, .replicas_ack = f->replicas_ack,
     };
     return store_open_redis(&o, &app->store, err);
 }
@@ -243,6 +269,17 @@ static bool addr_eq(const struct sc_addr *a, const struct sc_addr *b)
     return a->port == b->port && strcmp(a->host, b->host) == 0;
 }
 
+static bool sentinels_eq(const struct sc_addr_list *a,
+                         const struct sc_addr_list *b)
+{
+    if (a->n != b->n)
+        return false;
+    for (uint32_t i = 0; i < a->n; i++)
+        if (!addr_eq(&a->v[i], &b->v[i]))
+            return false;
+    return true;
+}
+
 /* Keys bound or sized at start: a reload that changes one is refused
  * whole, so nobody believes a change took effect when it did not. */
 static int check_fixed(const struct app_fixed *f, const struct sc_config *c,
@@ -266,6 +303,9 @@ static int check_fixed(const struct app_fixed *f, const struct sc_config *c,
          strcmp(f->store_url, c->store.url ? c->store.url : "") ||
          strcmp(f->store_prefix, c->store.key_prefix ? c->store.key_prefix : "") ||
          f->fleet_size != c->store.fleet_size ||
+         !sentinels_eq(&f->sentinels, &c->store.sentinels) ||
+         strcmp(f->store_master, c->store.master ? c->store.master : "") ||
+         f->replicas_ack != c->store.replicas_ack ||
          (f->backend == SC_BACKEND_REDIS && f->store_timeout_ms != c->store.timeout_ms)) &&
         ++bad)
         fprintf(out, "%s: store changed: it needs a restart (the running config is "

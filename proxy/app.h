@@ -34,6 +34,9 @@ struct app_fixed {
     enum sc_backend backend;
     char *store_url;            /* redis */
     char *store_prefix;         /* redis: key_prefix */
+    struct sc_addr_list sentinels; /* redis: hosts owned */
+    char *store_master;         /* redis: with sentinels */
+    uint32_t replicas_ack;      /* redis */
     uint32_t fleet_size;        /* sizes the shared policies' fallback */
     char *statsd;               /* "" = off */
 };

@@ -274,6 +274,17 @@ static int start_complete(struct exchange *ex)
 
 static void completed(struct exchange *ex)
 {
+    struct app *app = ex->loop->app;
+
+    if (ex->scall->rc == 0 && ex->scall->replication_short) {
+        /* Stored on the primary, not yet confirmed by replicas_ack
+         * replicas: answered anyway (the side effect happened); a failover
+         * now could lose it, which the counter makes visible. */
+        metrics_add(&app->metrics.shards[ex->loop->idx],
+                    ex->rt->ids.replication_timeouts, 1);
+        log_debug("policy %s: a completed result is not confirmed by "
+                  "store.replicas_ack replicas yet", scope(ex));
+    }
     if (ex->scall->rc == 0)
         return;
     /* The side effect happened; the worker must still learn the truth.

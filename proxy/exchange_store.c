@@ -41,7 +41,10 @@ enum ex_verdict ex_store_wait(struct exchange *ex, uint64_t now,
                               int (*start)(struct exchange *ex), bool first,
                               enum store_timed_op op)
 {
-    uint64_t timeout_ms = ex->loop->app->fixed.store_timeout_ms;
+    const struct app_fixed *f = &ex->loop->app->fixed;
+    /* A completion's WAIT for replicas is not an outage: it has longer. */
+    uint64_t timeout_ms = f->store_timeout_ms *
+        (op == ST_COMPLETE && f->replicas_ack ? STORE_WAIT_TIMEOUTS : 1);
 
     if (first && !ex->scall && !(ex->scall = calloc(1, sizeof *ex->scall))) {
         ex_refuse(ex, 500, OUT_REJECTED, R_INTERNAL, "out of memory");

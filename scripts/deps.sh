@@ -21,23 +21,24 @@ libsystemd-dev libhiredis-dev curl"
 
 # Criterion runs the unit and integration tests; openssl makes their
 # certificates; promtool (only in Debian's prometheus package) checks the metrics
-# output and the alert rules; redis-server, Python, Go and Node.js run the
+# output and the alert rules; redis-server (and redis-sentinel, its own package
+# on Debian 12, for the failover test), Python, Go and Node.js run the
 # burst-and-restart experiment with each worker example (the Go one
 # on Debian's redigo, built offline in GOPATH mode); systemd brings
 # systemd-analyze for the unit file check. clang builds the fuzz targets:
 # libFuzzer and the sanitizer runtimes are in libclang-rt-14-dev, which clang
 # only recommends; llvm-14 brings llvm-symbolizer for readable stacks.
-TEST_PKGS="libcriterion-dev openssl prometheus redis-server python3 python3-redis
+TEST_PKGS="libcriterion-dev openssl prometheus redis-server redis-sentinel python3 python3-redis
 python3-yaml golang-go golang-github-gomodule-redigo-dev systemd clang libclang-rt-14-dev llvm-14"
 
 # tests/bench drives load with wrk and compares with nginx.
 BENCH_PKGS="wrk nginx-light"
 
 # Services that Debian starts when it installs their package, and that no
-# command of ours uses: the tests start redis-server and nothing else as their
+# command of ours uses: the tests start redis-server and redis-sentinel as their
 # own processes, on their own ports (promtool is all they take from prometheus,
 # whose server would listen on every interface).
-UNWANTED_SERVICES="redis-server prometheus"
+UNWANTED_SERVICES="redis-server redis-sentinel prometheus"
 
 # No argument means test: what callers written before the split got.
 case "${1:-test}" in

@@ -263,6 +263,12 @@ bool redis_reply_noscript(const redisReply *r)
            strncmp(r->str, "NOSCRIPT", 8) == 0;
 }
 
+bool redis_reply_readonly(const redisReply *r)
+{
+    return r && r->type == REDIS_REPLY_ERROR && r->str &&
+           strncmp(r->str, "READONLY", 8) == 0;
+}
+
 int redis_unexpected(const struct redis_store *st,
                       const struct rcmd_info *info, struct sc_error *err)
 {

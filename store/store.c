@@ -153,6 +153,7 @@ static int start(struct store_loop *sl, struct store_call *c, enum store_op op,
     struct store *st = sl->st;
 
     memset(&c->err, 0, sizeof c->err);
+    c->replication_short = false;
     c->loop = sl;
     c->pending = NULL;
     if (st->ops->start)

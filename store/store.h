@@ -59,11 +59,28 @@ struct store;
  * err. */
 int store_open_rocksdb(const char *path, bool sync, struct store **out,
                        struct sc_error *err);
+/* A Redis Sentinel's address. */
+struct store_redis_addr {
+    const char *host;
+    unsigned port;
+};
+
+#define STORE_SENTINELS_MAX 8
+
+/* With replicas_ack, a completion answers within this many timeout_ms:
+ * what is left of a WAIT already in flight, its own WAIT, its reply. */
+#define STORE_WAIT_TIMEOUTS 3
+
 /* Where the Redis store lives (docs/contract.md §10). The strings are
- * copied by store_open_redis. */
+ * copied by store_open_redis. With sentinels, host and port are a first
+ * guess: the primary is the one the sentinels name for master. */
 struct store_redis_opts {
     const char *host;
     unsigned port;
+    const struct store_redis_addr *sentinels; /* asked in turn, without AUTH */
+    unsigned n_sentinels;                     /* 0: host is the primary */
+    const char *master;                       /* with sentinels */
+    unsigned replicas_ack; /* > 0: a completion WAITs for that many replicas */
     const char *password; /* NULL: none (no AUTH) */
     unsigned db;          /* SELECTed when not 0 */
     uint64_t timeout_ms;  /* connect and per-command; 0: 100 ms */
@@ -201,6 +218,9 @@ struct store_call {
     struct store_acquire_out acq;   /* acquire (acq.rec: clear it after) */
     struct store_permit permit;     /* permit */
     struct store_slot slot;         /* slot_take */
+    bool replication_short;         /* complete with replicas_ack: written,
+                                       but fewer replicas confirmed it
+                                       within the timeout */
     struct store_loop *loop;        /* where it was issued */
     void *pending;                  /* the backend's, while in flight */
 };

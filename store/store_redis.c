@@ -20,7 +20,10 @@
  *
  * Here: opening, the blocking calls (one connection, a mutex around it, for
  * the admin server, start-up and tests), the commands and the reading of
- * replies. The asynchronous calls are in store_redis_async.c. */
+ * replies. The asynchronous calls are in store_redis_async.c; the primary's
+ * address, found and followed through Sentinel, in redis_sentinel.c. The
+ * blocking calls never WAIT for replicas (replicas_ack is the request
+ * path's: store_complete_async). */
 #include "store/store.h"
 
 #include <errno.h>
@@ -64,6 +67,7 @@ static int conn_broken(struct redis_store *st, int saved_errno,
                      st->ctx->errstr[0] ? st->ctx->errstr : "connection lost");
     redisFree(st->ctx);
     st->ctx = NULL;
+    redis_sentinel_reask(st);
     return timeout ? -ETIMEDOUT : -EIO;
 }
 
@@ -109,10 +113,12 @@ static int handshake(struct redis_store *st, struct sc_error *err)
 
 static int connect_blocking(struct redis_store *st, struct sc_error *err)
 {
+    char host[REDIS_HOST_MAX];
+    unsigned port;
     int rc;
 
-    st->ctx = redisConnectWithTimeout(st->host, (int)st->port,
-                                      ms_tv(st->timeout_ms));
+    redis_primary(st, host, &port, &st->ctx_gen);
+    st->ctx = redisConnectWithTimeout(host, (int)port, ms_tv(st->timeout_ms));
     if (!st->ctx) {
         sc_error_set(err, "store: out of memory");
         return -ENOMEM;
@@ -122,6 +128,7 @@ static int connect_blocking(struct redis_store *st, struct sc_error *err)
                      st->ctx->errstr);
         redisFree(st->ctx);
         st->ctx = NULL;
+        redis_sentinel_reask(st);
         return -ENOTCONN;
     }
     redisSetTimeout(st->ctx, ms_tv(st->timeout_ms));
@@ -134,12 +141,24 @@ static int connect_blocking(struct redis_store *st, struct sc_error *err)
 
 /* An idle request/response connection has nothing to read: if its socket
  * is readable, Redis closed it (a restart, a timeout on its side), and a
- * command sent there would fail for nothing. */
-static bool stale(redisContext *ctx)
+ * command sent there would fail for nothing. One made to a primary the
+ * sentinels no longer name is stale too. */
+static bool stale(struct redis_store *st)
 {
-    struct pollfd p = {.fd = ctx->fd, .events = POLLIN};
+    struct pollfd p = {.fd = st->ctx->fd, .events = POLLIN};
 
-    return poll(&p, 1, 0) != 0;
+    return st->ctx_gen != redis_primary_gen(st) || poll(&p, 1, 0) != 0;
+}
+
+/* A write refused by a demoted primary: the next command connects to the
+ * one the sentinels name. */
+static void check_readonly(struct redis_store *st, const redisReply *r)
+{
+    if (!redis_reply_readonly(r))
+        return;
+    redisFree(st->ctx);
+    st->ctx = NULL;
+    redis_sentinel_reask(st);
 }
 
 /* Runs one command, connecting first when there is no connection, and
@@ -152,7 +171,7 @@ static int run_locked(struct redis_store *st, int argc, const char **argv,
     redisReply *r = NULL;
     int rc = 0;
 
-    if (st->ctx && stale(st->ctx)) {
+    if (st->ctx && stale(st)) {
         redisFree(st->ctx);
         st->ctx = NULL;
     }
@@ -172,6 +191,8 @@ static int run_locked(struct redis_store *st, int argc, const char **argv,
         freeReplyObject(l);
         r = command(st, argc, argv, len, argv[0], &rc, err);
     }
+    if (r)
+        check_readonly(st, r);
 out:
     atomic_store(&st->healthy, r && r->type != REDIS_REPLY_ERROR);
     *out = r;
@@ -408,7 +429,7 @@ static bool redis_healthy(struct store *base)
     if (!st)
         return false;
     pthread_mutex_lock(&st->lock);
-    ok = atomic_load(&st->healthy) && st->ctx && !stale(st->ctx);
+    ok = atomic_load(&st->healthy) && st->ctx && !stale(st);
     pthread_mutex_unlock(&st->lock);
     if (ok)
         return true;
@@ -453,15 +474,29 @@ static void set_prefix(struct redis_store *st, const char *prefix)
              prefix[n - 1] == ':' ? "" : ":");
 }
 
+/* Messages name the url's host, or the master: with sentinels the
+ * primary's address changes under them. */
+static void set_addr(struct redis_store *st, const struct store_redis_opts *o)
+{
+    if (o->n_sentinels)
+        snprintf(st->addr, sizeof st->addr, "master %.*s", REDIS_HOST_MAX,
+                 o->master ? o->master : "");
+    else
+        snprintf(st->addr, sizeof st->addr,
+                 strchr(o->host, ':') ? "[%s]:%u" : "%s:%u", o->host, o->port);
+}
+
 static void redis_close(struct store *base)
 {
     struct redis_store *st = rs(base);
 
     if (!st)
         return;
+    redis_sentinel_stop(st);
     redisFree(st->ctx);
     free(st->password);
     pthread_mutex_destroy(&st->lock);
+    pthread_mutex_destroy(&st->primary_lock);
     free(st);
 }
 
@@ -479,16 +514,21 @@ int store_open_redis(const struct store_redis_opts *o, struct store **out,
         goto nomem;
     st->base.ops = &redis_ops;
     pthread_mutex_init(&st->lock, NULL);
+    pthread_mutex_init(&st->primary_lock, NULL);
     snprintf(st->host, sizeof st->host, "%s", o->host);
     st->port = o->port;
     st->db = o->db;
+    st->replicas_ack = o->replicas_ack;
     st->timeout_ms = o->timeout_ms ? o->timeout_ms : DEFAULT_TIMEOUT_MS;
     set_prefix(st, o->prefix);
-    snprintf(st->addr, sizeof st->addr, strchr(o->host, ':') ? "[%s]:%u" : "%s:%u",
-             o->host, o->port);
+    set_addr(st, o);
     if (o->password && !(st->password = strdup(o->password))) {
         redis_close(&st->base);
         goto nomem;
+    }
+    if ((rc = redis_sentinel_start(st, o, err)) != 0) {
+        redis_close(&st->base);
+        return rc;
     }
     /* A first connection now, so a healthy Redis is ready at once; its
      * failure is the store's health, not the open's. */

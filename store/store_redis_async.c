@@ -1,5 +1,5 @@
 /* The Redis backend's asynchronous calls (store.h, store_backend.h): one
- * hiredis connection per event loop, attached to that loop's event_base,
+ * hiredis connection per event loop (two with replicas_ack), attached to that loop's event_base,
  * shared by every exchange on the loop (their commands are pipelined on it
  * and answered in order).
  *
@@ -11,12 +11,28 @@
  * connect), every call in flight completes with the error and new calls
  * fail at once (-ENOTCONN) until a new connection is made: tries after
  * 100 ms, doubling up to 5 s, on the same loop. A caller never waits
- * longer than timeout_ms for an answer.
+ * longer than timeout_ms for an answer (a completion with replicas_ack:
+ * STORE_WAIT_TIMEOUTS of them).
  *
  * Each call in flight is a small struct req of ours (hiredis's privdata):
  * cancelling clears its call pointer, so a reply that comes later is read
  * and dropped; hiredis runs every callback exactly once, with a NULL reply
  * when the connection goes, and that is where a req is freed.
+ *
+ * With sentinels (redis_sentinel.c) the address connected to is the one
+ * they name now: a lost connection or a write refused as READONLY (a
+ * demoted primary) asks them again and reconnects with the same backoff;
+ * a call started after they named another primary moves the loop there at
+ * once (the old connection's calls in flight end with an error).
+ *
+ * With replicas_ack, a completion is followed in the pipeline by WAIT
+ * (bounded by timeout_ms) and completes only once WAIT answers; fewer
+ * replicas than asked is not a failure of the call (replication_short).
+ * Redis holds a client's commands while its WAIT runs, so completions go
+ * on a second connection of the loop (commit), where WAIT holds up only
+ * other completions; one WAIT covers every completion sent while another
+ * runs, so a loop with no replica in reach still completes any number of
+ * them per two timeouts.
  *
  * hiredis 0.14 resolves a host name with a blocking getaddrinfo: give the
  * url an IP address or a name the host resolves locally (a Kubernetes
@@ -46,10 +62,20 @@ enum conn_state {
 
 struct req;
 
-struct rloop {
-    struct store_loop base;     /* first: the generic part */
+struct rloop;
+
+/* One connection of a loop, and the calls in flight on it. */
+struct rconn {
+    struct rloop *loop;
     struct redis_store *st;
     redisAsyncContext *ac;      /* NULL while down */
+    unsigned gen;               /* the primary's generation ac was made to */
+    redisAsyncContext *old;     /* left for another primary: freed by reap */
+    struct event *reap;
+    uint64_t wait_seq;          /* of the last WAIT sent */
+    uint64_t wait_busy;         /* the WAIT in flight on ac; 0: none */
+    bool wait_owed;             /* completions sent since: one WAIT for
+                                   them all when wait_busy answers */
     enum conn_state state;
     int handshake_sent, handshake_left;
     uint64_t ready_by_ns;       /* the connection attempt's deadline */
@@ -57,13 +83,21 @@ struct rloop {
     struct event *retry;        /* the next connection attempt */
     struct event *watchdog;     /* replies and connects that take too long */
     struct req *head, *tail;    /* in flight, oldest first */
-    bool freeing;               /* in loop_free: no completion runs */
     int down_rc;                /* what calls lost with the connection get */
     char why[200];              /* why it is down */
 };
 
+enum { CONN_MAIN, CONN_COMMIT };
+
+struct rloop {
+    struct store_loop base;     /* first: the generic part */
+    struct rconn conn[2];       /* main; commit: completions with WAIT */
+    unsigned n_conn;            /* 2 with replicas_ack, else 1 */
+    bool freeing;               /* in loop_free: no completion runs */
+};
+
 struct req {
-    struct rloop *rl;
+    struct rconn *cn;
     struct store_call *call;    /* NULL once cancelled */
     struct req *prev, *next;
     struct rcmd_info info;
@@ -71,96 +105,102 @@ struct req {
     char *cmd;                  /* the formatted command, kept for a retry */
     int cmd_len;
     bool retried;               /* sent again after NOSCRIPT */
+    redisAsyncContext *ac;      /* sent on */
+    uint64_t wait_seq;          /* the WAIT that covers it; 0: none */
+    bool filled;                /* its call has the command's result */
 };
 
-static void rl_connect(struct rloop *rl);
+static void conn_connect(struct rconn *cn);
+static void settle_waiters(struct rconn *cn, const redisAsyncContext *ac,
+                           uint64_t seq, const redisReply *r);
 
 static struct rloop *rloop_of(struct store_loop *sl)
 {
     return (struct rloop *)sl;
 }
 
-static uint64_t timeout_ns(const struct rloop *rl)
+static uint64_t timeout_ns(const struct rconn *cn)
 {
-    return rl->st->timeout_ms * NS_PER_MS;
+    return cn->st->timeout_ms * NS_PER_MS;
 }
 
 /* ---- the in-flight list (for the watchdog) ---- */
 
-static void link_req(struct rloop *rl, struct req *q)
+static void link_req(struct rconn *cn, struct req *q)
 {
-    q->prev = rl->tail;
-    if (rl->tail)
-        rl->tail->next = q;
+    q->prev = cn->tail;
+    if (cn->tail)
+        cn->tail->next = q;
     else
-        rl->head = q;
-    rl->tail = q;
+        cn->head = q;
+    cn->tail = q;
 }
 
-static void unlink_req(struct rloop *rl, struct req *q)
+static void unlink_req(struct rconn *cn, struct req *q)
 {
     if (q->prev)
         q->prev->next = q->next;
     else
-        rl->head = q->next;
+        cn->head = q->next;
     if (q->next)
         q->next->prev = q->prev;
     else
-        rl->tail = q->prev;
+        cn->tail = q->prev;
 }
 
 /* Armed for the earliest deadline: the connection attempt's, or the oldest
  * call's (calls are issued, hence due, in list order). */
-static void arm_watchdog(struct rloop *rl)
+static void arm_watchdog(struct rconn *cn)
 {
     uint64_t due = UINT64_MAX, now = clock_mono_ns();
     struct timeval tv;
 
-    if (rl->state == CONN_CONNECTING)
-        due = rl->ready_by_ns;
-    if (rl->head && rl->head->deadline_ns < due)
-        due = rl->head->deadline_ns;
+    if (cn->state == CONN_CONNECTING)
+        due = cn->ready_by_ns;
+    if (cn->head && cn->head->deadline_ns < due)
+        due = cn->head->deadline_ns;
     if (due == UINT64_MAX) {
-        evtimer_del(rl->watchdog);
+        evtimer_del(cn->watchdog);
         return;
     }
     tv = clock_ns_to_tv(due > now ? due - now : 0);
-    evtimer_add(rl->watchdog, &tv);
+    evtimer_add(cn->watchdog, &tv);
 }
 
 /* ---- losing the connection ---- */
 
 /* The connection is gone (hiredis frees it, or conn_drop does): new calls
  * fail at once, and a new attempt is scheduled. */
-static void conn_lost(struct rloop *rl, int rc, const char *fmt, ...)
+static void conn_lost(struct rconn *cn, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-static void conn_lost(struct rloop *rl, int rc, const char *fmt, ...)
+static void conn_lost(struct rconn *cn, int rc, const char *fmt, ...)
 {
-    struct timeval tv = clock_ms_to_tv(rl->backoff_ms);
+    struct timeval tv = clock_ms_to_tv(cn->backoff_ms);
     va_list ap;
 
     va_start(ap, fmt);
-    vsnprintf(rl->why, sizeof rl->why, fmt, ap);
+    vsnprintf(cn->why, sizeof cn->why, fmt, ap);
     va_end(ap);
-    rl->ac = NULL;
-    rl->state = CONN_DOWN;
-    rl->down_rc = rc;
-    if (rl->freeing)
+    cn->ac = NULL;
+    cn->state = CONN_DOWN;
+    cn->down_rc = rc;
+    if (cn->loop->freeing)
         return;
-    evtimer_add(rl->retry, &tv);
-    rl->backoff_ms = rl->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
-                                                         : rl->backoff_ms * 2;
+    redis_sentinel_reask(cn->st);
+    evtimer_add(cn->retry, &tv);
+    cn->backoff_ms = cn->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
+                                                         : cn->backoff_ms * 2;
 }
 
 /* Closes the connection on our side: the calls in flight complete (with
- * rl->why) from inside redisAsyncFree, or right after the callback that
+ * cn->why) from inside redisAsyncFree, or right after the callback that
  * called this returns. */
-static void conn_drop(struct rloop *rl, int rc, const char *why)
+static void conn_drop(struct rconn *cn, int rc, const char *why)
 {
-    redisAsyncContext *ac = rl->ac;
+    redisAsyncContext *ac = cn->ac;
 
-    conn_lost(rl, rc, "%s", why);
+    conn_lost(cn, rc, "%s", why);
     if (ac)
         redisAsyncFree(ac);
 }
@@ -172,42 +212,48 @@ static const char *ac_reason(const redisAsyncContext *ac)
 
 static void on_connect(const redisAsyncContext *ac, int status)
 {
-    struct rloop *rl = ac->data;
+    struct rconn *cn = ac->data;
 
     /* On failure hiredis frees ac once this returns. */
-    if (status != REDIS_OK && rl->ac == ac)
-        conn_lost(rl, -ENOTCONN, "cannot connect: %s", ac_reason(ac));
+    if (status != REDIS_OK && cn->old == ac)
+        cn->old = NULL;
+    if (status != REDIS_OK && cn->ac == ac)
+        conn_lost(cn, -ENOTCONN, "cannot connect: %s", ac_reason(ac));
 }
 
 static void on_disconnect(const redisAsyncContext *ac, int status)
 {
-    struct rloop *rl = ac->data;
+    struct rconn *cn = ac->data;
 
-    if (rl->ac == ac)
-        conn_lost(rl, -EIO, "%s", ac_reason(ac));
+    if (cn->old == ac)
+        cn->old = NULL; /* hiredis frees it once this returns */
+    if (cn->ac == ac)
+        conn_lost(cn, -EIO, "%s", ac_reason(ac));
+    /* Written, but their WAIT will never answer: not confirmed. */
+    settle_waiters(cn, ac, UINT64_MAX, NULL);
 }
 
 static void on_watchdog(evutil_socket_t fd, short what, void *arg)
 {
-    struct rloop *rl = arg;
+    struct rconn *cn = arg;
     uint64_t now = clock_mono_ns();
     char why[96];
 
-    if (rl->state == CONN_CONNECTING && now >= rl->ready_by_ns) {
+    if (cn->state == CONN_CONNECTING && now >= cn->ready_by_ns) {
         snprintf(why, sizeof why, "no answer within %llu ms of connecting",
-                 (unsigned long long)rl->st->timeout_ms);
-        conn_drop(rl, -ETIMEDOUT, why);
-    } else if (rl->ac && rl->head && now >= rl->head->deadline_ns) {
+                 (unsigned long long)cn->st->timeout_ms);
+        conn_drop(cn, -ETIMEDOUT, why);
+    } else if (cn->ac && cn->head && now >= cn->head->deadline_ns) {
         snprintf(why, sizeof why, "no reply within %llu ms",
-                 (unsigned long long)rl->st->timeout_ms);
-        conn_drop(rl, -ETIMEDOUT, why);
+                 (unsigned long long)cn->st->timeout_ms);
+        conn_drop(cn, -ETIMEDOUT, why);
     }
-    arm_watchdog(rl);
+    arm_watchdog(cn);
 }
 
 static void on_retry(evutil_socket_t fd, short what, void *arg)
 {
-    rl_connect(arg);
+    conn_connect(arg);
 }
 
 /* ---- connecting ---- */
@@ -216,73 +262,79 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
  * connection ready; an error reply (a wrong password, a bad db) drops it. */
 static void on_handshake(redisAsyncContext *ac, void *reply, void *priv)
 {
-    struct rloop *rl = priv;
+    struct rconn *cn = priv;
     redisReply *r = reply;
     const char *argv[3];
     size_t len[3];
     char db[16], why[160];
 
-    if (rl->ac != ac)
+    if (cn->ac != ac)
         return; /* an old connection, or loop_free */
     if (!r) {
-        conn_lost(rl, -EIO, "%s", ac_reason(ac));
+        conn_lost(cn, -EIO, "%s", ac_reason(ac));
         return;
     }
     if (r->type == REDIS_REPLY_ERROR) {
-        redis_handshake_cmd(rl->st, rl->handshake_sent - rl->handshake_left,
+        redis_handshake_cmd(cn->st, cn->handshake_sent - cn->handshake_left,
                             argv, len, db, sizeof db);
         snprintf(why, sizeof why, "%s failed: %s", argv[0], r->str);
-        conn_drop(rl, -EIO, why);
+        conn_drop(cn, -EIO, why);
         return;
     }
-    if (--rl->handshake_left == 0) {
-        rl->state = CONN_READY;
-        rl->backoff_ms = BACKOFF_MIN_MS;
-        arm_watchdog(rl);
+    if (--cn->handshake_left == 0) {
+        cn->state = CONN_READY;
+        cn->backoff_ms = BACKOFF_MIN_MS;
+        arm_watchdog(cn);
     }
 }
 
-static void send_handshake(struct rloop *rl)
+static void send_handshake(struct rconn *cn)
 {
     const char *argv[3];
     size_t len[3];
     char db[16];
     int argc;
 
-    rl->handshake_sent = 0;
-    while ((argc = redis_handshake_cmd(rl->st, rl->handshake_sent, argv, len,
+    cn->handshake_sent = 0;
+    while ((argc = redis_handshake_cmd(cn->st, cn->handshake_sent, argv, len,
                                        db, sizeof db)) > 0) {
-        redisAsyncCommandArgv(rl->ac, on_handshake, rl, argc, argv, len);
-        rl->handshake_sent++;
+        redisAsyncCommandArgv(cn->ac, on_handshake, cn, argc, argv, len);
+        cn->handshake_sent++;
     }
-    rl->handshake_left = rl->handshake_sent;
+    cn->handshake_left = cn->handshake_sent;
 }
 
-static void rl_connect(struct rloop *rl)
+static void conn_connect(struct rconn *cn)
 {
-    struct redis_store *st = rl->st;
-    redisAsyncContext *ac = redisAsyncConnect(st->host, (int)st->port);
+    char host[REDIS_HOST_MAX];
+    unsigned port;
+    redisAsyncContext *ac;
+
+    redis_primary(cn->st, host, &port, &cn->gen);
+    ac = redisAsyncConnect(host, (int)port);
 
     if (!ac || ac->err) {
-        conn_lost(rl, -ENOTCONN, "cannot connect: %s",
+        conn_lost(cn, -ENOTCONN, "cannot connect: %s",
                   ac ? ac_reason(ac) : "out of memory");
         if (ac)
             redisAsyncFree(ac);
         return;
     }
-    ac->data = rl;
-    if (redisLibeventAttach(ac, rl->base.base) != REDIS_OK) {
-        conn_lost(rl, -ENOMEM, "cannot watch the connection");
+    ac->data = cn;
+    if (redisLibeventAttach(ac, cn->loop->base.base) != REDIS_OK) {
+        conn_lost(cn, -ENOMEM, "cannot watch the connection");
         redisAsyncFree(ac);
         return;
     }
     redisAsyncSetConnectCallback(ac, on_connect);
     redisAsyncSetDisconnectCallback(ac, on_disconnect);
-    rl->ac = ac;
-    rl->state = CONN_CONNECTING;
-    rl->ready_by_ns = clock_mono_ns() + timeout_ns(rl);
-    send_handshake(rl);
-    arm_watchdog(rl);
+    cn->ac = ac;
+    cn->wait_busy = 0; /* a new connection has no WAIT in flight */
+    cn->wait_owed = false;
+    cn->state = CONN_CONNECTING;
+    cn->ready_by_ns = clock_mono_ns() + timeout_ns(cn);
+    send_handshake(cn);
+    arm_watchdog(cn);
 }
 
 /* ---- calls ---- */
@@ -293,23 +345,16 @@ static void req_free(struct req *q)
     free(q);
 }
 
-/* The call's completion, from its reply (NULL: the connection went). */
-static void finish(struct req *q, const redisReply *r)
+/* The call's result, from its command's reply (NULL: the connection
+ * went). */
+static void fill(struct req *q, struct store_call *c, const redisReply *r)
 {
-    struct rloop *rl = q->rl;
-    struct store_call *c = q->call;
+    struct rconn *cn = q->cn;
     const struct rcmd_info *info = &q->info;
 
-    unlink_req(rl, q);
-    if (!c || rl->freeing) {
-        /* Cancelled; or the loop is going: no completion runs. */
-        if (c)
-            c->pending = NULL;
-        req_free(q);
-        return;
-    }
+    q->filled = true;
     if (r)
-        c->rc = rcmd_result(rl->st, info, r,
+        c->rc = rcmd_result(cn->st, info, r,
                             &(struct rcmd_out){
                                 .rec = info->op == STORE_OP_GET ? &c->rec : NULL,
                                 .acq = info->op == STORE_OP_ACQUIRE ? &c->acq : NULL,
@@ -318,19 +363,131 @@ static void finish(struct req *q, const redisReply *r)
                             },
                             &c->err);
     else {
-        sc_error_set(&c->err, "store: redis at %s: %s: %s", rl->st->addr,
-                     info->name, rl->why);
-        c->rc = rl->down_rc;
+        sc_error_set(&c->err, "store: redis at %s: %s: %s", cn->st->addr,
+                     info->name, cn->why);
+        c->rc = cn->down_rc;
     }
+}
+
+/* Ends q: its call's done runs unless it was cancelled or the loop is
+ * going; false when it does not (q is freed either way). */
+static bool settle(struct req *q)
+{
+    struct rconn *cn = q->cn;
+    struct store_call *c = q->call;
+
+    unlink_req(cn, q);
     req_free(q);
-    c->pending = NULL;
-    c->done(c);
+    if (c)
+        c->pending = NULL;
+    return c && !cn->loop->freeing;
+}
+
+/* The call's completion, from its reply (NULL: the connection went). */
+static void finish(struct req *q, const redisReply *r)
+{
+    struct store_call *c = q->call;
+
+    if (c && !q->cn->loop->freeing && !q->filled)
+        fill(q, c, r);
+    if (settle(q))
+        c->done(c);
+}
+
+/* A completion's WAIT answered (NULL: the connection went): the call
+ * completes with its command's result, and says whether the replicas
+ * fell short. */
+static void finish_wait(struct req *q, const redisReply *r)
+{
+    struct store_call *c = q->call;
+    long long want = q->cn->st->replicas_ack;
+
+    if (c && !q->cn->loop->freeing)
+        c->replication_short = c->rc == 0 &&
+            !(r && r->type == REDIS_REPLY_INTEGER && r->integer >= want);
+    if (settle(q))
+        c->done(c);
+}
+
+/* Completes the completions sent on ac that WAIT seq (or an earlier one)
+ * covers. Those added meanwhile (by a done) are not filled yet. */
+static void settle_waiters(struct rconn *cn, const redisAsyncContext *ac,
+                           uint64_t seq, const redisReply *r)
+{
+    struct req *q = cn->head, *next;
+
+    for (; q; q = next) {
+        next = q->next;
+        if (q->ac == ac && q->filled && q->wait_seq && q->wait_seq <= seq)
+            finish_wait(q, r);
+    }
 }
 
 static void on_reply(redisAsyncContext *ac, void *reply, void *priv);
+static bool send_wait(struct rconn *cn);
+
+/* What a WAIT's callback needs: the completions it covers are found by
+ * their sequence number (WAIT is sent for several, and its reply may come
+ * after a move to another primary). */
+struct wait_tag {
+    struct rconn *cn;
+    uint64_t seq;
+};
+
+static void on_wait(redisAsyncContext *ac, void *reply, void *priv)
+{
+    struct wait_tag *t = priv;
+    struct rconn *cn = t->cn;
+    uint64_t seq = t->seq;
+
+    free(t);
+    if (!reply && cn->ac == ac)
+        conn_lost(cn, -EIO, "%s", ac_reason(ac)); /* hiredis frees ac */
+    if (cn->ac == ac && cn->wait_busy == seq) {
+        /* Sent before the completions settle, whose done may send more. */
+        cn->wait_busy = 0;
+        if (cn->wait_owed)
+            send_wait(cn);
+    }
+    settle_waiters(cn, ac, seq, reply);
+}
+
+/* WAIT <replicas_ack> <timeout_ms> on the connection the completions went
+ * on (WAIT counts the replicas that have its client's writes so far). */
+static bool send_wait(struct rconn *cn)
+{
+    struct wait_tag *t = malloc(sizeof *t);
+
+    if (!t)
+        return false;
+    *t = (struct wait_tag){cn, cn->wait_seq + 1};
+    if (redisAsyncCommand(cn->ac, on_wait, t, "WAIT %u %llu",
+                          cn->st->replicas_ack,
+                          (unsigned long long)cn->st->timeout_ms) != REDIS_OK) {
+        free(t);
+        return false;
+    }
+    cn->wait_seq = t->seq;
+    cn->wait_busy = t->seq;
+    cn->wait_owed = false;
+    return true;
+}
+
+/* q's command was just sent: the WAIT that will cover it, sent now when
+ * none is in flight, else owed: one WAIT for all of them once the one in
+ * flight answers (Redis holds the connection's commands meanwhile
+ * anyway). 0 when no WAIT can be sent: q completes with its reply. */
+static uint64_t cover(struct rconn *cn)
+{
+    if (!cn->wait_busy)
+        return send_wait(cn) ? cn->wait_seq : 0;
+    cn->wait_owed = true;
+    return cn->wait_seq + 1;
+}
 
 /* After NOSCRIPT (a restarted or failed-over Redis, SCRIPT FLUSH): the
- * script is loaded again and the call sent again behind it, once. */
+ * script is loaded again and the call sent again behind it, once (covered
+ * by a later WAIT: the one it had answers before it is applied). */
 static bool resend(redisAsyncContext *ac, struct req *q)
 {
     const char *body = redis_script_body((enum redis_script)q->info.script);
@@ -338,27 +495,40 @@ static bool resend(redisAsyncContext *ac, struct req *q)
     size_t len[] = {6, 4, strlen(body)};
 
     q->retried = true;
-    return redisAsyncCommandArgv(ac, NULL, NULL, 3, argv, len) == REDIS_OK &&
-           redisAsyncFormattedCommand(ac, on_reply, q, q->cmd,
-                                      (size_t)q->cmd_len) == REDIS_OK;
+    if (redisAsyncCommandArgv(ac, NULL, NULL, 3, argv, len) != REDIS_OK ||
+        redisAsyncFormattedCommand(ac, on_reply, q, q->cmd,
+                                   (size_t)q->cmd_len) != REDIS_OK)
+        return false;
+    if (q->wait_seq)
+        q->wait_seq = cover(q->cn);
+    return true;
 }
 
 static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
 {
     struct req *q = priv;
-    struct rloop *rl = q->rl;
+    struct rconn *cn = q->cn;
 
-    if (!reply && rl->ac == ac)
-        conn_lost(rl, -EIO, "%s", ac_reason(ac)); /* hiredis frees ac */
-    if (reply && q->info.script >= 0 && !q->retried && rl->ac == ac &&
+    if (!reply && cn->ac == ac)
+        conn_lost(cn, -EIO, "%s", ac_reason(ac)); /* hiredis frees ac */
+    if (reply && q->info.script >= 0 && !q->retried && cn->ac == ac &&
         redis_reply_noscript(reply) && resend(ac, q))
         return;
+    if (reply && cn->ac == ac && redis_reply_readonly(reply))
+        /* A demoted primary: reconnect to the one the sentinels name (the
+         * reply stays readable until this callback returns). */
+        conn_drop(cn, -EIO, "the primary became a replica");
+    if (q->wait_seq && reply && q->call && !cn->loop->freeing) {
+        fill(q, q->call, reply);
+        if (q->call->rc == 0)
+            return; /* written: its WAIT completes it (settle_waiters) */
+    }
     finish(q, reply);
 }
 
 /* The call's command, formatted once (kept for a retry). 0 or -EINVAL /
  * -ENOMEM with err. */
-static int req_new(struct rloop *rl, enum store_op op,
+static int req_new(struct rconn *cn, enum store_op op,
                    const struct store_args *a, struct req **out,
                    struct sc_error *err)
 {
@@ -371,7 +541,7 @@ static int req_new(struct rloop *rl, enum store_op op,
         sc_error_set(err, "store: out of memory");
         return -ENOMEM;
     }
-    if ((rc = rcmd_build(rl->st, op, a, &cmd, err)) == 0) {
+    if ((rc = rcmd_build(cn->st, op, a, &cmd, err)) == 0) {
         q->cmd_len = redisFormatCommandArgv(&q->cmd, cmd.argc, cmd.argv, cmd.len);
         if (q->cmd_len < 0) {
             sc_error_set(err, "store: out of memory");
@@ -384,15 +554,73 @@ static int req_new(struct rloop *rl, enum store_op op,
         free(q);
         return rc;
     }
-    q->rl = rl;
+    q->cn = cn;
     *out = q;
     return 0;
+}
+
+/* Answered within timeout_ms; a completion with its WAIT within
+ * STORE_WAIT_TIMEOUTS of them (what is left of the WAIT in flight, its
+ * own, the reply). A connection carries either kind, never both, so
+ * deadlines grow in list order and the watchdog looks at the oldest. */
+static void set_deadline(struct rconn *cn, struct req *q)
+{
+    q->deadline_ns = clock_mono_ns() +
+                     timeout_ns(cn) * (q->wait_seq ? STORE_WAIT_TIMEOUTS : 1);
+}
+
+/* ---- following the primary ---- */
+
+/* Frees the connection left for another primary: its calls in flight
+ * complete with an error (from inside redisAsyncFree). */
+static void on_reap(evutil_socket_t fd, short what, void *arg)
+{
+    struct rconn *cn = arg;
+    redisAsyncContext *old = cn->old;
+    char why[sizeof cn->why];
+    int rc = cn->down_rc;
+
+    if (!old)
+        return;
+    cn->old = NULL;
+    memcpy(why, cn->why, sizeof why);
+    snprintf(cn->why, sizeof cn->why, "the sentinels named another primary");
+    cn->down_rc = -EIO;
+    redisAsyncFree(old);
+    memcpy(cn->why, why, sizeof why);
+    cn->down_rc = rc;
+}
+
+/* The sentinels name another primary than the one this loop's connection
+ * was made to: connect there now. The old connection is freed from the
+ * loop (not here, inside a call: its calls' completions must not run
+ * inside another's), so one move waits for the previous one's reap. */
+static void move(struct rconn *cn)
+{
+    if (cn->old)
+        return;
+    if (cn->ac) {
+        cn->old = cn->ac;
+        cn->ac = NULL;
+        event_active(cn->reap, EV_TIMEOUT, 0);
+    }
+    evtimer_del(cn->retry);
+    cn->backoff_ms = BACKOFF_MIN_MS;
+    conn_connect(cn);
+}
+
+/* A completion that WAITs goes on the commit connection, so that WAIT
+ * holds up only completions, never a permit or a lease. */
+static struct rconn *conn_for(struct rloop *rl, enum store_op op)
+{
+    return op == STORE_OP_COMPLETE && rl->n_conn > CONN_COMMIT
+               ? &rl->conn[CONN_COMMIT] : &rl->conn[CONN_MAIN];
 }
 
 int redis_start(struct store_loop *sl, struct store_call *c, enum store_op op,
                 const struct store_args *a)
 {
-    struct rloop *rl = rloop_of(sl);
+    struct rconn *cn = conn_for(rloop_of(sl), op);
     struct req *q;
     int rc;
 
@@ -400,28 +628,34 @@ int redis_start(struct store_loop *sl, struct store_call *c, enum store_op op,
     memset(&c->acq, 0, sizeof c->acq);
     memset(&c->permit, 0, sizeof c->permit);
     memset(&c->slot, 0, sizeof c->slot);
+    c->replication_short = false;
     /* Built first: a bad key is -EINVAL whether Redis is there or not. */
-    if ((rc = req_new(rl, op, a, &q, &c->err)) != 0)
+    if ((rc = req_new(cn, op, a, &q, &c->err)) != 0)
         return rc;
-    if (!rl->ac) {
+    if (cn->gen != redis_primary_gen(cn->st))
+        move(cn);
+    if (!cn->ac) {
         req_free(q);
         sc_error_set(&c->err, "store: redis at %s: not connected: %s",
-                     rl->st->addr, rl->why);
+                     cn->st->addr, cn->why);
         return -ENOTCONN;
     }
-    if (redisAsyncFormattedCommand(rl->ac, on_reply, q, q->cmd,
+    if (redisAsyncFormattedCommand(cn->ac, on_reply, q, q->cmd,
                                    (size_t)q->cmd_len) != REDIS_OK) {
         req_free(q);
         sc_error_set(&c->err, "store: redis at %s: not connected: closing",
-                     rl->st->addr);
+                     cn->st->addr);
         return -ENOTCONN;
     }
-    q->deadline_ns = clock_mono_ns() + timeout_ns(rl);
+    q->ac = cn->ac;
+    if (op == STORE_OP_COMPLETE && cn->st->replicas_ack)
+        q->wait_seq = cover(cn);
+    set_deadline(cn, q);
     q->call = c;
     c->pending = q;
-    link_req(rl, q);
-    if (q == rl->head)
-        arm_watchdog(rl);
+    link_req(cn, q);
+    if (q == cn->head)
+        arm_watchdog(cn);
     return -EINPROGRESS;
 }
 
@@ -434,6 +668,19 @@ void redis_cancel(struct store_call *c)
 
 /* ---- the loop's state ---- */
 
+static int conn_init(struct rloop *rl, struct rconn *cn)
+{
+    struct event_base *base = rl->base.base;
+
+    cn->loop = rl;
+    cn->st = (struct redis_store *)rl->base.st;
+    cn->backoff_ms = BACKOFF_MIN_MS;
+    cn->retry = evtimer_new(base, on_retry, cn);
+    cn->watchdog = evtimer_new(base, on_watchdog, cn);
+    cn->reap = evtimer_new(base, on_reap, cn);
+    return cn->retry && cn->watchdog && cn->reap ? 0 : -ENOMEM;
+}
+
 int redis_loop_new(struct store *st, struct event_base *base,
                    struct store_loop **out, struct sc_error *err)
 {
@@ -444,16 +691,15 @@ int redis_loop_new(struct store *st, struct event_base *base,
         goto nomem;
     rl->base.st = st;
     rl->base.base = base;
-    rl->st = (struct redis_store *)st;
-    rl->backoff_ms = BACKOFF_MIN_MS;
-    rl->retry = evtimer_new(base, on_retry, rl);
-    rl->watchdog = evtimer_new(base, on_watchdog, rl);
-    if (!rl->retry || !rl->watchdog) {
-        redis_loop_free(&rl->base);
-        goto nomem;
-    }
+    rl->n_conn = ((struct redis_store *)st)->replicas_ack ? 2 : 1;
+    for (unsigned i = 0; i < rl->n_conn; i++)
+        if (conn_init(rl, &rl->conn[i]) != 0) {
+            redis_loop_free(&rl->base);
+            goto nomem;
+        }
     /* Not a failure when Redis is down: calls fail until it is back. */
-    rl_connect(rl);
+    for (unsigned i = 0; i < rl->n_conn; i++)
+        conn_connect(&rl->conn[i]);
     *out = &rl->base;
     return 0;
 nomem:
@@ -461,22 +707,33 @@ nomem:
     return -ENOMEM;
 }
 
+static void conn_free(struct rconn *cn)
+{
+    redisAsyncContext *ac = cn->ac;
+
+    cn->ac = NULL;
+    if (ac)
+        redisAsyncFree(ac); /* runs every callback, with NULL replies */
+    if (cn->old)
+        redisAsyncFree(cn->old);
+    while (cn->head)
+        finish(cn->head, NULL);
+    if (cn->retry)
+        event_free(cn->retry);
+    if (cn->watchdog)
+        event_free(cn->watchdog);
+    if (cn->reap)
+        event_free(cn->reap);
+}
+
 /* Calls still in flight are cancelled (their done never runs). Not from
  * inside a completion of this loop. */
 void redis_loop_free(struct store_loop *sl)
 {
     struct rloop *rl = rloop_of(sl);
-    redisAsyncContext *ac = rl->ac;
 
     rl->freeing = true;
-    rl->ac = NULL;
-    if (ac)
-        redisAsyncFree(ac); /* runs every callback, with NULL replies */
-    while (rl->head)
-        finish(rl->head, NULL);
-    if (rl->retry)
-        event_free(rl->retry);
-    if (rl->watchdog)
-        event_free(rl->watchdog);
+    for (unsigned i = 0; i < rl->n_conn; i++)
+        conn_free(&rl->conn[i]);
     free(rl);
 }

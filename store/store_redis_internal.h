@@ -21,17 +21,25 @@
 #define REDIS_KEY_MAX (REDIS_PREFIX_MAX + 2 + RECORD_SCOPE_MAX + 4 + RECORD_KEY_MAX + 1)
 #define REDIS_ADDR_MAX (REDIS_HOST_MAX + 8)
 
+struct redis_sentinel;
+
 struct redis_store {
     struct store base;           /* first: the interface (store_backend.h) */
-    char host[REDIS_HOST_MAX];
+    pthread_mutex_t primary_lock; /* guards host and port */
+    char host[REDIS_HOST_MAX];   /* the primary: the url's, or the sentinels' */
     unsigned port;
+    atomic_uint primary_gen;     /* bumped when host:port change */
+    struct redis_sentinel *sentinel; /* NULL: no sentinels */
+    unsigned replicas_ack;       /* WAIT for them after a completion */
     char *password;              /* NULL: none */
     unsigned db;
     uint64_t timeout_ms;
     char prefix[REDIS_PREFIX_MAX + 2]; /* with its trailing ':' */
-    char addr[REDIS_ADDR_MAX];   /* "host:port", for messages */
+    char addr[REDIS_ADDR_MAX];   /* "host:port" or "master NAME", for
+                                    messages: fixed at open */
     pthread_mutex_t lock;        /* guards ctx */
     redisContext *ctx;           /* the blocking connection; NULL: none */
+    unsigned ctx_gen;            /* the primary's generation it was made to */
     atomic_bool healthy;         /* the last blocking command worked */
 };
 
@@ -125,6 +133,33 @@ bool redis_reply_noscript(const redisReply *r);
 int redis_handshake_cmd(const struct redis_store *st, int i,
                         const char *argv[3], size_t len[3], char *dbbuf,
                         size_t dbbuf_len);
+
+/* Whether r is Redis's "this is a replica" to a write: the primary we
+ * talk to was demoted by a failover. */
+bool redis_reply_readonly(const redisReply *r);
+
+/* ---- the primary, and Sentinel (redis_sentinel.c) ---- */
+
+/* The primary to connect to now (copied under primary_lock) and its
+ * generation: a connection made to an older generation is stale. */
+void redis_primary(struct redis_store *st, char host[REDIS_HOST_MAX],
+                   unsigned *port, unsigned *gen);
+unsigned redis_primary_gen(struct redis_store *st);
+
+/* Asks the sentinels once, blocking (each bounded by timeout_ms), then
+ * starts the thread that follows failovers (a +switch-master subscription,
+ * a poll every second, and a new question whenever redis_sentinel_reask
+ * asks). Nothing without sentinels. 0 or -ENOMEM / an error of
+ * pthread_create, with err. */
+int redis_sentinel_start(struct redis_store *st,
+                         const struct store_redis_opts *o,
+                         struct sc_error *err);
+void redis_sentinel_stop(struct redis_store *st);
+
+/* A connection to the primary failed or was refused a write (READONLY):
+ * asks the sentinels again soon, without waiting for them. Nothing
+ * without sentinels; callable from any thread. */
+void redis_sentinel_reask(struct redis_store *st);
 
 /* The asynchronous side's entries (store_redis_async.c). */
 int redis_loop_new(struct store *st, struct event_base *base,

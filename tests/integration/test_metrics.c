@@ -591,6 +591,7 @@ static const struct {
     {"sluice_store_up", "gauge", true},         /* §10 */
     {"sluice_store_duration_seconds", "histogram", true}, /* §10 */
     {"sluice_bucket_fallback", "gauge", true},  /* §10: shared policies only */
+    {"sluice_store_replication_timeouts_total", "counter", true}, /* §10 */
     {"sluice_queue_age_invalid_total", "counter", false},
     {"sluice_store_errors_total", "counter", false},
     {"sluice_store_commit_failures_total", "counter", false}, /* §10 */
@@ -774,6 +775,7 @@ static void check_counters(const struct expo *e)
     expect_val(e, 1, "sluice_connections_refused_total");
     /* Label-less counters are listed at zero too, so increase() sees the first. */
     expect_val(e, 0, "sluice_store_errors_total");
+    expect_val(e, 0, "sluice_store_replication_timeouts_total");
     expect_val(e, 1, "sluice_config_reloads_total", "result", "ok");
     expect_val(e, 1, "sluice_config_reloads_total", "result", "error");
 }

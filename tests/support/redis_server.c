@@ -29,7 +29,7 @@ static void sleep_ms(unsigned ms)
 }
 
 /* Binds 127.0.0.1:0 and reads back the port the kernel chose. */
-static unsigned free_port(void)
+unsigned redis_server_free_port(void)
 {
     struct sockaddr_in a = {.sin_family = AF_INET};
     socklen_t len = sizeof a;
@@ -83,19 +83,25 @@ bool redis_server_cmd(const struct redis_server *rs, const char *cmd)
 
 static void exec_server(const struct redis_server *rs)
 {
-    char port[16], log[4096];
+    char port[16], primary[16], log[4096];
+    const char *argv[32] = {"redis-server", "--bind", "127.0.0.1", "--port",
+                            port, "--save", "", "--appendonly", "no",
+                            "--daemonize", "no", "--dir", rs->dir,
+                            "--logfile", log};
+    int n = 15;
 
     snprintf(port, sizeof port, "%u", rs->port);
+    snprintf(primary, sizeof primary, "%u", rs->replicaof);
     snprintf(log, sizeof log, "%s/redis.log", rs->dir);
-    if (rs->password[0])
-        execlp("redis-server", "redis-server", "--bind", "127.0.0.1", "--port",
-               port, "--save", "", "--appendonly", "no", "--daemonize", "no",
-               "--dir", rs->dir, "--logfile", log, "--requirepass",
-               rs->password, (char *)NULL);
-    else
-        execlp("redis-server", "redis-server", "--bind", "127.0.0.1", "--port",
-               port, "--save", "", "--appendonly", "no", "--daemonize", "no",
-               "--dir", rs->dir, "--logfile", log, (char *)NULL);
+    if (rs->password[0]) {
+        argv[n++] = "--requirepass", argv[n++] = rs->password;
+        /* A replica, or a primary demoted by a failover, must log in. */
+        argv[n++] = "--masterauth", argv[n++] = rs->password;
+    }
+    if (rs->replicaof)
+        argv[n++] = "--replicaof", argv[n++] = "127.0.0.1", argv[n++] = primary;
+    argv[n] = NULL;
+    execvp("redis-server", (char *const *)argv);
     _exit(127);
 }
 
@@ -123,7 +129,7 @@ int redis_server_start(struct redis_server *rs, unsigned port,
         return -1;
     if (password)
         snprintf(rs->password, sizeof rs->password, "%s", password);
-    rs->port = port ? port : free_port();
+    rs->port = port ? port : redis_server_free_port();
     if (!rs->port)
         return -1;
     rs->pid = fork();
@@ -153,6 +159,43 @@ void redis_server_stop(struct redis_server *rs)
     kill(rs->pid, SIGKILL);
     waitpid(rs->pid, &status, 0);
     rs->pid = 0;
+}
+
+void redis_server_kill(struct redis_server *rs)
+{
+    int status;
+
+    if (rs->pid <= 0)
+        return;
+    kill(rs->pid, SIGKILL);
+    waitpid(rs->pid, &status, 0);
+    rs->pid = 0;
+}
+
+static bool info_has(const struct redis_server *rs, const char *section,
+                     const char *text)
+{
+    redisContext *c = connect_to(rs);
+    redisReply *r = NULL;
+    bool has = false;
+
+    if (c && !c->err)
+        r = redisCommand(c, "INFO %s", section);
+    has = r && r->type == REDIS_REPLY_STRING && strstr(r->str, text);
+    freeReplyObject(r);
+    redisFree(c);
+    return has;
+}
+
+bool redis_server_wait_info(const struct redis_server *rs, const char *section,
+                            const char *text, unsigned ms)
+{
+    for (unsigned waited = 0; waited < ms; waited += POLL_MS) {
+        if (info_has(rs, section, text))
+            return true;
+        sleep_ms(POLL_MS);
+    }
+    return false;
 }
 
 void redis_server_destroy(struct redis_server *rs)

@@ -1,6 +1,6 @@
 /* A real redis-server for tests: on 127.0.0.1, a free port, a temp dir, no
- * persistence; started and stopped by its pid. Linked only by the tests
- * that need it (tests/CMakeLists.txt). */
+ * persistence; started and stopped by its pid; a primary, or a replica of
+ * one. Linked only by the tests that need it (tests/CMakeLists.txt). */
 #ifndef SLUICE_TESTS_REDIS_SERVER_H
 #define SLUICE_TESTS_REDIS_SERVER_H
 
@@ -11,7 +11,9 @@ struct redis_server {
     pid_t pid;              /* 0: not running */
     unsigned port;
     char *dir;              /* its working dir and log */
-    char password[64];      /* "" : none (requirepass) */
+    char password[64];      /* "" : none (requirepass, and masterauth) */
+    unsigned replicaof;     /* set before start: a replica of the server on
+                               that port (0: a primary) */
 };
 
 /* Starts one and waits (at most 5 s) until it answers PING. port 0 picks a
@@ -22,6 +24,17 @@ int redis_server_start(struct redis_server *rs, unsigned port,
 /* Stops it (SIGTERM, then SIGKILL after 3 s) and reaps it; keeps port and
  * dir for a restart. */
 void redis_server_stop(struct redis_server *rs);
+
+/* kill -9, and reaps it. */
+void redis_server_kill(struct redis_server *rs);
+
+/* Waits (at most ms) until INFO's section holds text, e.g.
+ * "master_link_status:up" in "replication". */
+bool redis_server_wait_info(const struct redis_server *rs, const char *section,
+                            const char *text, unsigned ms);
+
+/* A free port on 127.0.0.1 (0 if none), for the sentinel's. */
+unsigned redis_server_free_port(void);
 
 /* Stops it if running and removes its dir. */
 void redis_server_destroy(struct redis_server *rs);
