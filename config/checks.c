@@ -31,14 +31,16 @@ void check_store(struct cfg_loader *lc, void *obj,
 {
     const struct sc_config *cfg = obj;
     const char *url = cfg->store.url ? cfg->store.url : "";
+    /* An empty value ("master:") loads as NULL, like any string's. */
+    const char *master = cfg->store.master ? cfg->store.master : "";
     struct sc_redis_url u;
     struct sc_error err = {0};
     char buf[1024];
 
-    if (cfg->store.sentinels.n && !cfg->store.master[0])
+    if (cfg->store.sentinels.n && !master[0])
         err_sub(lc, pos_of(vals[SK_SENTINELS]), "sentinels", "needs master "
                 "(the name Sentinel knows the primary by)");
-    if (cfg->store.master[0] && !cfg->store.sentinels.n)
+    if (master[0] && !cfg->store.sentinels.n)
         err_sub(lc, pos_of(vals[SK_MASTER]), "master", "needs sentinels (the "
                 "addresses to ask for the primary)");
     if (url[0] && config_redis_url_parse(url, &u, buf, sizeof buf, &err) != 0)

@@ -255,6 +255,31 @@ Test(config_defaults, null_values_mean_not_given)
     config_free(cfg);
 }
 
+/* Found by fuzzing: an empty store.master read through a NULL pointer in
+ * the store's checks. It is "not given", and the checks still apply. */
+Test(config_defaults, an_empty_master_is_not_given)
+{
+    struct sc_config *cfg = load_ok(
+        "store:\n"
+        "  master:\n"
+        "upstreams: { up: { url: http://h } }\n"
+        "routes: [ { prefix: /, upstream: up } ]\n");
+    size_t n = 0;
+    char *errs;
+
+    config_free(cfg);
+    errs = load_fail(
+        "store:\n"
+        "  backend: redis\n"
+        "  url: redis://127.0.0.1:6379/0\n"
+        "  master:\n"
+        "  sentinels: [127.0.0.1:26379]\n"
+        "upstreams: { up: { url: http://h } }\n"
+        "routes: [ { prefix: /, upstream: up } ]\n", &n);
+    cr_expect(strstr(errs, "needs master"), "%s", errs);
+    free(errs);
+}
+
 /* ---- the full example -------------------------------------------------------- */
 
 static struct sc_config *load_file_ok(const char *path)
