@@ -147,6 +147,26 @@ Test(mtls, survives_a_reload)
     expect("/right/b", 200, NULL);
 }
 
+/* The files changed under the same names (a rotated certificate): the
+ * reload loads them; here the new pair is another CA's, so the partner
+ * refuses it from then on. */
+Test(mtls, a_reload_loads_a_rotated_pair)
+{
+    struct h_resp r;
+
+    expect("/right/a", 200, NULL);
+    cr_assert_eq(h_sh("cd %s && cp intruder.pem client.pem && cp intruder.key client.key",
+                      pki), 0);
+    cr_assert_eq(h_http(sl.admin_port, "POST", "/reload", NULL, NULL, 0, &r), 0);
+    cr_expect_eq(r.status, 200, "%s", r.body ? r.body : "");
+    h_resp_free(&r);
+    cr_assert_eq(post("/right/b", NULL, &r), 0);
+    cr_expect_eq(r.status, 503, "%d %s", r.status, r.body ? r.body : "");
+    cr_expect(r.body && strstr(r.body, "\"reason\":\"connect_error\""), "%s",
+              r.body ? r.body : "");
+    h_resp_free(&r);
+}
+
 /* ---- the egress proxy ------------------------------------------------------ */
 
 #define PROXY_USER "egress"
