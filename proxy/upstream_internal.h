@@ -17,10 +17,6 @@
 
 #include "proxy/upstream.h"
 
-/* Upper bound on what an upstream may make us hold for one response body
- * that is not streamed. */
-#define UP_MAX_BODY_BYTES ((size_t)256 * 1024 * 1024)
-
 enum conn_state { C_CONNECTING, C_IDLE, C_BUSY };
 
 struct up_conn {
