@@ -233,6 +233,7 @@ struct conn {
     enum conn_state state;
     bool peer_eof;                  /* the peer sent FIN: answer what is pending, then close */
     bool stalled;                   /* parsing stopped until the output drains */
+    bool handshaken;                /* TLS: the handshake is done */
     struct req req;
     struct evbuffer *tmp;           /* JSON bodies are built here to learn their length */
 };
@@ -1861,9 +1862,10 @@ static void on_write(struct bufferevent *bev, void *arg)
     }
 }
 
-/* A TLS error (a client certificate refused, with TLS 1.3 after the client's handshake ended):
- * OpenSSL has written its alert to the socket; closing at once, with the client's request unread,
- * would send a reset that destroys the alert in flight. Shut our side and close a little later. */
+/* A TLS handshake that failed (a client certificate refused, with TLS 1.3 after the client's
+ * handshake ended): OpenSSL has written its alert to the socket; closing at once, with the
+ * client's request unread, would send a reset that destroys the alert in flight. Shut our side
+ * and close a little later. */
 static void tls_refused(struct conn *c)
 {
     evutil_socket_t fd = bufferevent_getfd(c->bev);
@@ -1880,9 +1882,12 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 {
     struct conn *c = arg;
 
-    if (what & BEV_EVENT_CONNECTED)
-        return;                     /* the TLS handshake is done */
-    if ((what & BEV_EVENT_ERROR) && bufferevent_openssl_get_ssl(bev) && c->state != C_LINGER) {
+    if (what & BEV_EVENT_CONNECTED) {
+        c->handshaken = true;       /* the TLS handshake is done */
+        return;
+    }
+    if ((what & BEV_EVENT_ERROR) && !c->handshaken && bufferevent_openssl_get_ssl(bev) &&
+        c->state != C_LINGER) {
         tls_refused(c);
         return;
     }
