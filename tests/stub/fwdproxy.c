@@ -37,11 +37,13 @@ struct proxy {
     struct event_base *base;
     char *want_auth;        /* "Basic ..." or NULL */
     unsigned long connections, tunnels, forwarded, refused;
+    struct side *sides;     /* every open connection, freed at exit */
 };
 
 /* A client connection and, once its first request is read, its peer. */
 struct side {
     struct proxy *px;
+    struct side *prev, *next;
     struct bufferevent *client, *peer;
     struct evbuffer *head;  /* the first request's head, to pass on (absolute form) */
     int first_done;
@@ -49,6 +51,12 @@ struct side {
 
 static void side_free(struct side *s)
 {
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        s->px->sides = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
     if (s->client)
         bufferevent_free(s->client);
     if (s->peer)
@@ -268,10 +276,14 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     }
     px->connections++;
     s->px = px;
+    s->next = px->sides;
+    if (s->next)
+        s->next->prev = s;
+    px->sides = s;
     s->client = bufferevent_socket_new(px->base, fd, BEV_OPT_CLOSE_ON_FREE);
     if (!s->client) {
         evutil_closesocket(fd);
-        free(s);
+        side_free(s);
         return;
     }
     bufferevent_setcb(s->client, client_read, NULL, pass_event, s);
@@ -349,6 +361,8 @@ int main(int argc, char **argv)
     printf("listening %s:%u\n", host, ntohs(sin.sin_port));
     fflush(stdout);
     event_base_dispatch(px.base);
+    while (px.sides)
+        side_free(px.sides);
     evconnlistener_free(l);
     event_free(sigterm);
     event_free(sigint);
