@@ -1,6 +1,7 @@
 /* The block checks and cross-checks of the config: rules between keys that
- * one row cannot state (cap >= base, a readable CA file, a lease longer than
- * the timeout of every upstream a route pairs it with). The rows of schema.c
+ * one row cannot state (cap >= base, a readable CA file, a client
+ * certificate with its own key, a lease longer than the timeout of every
+ * route it is paired with). The rows of schema.c
  * name them in cfg_block.check; the engine calls one when the file writes
  * its block, after all the block's keys are parsed, so it sees final values,
  * defaults included.
@@ -19,6 +20,10 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
 /* A key written with a value: a null one counts as not written. */
 static bool given(const yaml_node_t *n)
@@ -58,24 +63,96 @@ void check_store(struct cfg_loader *lc, void *obj,
                 "redis (redis://[:password@]host:port/db)");
 }
 
+/* A file the process must read: false, with the error at pos, when it
+ * cannot (or it is a directory, which fopen would take). */
+static bool readable(struct cfg_loader *lc, const char *path,
+                     struct sc_pos pos, const char *key)
+{
+    struct stat st;
+    FILE *f = fopen(path, "r");
+    bool ok = f != NULL;
+
+    if (!f)
+        err_sub(lc, pos, key, "cannot read \"%s\": %s", path, strerror(errno));
+    else if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode)) {
+        err_sub(lc, pos, key, "\"%s\" is not a regular file", path);
+        ok = false;
+    }
+    if (f)
+        fclose(f);
+    return ok;
+}
+
+/* Never a prompt on the terminal for an encrypted key: refused instead. */
+static int no_passphrase(char *buf, int size, int rwflag, void *u)
+{
+    return -1;
+}
+
+/* The first certificate and the first private key of PEM files; NULL when
+ * there is none. */
+static X509 *read_cert(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    X509 *x = f ? PEM_read_X509(f, NULL, no_passphrase, NULL) : NULL;
+
+    if (f)
+        fclose(f);
+    return x;
+}
+
+static EVP_PKEY *read_key(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    EVP_PKEY *k = f ? PEM_read_PrivateKey(f, NULL, no_passphrase, NULL) : NULL;
+
+    if (f)
+        fclose(f);
+    return k;
+}
+
+/* The client certificate and its key, read as the process will: both PEM,
+ * and the key the certificate's. */
+static void check_client_pair(struct cfg_loader *lc, const struct sc_tls *tls)
+{
+    X509 *cert = read_cert(tls->cert_file);
+    EVP_PKEY *key = read_key(tls->key_file);
+
+    if (!cert)
+        err_sub(lc, tls->cert_pos, "cert_file", "\"%s\" holds no PEM "
+                "certificate", tls->cert_file);
+    if (!key)
+        err_sub(lc, tls->key_pos, "key_file", "\"%s\" holds no PEM private "
+                "key (an encrypted key is not supported)", tls->key_file);
+    if (cert && key && X509_check_private_key(cert, key) != 1)
+        err_sub(lc, tls->key_pos, "key_file", "\"%s\" is not the private key "
+                "of cert_file \"%s\"", tls->key_file, tls->cert_file);
+    ERR_clear_error();
+    X509_free(cert);
+    EVP_PKEY_free(key);
+}
+
 void check_tls(struct cfg_loader *lc, void *obj,
                yaml_node_t *const *vals, struct sc_pos where)
 {
     const struct sc_tls *tls = obj;
-    struct stat st;
-    FILE *f;
+    bool cert = tls->cert_file && *tls->cert_file;
+    bool key = tls->key_file && *tls->key_file;
 
-    if (!tls->ca_file || !*tls->ca_file)
+    if (tls->ca_file && *tls->ca_file)
+        readable(lc, tls->ca_file, tls->ca_pos, "ca_file");
+    if (cert && !key)
+        err_sub(lc, tls->cert_pos, "cert_file", "needs key_file (the "
+                "certificate's private key)");
+    if (key && !cert)
+        err_sub(lc, tls->key_pos, "key_file", "needs cert_file (the client "
+                "certificate)");
+    if (!cert || !key)
         return;
-    f = fopen(tls->ca_file, "r");
-    if (!f)
-        err_sub(lc, tls->ca_pos, "ca_file", "cannot read \"%s\": %s",
-                tls->ca_file, strerror(errno));
-    else if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode))
-        err_sub(lc, tls->ca_pos, "ca_file", "\"%s\" is not a regular file",
-                tls->ca_file);
-    if (f)
-        fclose(f);
+    /* Both read, each reported: an operator fixes them in one go. */
+    if (readable(lc, tls->cert_file, tls->cert_pos, "cert_file") &
+        readable(lc, tls->key_file, tls->key_pos, "key_file"))
+        check_client_pair(lc, tls);
 }
 
 void check_policy(struct cfg_loader *lc, void *obj,
@@ -184,9 +261,10 @@ static void check_listeners(struct cfg_loader *lc)
            v6l ? "]" : "", l->port);
 }
 
-/* A policy's lease must outlast the timeout of every upstream a route pairs
- * it with: otherwise a slow but successful attempt loses its lease and a
- * redelivery runs the side effect twice. */
+/* A policy's lease must outlast the timeout of every request a route sends
+ * with it (the route's own timeout, else its upstream's): otherwise a slow
+ * but successful attempt loses its lease and a redelivery runs the side
+ * effect twice. */
 static bool lease_too_short(const struct sc_config *cfg,
                             const struct sc_route *r)
 {
@@ -198,27 +276,39 @@ static bool lease_too_short(const struct sc_config *cfg,
         return false;
     p = &cfg->policies[r->policy];
     return p->idem.enabled &&
-           p->idem.lease_ms <= cfg->upstreams[r->upstream].timeout_ms;
+           p->idem.lease_ms <= sc_route_timeout(r, &cfg->upstreams[r->upstream]);
+}
+
+/* "the timeout of upstream "u" (30s), which route "r" pairs it with", or
+ * the route's own timeout when it has one. */
+static void describe_timeout(const struct sc_config *cfg,
+                             const struct sc_route *r, char *buf, size_t len)
+{
+    const struct sc_upstream *u = &cfg->upstreams[r->upstream];
+    char t[32];
+
+    units_format_duration(sc_route_timeout(r, u), t, sizeof t);
+    if (r->has_timeout)
+        snprintf(buf, len, "the timeout of route \"%s\" (%s)", r->name, t);
+    else
+        snprintf(buf, len, "the timeout of upstream \"%s\" (%s), which route "
+                 "\"%s\" pairs it with", u->name, t, r->name);
 }
 
 static void report_lease(struct cfg_loader *lc, const struct sc_route *r)
 {
     const struct sc_policy *p = &lc->cfg->policies[r->policy];
-    const struct sc_upstream *u = &lc->cfg->upstreams[r->upstream];
-    char lease[32], timeout[32];
+    char lease[32], timeout[300];
 
     units_format_duration(p->idem.lease_ms, lease, sizeof lease);
-    units_format_duration(u->timeout_ms, timeout, sizeof timeout);
+    describe_timeout(lc->cfg, r, timeout, sizeof timeout);
     if (p->idem.lease_pos.line)
         err_at(lc, p->idem.lease_pos, "policies.%s.idempotency.lease: %s "
-               "must be longer than the timeout of upstream \"%s\" (%s), "
-               "which route \"%s\" pairs it with", p->name, lease, u->name,
-               timeout, r->name);
+               "must be longer than %s", p->name, lease, timeout);
     else
         err_at(lc, p->idem.pos, "policies.%s.idempotency: the default lease "
-               "(%s) must be longer than the timeout of upstream \"%s\" (%s), "
-               "which route \"%s\" pairs it with; set lease", p->name, lease,
-               u->name, timeout, r->name);
+               "(%s) must be longer than %s; set lease", p->name, lease,
+               timeout);
 }
 
 static void check_leases(struct cfg_loader *lc)
@@ -230,11 +320,14 @@ static void check_leases(struct cfg_loader *lc)
         const struct sc_route *r = &cfg->routes[i];
         if (!lease_too_short(cfg, r))
             continue;
-        for (j = 0; j < i; j++)   /* once per (policy, upstream) pair */
+        /* Once per (policy, upstream) pair; a route's own timeout is its
+         * own problem. */
+        for (j = 0; !r->has_timeout && j < i; j++)
             if (cfg->routes[j].policy == r->policy &&
-                cfg->routes[j].upstream == r->upstream)
+                cfg->routes[j].upstream == r->upstream &&
+                !cfg->routes[j].has_timeout)
                 break;
-        if (j == i)
+        if (r->has_timeout || j == i)
             report_lease(lc, r);
     }
 }

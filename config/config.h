@@ -75,7 +75,9 @@ struct sc_header {
 struct sc_tls {
     bool verify;    /* default true */
     char *ca_file;  /* "" = system store */
-    struct sc_pos ca_pos;
+    char *cert_file; /* client certificate (PEM) for mutual TLS; "" = none */
+    char *key_file;  /* its private key (PEM) */
+    struct sc_pos ca_pos, cert_pos, key_pos;
 };
 
 struct sc_upstream {
@@ -90,10 +92,29 @@ struct sc_upstream {
     uint64_t timeout_ms;         /* default 30s */
     uint32_t max_connections;    /* default 64 */
     struct sc_tls tls;
+    /* Egress proxy, http://[user:pass@]host:port; "" = direct. Parsed by
+     * config_proxy_url_parse. */
+    char *proxy;
     struct sc_header *headers;
     size_t n_headers;
     struct sc_pos pos, timeout_pos;
 };
+
+/* An upstream's `proxy`, parsed (config_proxy_url_parse). */
+struct sc_proxy_url {
+    const char *host;       /* IPv6 without brackets */
+    unsigned port;
+    const char *user;       /* NULL: no userinfo; %-escapes decoded */
+    const char *password;   /* "" when the userinfo has no ':' */
+};
+
+/* Parses http://[user[:password]@]host:port[/] into *p; the strings go into
+ * buf (buflen bytes), which must outlive p. The port is required (proxies
+ * listen on no one port); https:// (TLS to the proxy itself) is refused.
+ * 0 or -EINVAL / -ENOTSUP / -ENOSPC with err, whose text never holds the
+ * userinfo. */
+int config_proxy_url_parse(const char *url, struct sc_proxy_url *p, char *buf,
+                           size_t buflen, struct sc_error *err);
 
 enum sc_jitter { SC_JITTER_FULL = 0, SC_JITTER_EQUAL, SC_JITTER_NONE };
 
@@ -178,8 +199,18 @@ struct sc_route {
     const struct sc_upstream *up;
     const struct sc_policy *pol;
     char *strip_prefix;       /* "" = none */
-    struct sc_pos pos;
+    bool has_timeout;         /* `timeout` given: it replaces the upstream's */
+    uint64_t timeout_ms;
+    struct sc_pos pos, timeout_pos;
 };
+
+/* The timeout of a request on route r to upstream u: the route's own when
+ * it has one, else the upstream's. */
+static inline uint64_t sc_route_timeout(const struct sc_route *r,
+                                        const struct sc_upstream *u)
+{
+    return r->has_timeout ? r->timeout_ms : u->timeout_ms;
+}
 
 enum sc_log_level { SC_LOG_ERROR = 0, SC_LOG_WARN, SC_LOG_INFO, SC_LOG_DEBUG };
 enum sc_backend { SC_BACKEND_ROCKSDB = 0, SC_BACKEND_REDIS };

@@ -13,7 +13,8 @@
  * One form for all values, and the one operators write, so the JSON can be
  * compared with sidecar.yaml by eye and, being YAML too, loads back as a
  * config. Secrets: every upstream header value is "<redacted>", and so is
- * the password in store.url (redis://user:<redacted>@host), and so is a
+ * the password in store.url (redis://user:<redacted>@host) and in an
+ * upstream's proxy (http://user:<redacted>@host:port), and so is a
  * non-empty admin_token. */
 #define _GNU_SOURCE
 #include "config/config.h"
@@ -95,6 +96,8 @@ static json_t *emit_duration(const struct cfg_key *k, const void *obj,
 {
     char buf[32];
 
+    if (k->flag_off && !*(const bool *)CFG_CFIELD(obj, k->flag_off - 1))
+        return json_null();
     units_format_duration(*(const uint64_t *)CFG_CFIELD(obj, k->off), buf,
                           sizeof buf);
     return json_string(buf);

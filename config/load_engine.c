@@ -470,7 +470,7 @@ static void text_string(struct cfg_loader *lc, const struct cfg_key *k,
     if (k->valid && !k->valid(s, why, sizeof why)) {
         /* A secret is never echoed: errors end up in logs and in the
          * answer to POST /reload. */
-        if (k->secret == CFG_SECRET_WHOLE)
+        if (k->secret != CFG_PUBLIC)
             err_val(lc, at, "invalid value (%s)", why);
         else
             err_val(lc, at, "invalid value \"%s\" (%s)", s, why);
@@ -1024,6 +1024,16 @@ static bool is_collection(const struct cfg_key *k)
     return k->type == CT_NAMED || k->type == CT_LIST;
 }
 
+/* An optional scalar (a row with a flag, such as a route's timeout) written
+ * as "": the contract's way of showing it unset, so it counts as not given. */
+static bool blank_optional(const struct cfg_key *k, const yaml_node_t *val)
+{
+    const struct type_ops *t = &types[k->type];
+
+    return k->flag_off && t->text && !t->reset &&
+           val->type == YAML_SCALAR_NODE && val->data.scalar.length == 0;
+}
+
 /* One row of a block: the given value, or the default. A null value counts
  * as not given (collections read it as empty, to say what is missing). */
 static void parse_key(struct cfg_loader *lc, const struct cfg_key *k,
@@ -1037,7 +1047,7 @@ static void parse_key(struct cfg_loader *lc, const struct cfg_key *k,
         err_at(lc, where, "missing required key \"%s\"%s", k->name,
                in_path(lc, in, sizeof in));
     mark = path_push(lc, k->name);
-    if (val && (!is_null(val) || is_collection(k)))
+    if (val && (!is_null(val) || is_collection(k)) && !blank_optional(k, val))
         parse_value(lc, k, val, obj, pos_of(key));
     else if (val && k->required)
         err_val(lc, val, "missing value");

@@ -71,13 +71,14 @@ void err_sub(struct cfg_loader *lc, struct sc_pos p, const char *key,
  * initializers, so the two files cannot disagree about the order. */
 enum { SK_BACKEND, SK_PATH, SK_SYNC, SK_URL, SK_KEY_PREFIX, SK_FLEET_SIZE,
        SK_TIMEOUT, SK_SENTINELS, SK_MASTER, SK_REPLICAS_ACK };
-enum { TK_VERIFY, TK_CA_FILE };
+enum { TK_VERIFY, TK_CA_FILE, TK_CERT_FILE, TK_KEY_FILE };
 enum { PK_RATE, PK_BURST, PK_MAX_WAIT, PK_CONCURRENCY, PK_MODE, PK_PARTITION,
        PK_SHARED, PK_RETRY, PK_BREAKER, PK_IDEMPOTENCY };
 enum { BK_FAILURES, BK_PAUSE, BK_MAX_PAUSE };
 enum { RK_ON, RK_BASE, RK_MULTIPLIER, RK_CAP, RK_MAX_ATTEMPTS, RK_MAX_DELAY,
        RK_JITTER };
-enum { RT_NAME, RT_PREFIX, RT_METHODS, RT_UPSTREAM, RT_POLICY, RT_STRIP };
+enum { RT_NAME, RT_PREFIX, RT_METHODS, RT_UPSTREAM, RT_POLICY, RT_STRIP,
+       RT_TIMEOUT };
 
 /* ---- block checks (checks.c), named by the rows of schema.c ----------- */
 

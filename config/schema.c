@@ -97,6 +97,20 @@ static bool valid_admin_token(const char *s, char *why, size_t wlen)
     return true;
 }
 
+/* The proxy URL carries credentials: the reason is given, never the value
+ * (text_string does not echo a secret). */
+static bool valid_proxy(const char *s, char *why, size_t wlen)
+{
+    struct sc_proxy_url p;
+    struct sc_error err = {0};
+    char buf[1024];
+
+    if (!*s || config_proxy_url_parse(s, &p, buf, sizeof buf, &err) == 0)
+        return true;
+    snprintf(why, wlen, "%s", err.text);
+    return false;
+}
+
 /* ---- the schema ------------------------------------------------------ */
 
 #define KEYS(a) .keys = (a), .n_keys = sizeof(a) / sizeof((a)[0])
@@ -179,6 +193,12 @@ static const struct cfg_key tls_keys[] = {
     [TK_CA_FILE] = {"ca_file", CT_STRING, offsetof(struct sc_tls, ca_file),
                     .def = "",
                     .pos_off = CFG_OPT(offsetof(struct sc_tls, ca_pos))},
+    [TK_CERT_FILE] = {"cert_file", CT_STRING,
+                      offsetof(struct sc_tls, cert_file), .def = "",
+                      .pos_off = CFG_OPT(offsetof(struct sc_tls, cert_pos))},
+    [TK_KEY_FILE] = {"key_file", CT_STRING, offsetof(struct sc_tls, key_file),
+                     .def = "",
+                     .pos_off = CFG_OPT(offsetof(struct sc_tls, key_pos))},
 };
 static const struct cfg_block tls_block = {"tls", KEYS(tls_keys),
                                            .check = check_tls};
@@ -191,6 +211,8 @@ static const struct cfg_key upstream_keys[] = {
      .pos_off = CFG_OPT(CU(timeout_pos))},
     {"max_connections", CT_U32, CU(max_connections), .def = "64", .min = "1"},
     {"tls", CT_BLOCK, CU(tls), .block = &tls_block},
+    {"proxy", CT_STRING, CU(proxy), .def = "", .valid = valid_proxy,
+     .secret = CFG_SECRET_URL},
     {"headers", CT_HEADERS, CU(headers), .n_off = CU(n_headers)},
 };
 FITS(upstream_keys);
@@ -309,6 +331,10 @@ static const struct cfg_key route_keys[] = {
                      .required = true},
     [RT_POLICY] = {"policy", CT_POLICY_REF, CT(policy), .def = ""},
     [RT_STRIP] = {"strip_prefix", CT_STRING, CT(strip_prefix), .def = ""},
+    /* No default: the upstream's applies ("" writes the same). */
+    [RT_TIMEOUT] = {"timeout", CT_DURATION, CT(timeout_ms), .min = "1ms",
+                    .flag_off = CFG_OPT(CT(has_timeout)),
+                    .pos_off = CFG_OPT(CT(timeout_pos))},
 };
 FITS(route_keys);
 static const struct cfg_block route_block = {

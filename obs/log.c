@@ -106,12 +106,17 @@ void log_access(const struct access_entry *e)
     put_str_field(buf, sizeof buf, &pos, "path", e->target, plen);
     snprintf(num, sizeof num, ",\"status\":%d", e->status);
     text_put(buf, sizeof buf, &pos, num);
+    if (e->upstream_status) { /* left out when no status line came */
+        snprintf(num, sizeof num, ",\"upstream_status\":%d", e->upstream_status);
+        text_put(buf, sizeof buf, &pos, num);
+    }
     put_str_field(buf, sizeof buf, &pos, "outcome", e->outcome, strlen(e->outcome));
     put_str_field(buf, sizeof buf, &pos, "reason", e->reason, strlen(e->reason));
     snprintf(num, sizeof num,
              ",\"attempt\":%u,\"permit_wait_ms\":%.3f,\"upstream_ms\":%.3f,"
-             "\"total_ms\":%.3f",
-             e->attempt, e->permit_wait_ms, e->upstream_ms, e->total_ms);
+             "\"total_ms\":%.3f,\"bytes_in\":%llu,\"bytes_out\":%llu",
+             e->attempt, e->permit_wait_ms, e->upstream_ms, e->total_ms,
+             (unsigned long long)e->bytes_in, (unsigned long long)e->bytes_out);
     text_put(buf, sizeof buf, &pos, num);
     if (e->shadow)
         put_str_field(buf, sizeof buf, &pos, "shadow", e->shadow, strlen(e->shadow));

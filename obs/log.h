@@ -34,6 +34,9 @@ struct access_entry {
     const char *key;        /* idempotency key or NULL; only a hash is logged */
     const char *shadow;     /* shadow mode: what enforce would have done */
     const char *request_id; /* X-Request-Id, as echoed; NULL when none */
+    int upstream_status;    /* the upstream's status line; 0: none received */
+    uint64_t bytes_in;      /* request body bytes read from the worker */
+    uint64_t bytes_out;     /* response body bytes given to the worker */
 };
 
 void log_access(const struct access_entry *e);

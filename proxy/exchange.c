@@ -219,6 +219,7 @@ static enum MHD_Result answer_problem(struct exchange *ex)
     size_t len = 0;
     char *body = problem_json(ex->status, ex->reason, ex->detail, &len);
 
+    ex->bytes_out = body ? len : 0;
     return queue(ex, json_response(body, len, "application/problem+json"));
 }
 
@@ -253,6 +254,7 @@ static enum MHD_Result answer_instruction(struct exchange *ex)
 
     if (!resp)
         return MHD_NO;
+    ex->bytes_out = len;
     if (ex->outcome == OUT_REQUEUE) {
         snprintf(num, sizeof num, "%llu", (unsigned long long)
                  instruction_delay_seconds(ex->instr.delay_ms));
@@ -283,6 +285,7 @@ static enum MHD_Result answer_replay(struct exchange *ex)
     MHD_add_response_header(resp, "Idempotent-Replayed", "true");
     if (rec->body_omitted)
         MHD_add_response_header(resp, "Sluice-Body-Omitted", "true");
+    ex->bytes_out = rec->body_len;
     ex->status = rec->status;
     ex->outcome = rec->status < 400 ? OUT_REPLAYED : OUT_PERMANENT_ERROR;
     ex->reason = R_NONE;
@@ -568,6 +571,7 @@ static void on_body_data(struct exchange *ex, const char *data, size_t len)
         return;
     }
     evbuffer_add(ex->body, data, len);
+    ex->bytes_in += len;
 }
 
 enum MHD_Result exchange_access(void *cls, struct MHD_Connection *c,
@@ -631,6 +635,11 @@ static void log_exchange(struct exchange *ex)
     /* Every line has one: a replay's own (its answer carries the stored
      * one), an abandoned request's too. */
     e.request_id = ex_request_id(ex);
+    e.upstream_status = u->resp.status;
+    e.bytes_in = ex->bytes_in;
+    /* MHD sends no body with these, whatever the response holds. */
+    e.bytes_out = (ex->method && !strcmp(ex->method, "HEAD")) || ex->status == 204 ||
+                  ex->status == 304 ? 0 : ex->bytes_out;
     log_access(&e);
 }
 

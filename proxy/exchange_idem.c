@@ -138,7 +138,7 @@ static bool claim(struct exchange *ex)
     uint64_t deadline = now + ex->pol->max_wait_ms * NS_PER_MS;
 
     if (claims_take(&ex->loop->app->claims, scope(ex), ex->key, now, deadline,
-                    ex->up->timeout_ms * NS_PER_MS, &remaining)) {
+                    sc_route_timeout(ex->route, ex->up) * NS_PER_MS, &remaining)) {
         ex->claimed = true;
         return true;
     }

@@ -152,6 +152,8 @@ struct exchange {
     struct event *client_ev; /* the worker's socket, watched while we wait */
     uint64_t t0_ns;
     uint64_t t0_wall_ms;
+    uint64_t bytes_in;      /* request body bytes read from the worker */
+    uint64_t bytes_out;     /* response body bytes handed to MHD */
     TAILQ_ENTRY(exchange) link;
 };
 

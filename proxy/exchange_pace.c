@@ -234,13 +234,13 @@ static enum ex_verdict local_slot(struct exchange *ex, uint64_t now)
 
 /* A fleet-wide slot (shared: redis): asked of the store; none free, asked
  * again every SLOT_POLL_MS until max_wait; no answer: the local fallback.
- * A holder that dies gives its slot back after its upstream's timeout and
- * a margin. */
+ * A holder that dies gives its slot back after its request's timeout (the
+ * route's, else the upstream's) and a margin. */
 static int start_slot(struct exchange *ex)
 {
     return store_slot_take_async(ex->loop->store, ex->scall, ex->pol->name,
                                  ex->holder, ex->pol->concurrency,
-                                 ex->up->timeout_ms + SLOT_HOLD_MARGIN_MS);
+                                 sc_route_timeout(ex->route, ex->up) + SLOT_HOLD_MARGIN_MS);
 }
 
 static enum ex_verdict shared_slot(struct exchange *ex, uint64_t now, bool first)

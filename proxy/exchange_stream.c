@@ -73,6 +73,7 @@ static ssize_t read_body(void *cls, uint64_t pos, char *buf, size_t max)
         n = evbuffer_remove(body, buf, max);
         if (n < 0)
             return MHD_CONTENT_READER_END_WITH_ERROR;
+        ex->bytes_out += (uint64_t)n;
         up_request_read_more(&ex->ureq);
         return n;
     }
@@ -104,8 +105,12 @@ struct MHD_Response *ex_stream_response(struct exchange *ex)
     struct up_response *ur = &ex->ureq.resp;
     struct MHD_Response *resp = NULL;
 
-    if (ex->up_done && ur->result == UP_OK && !ex->ureq.no_body)
-        resp = response_whole(ur);
+    if (ex->up_done && ur->result == UP_OK && !ex->ureq.no_body) {
+        size_t whole = evbuffer_get_length(ur->body);
+
+        if ((resp = response_whole(ur)))
+            ex->bytes_out = whole;
+    }
     if (!resp)
         resp = MHD_create_response_from_callback(promised_length(ex), READ_BLOCK,
                                                  read_body, ex, NULL);

@@ -75,13 +75,21 @@ static int build_wire(struct exchange *ex)
     struct wire_ctx w = {.up = ex->up};
     size_t blen = ex->body ? evbuffer_get_length(ex->body) : 0;
     char *target = route_upstream_target(ex->route, ex->up, ex->target);
+    const struct up_proxy *px = ex->up->https ? NULL
+                                : ex->rt->proxies[ex->route->upstream];
     int rc = -ENOMEM;
 
     w.out = evbuffer_new();
     if (!target || !w.out)
         goto out;
-    evbuffer_add_printf(w.out, "%s %s HTTP/1.1\r\nHost: %s\r\n", ex->method,
+    /* Through an egress proxy, an http upstream gets absolute-form requests
+     * (an https one is reached through a tunnel, in origin-form). */
+    evbuffer_add_printf(w.out, "%s %s%s%s HTTP/1.1\r\nHost: %s\r\n", ex->method,
+                        px ? "http://" : "", px ? ex->up->authority : "",
                         target, ex->up->authority);
+    if (px && px->authorization)
+        evbuffer_add_printf(w.out, "Proxy-Authorization: %s\r\n",
+                            px->authorization);
     MHD_get_connection_values(ex->mc, MHD_HEADER_KIND, collect_conn_tokens, &w);
     MHD_get_connection_values(ex->mc, MHD_HEADER_KIND, copy_header, &w);
     /* The worker's id when usable, else the one sluice made (ex_request_id). */
@@ -294,6 +302,7 @@ static enum ex_verdict send_request(struct exchange *ex)
     if (build_wire(ex) != 0)
         return not_sent(ex, "out of memory building the upstream request");
     ex->ureq.no_body = strcmp(ex->method, "HEAD") == 0;
+    ex->ureq.timeout_ms = sc_route_timeout(ex->route, ex->up);
     ex->ureq.done = on_upstream_done;
     ex->ureq.progress = on_upstream_progress;
     ex->ureq.arg = ex;

@@ -10,20 +10,65 @@
 #include "proxy/server.h"
 #include "proxy/upstream.h"
 
-static int tls_init(struct runtime *rt, struct sc_error *err)
+/* prev's context made from the same source, with a reference taken, or
+ * NULL. */
+static SSL_CTX *tls_kept(const struct runtime *prev, const char *src)
+{
+    for (size_t j = 0; prev && prev->tls_src && j < prev->cfg->n_upstreams; j++)
+        if (prev->tls[j] && prev->tls_src[j] && !strcmp(prev->tls_src[j], src) &&
+            SSL_CTX_up_ref(prev->tls[j]) == 1)
+            return prev->tls[j];
+    return NULL;
+}
+
+/* One context per https upstream, loaded once per config: a reload that
+ * changes neither its settings nor its files (ca, client certificate, key)
+ * keeps the context it had, and with it the key already in memory. */
+static int tls_init(struct runtime *rt, const struct runtime *prev,
+                    struct sc_error *err)
 {
     const struct sc_config *cfg = rt->cfg;
+    size_t n = cfg->n_upstreams ? cfg->n_upstreams : 1;
+    char src[UP_TLS_SOURCE_MAX];
 
-    rt->tls = calloc(cfg->n_upstreams ? cfg->n_upstreams : 1, sizeof *rt->tls);
-    if (!rt->tls) {
+    rt->tls = calloc(n, sizeof *rt->tls);
+    rt->tls_src = calloc(n, sizeof *rt->tls_src);
+    if (!rt->tls || !rt->tls_src) {
         sc_error_set(err, "out of memory");
         return -ENOMEM;
     }
     for (size_t i = 0; i < cfg->n_upstreams; i++) {
         if (!cfg->upstreams[i].https)
             continue;
-        rt->tls[i] = up_tls_ctx_new(&cfg->upstreams[i], err);
+        up_tls_source(&cfg->upstreams[i], src, sizeof src);
+        rt->tls[i] = tls_kept(prev, src);
         if (!rt->tls[i])
+            rt->tls[i] = up_tls_ctx_new(&cfg->upstreams[i], err);
+        if (!rt->tls[i])
+            return -EINVAL;
+        if (!(rt->tls_src[i] = strdup(src))) {
+            sc_error_set(err, "out of memory");
+            return -ENOMEM;
+        }
+    }
+    return 0;
+}
+
+/* Each upstream's egress proxy, parsed once per config (the config check
+ * has already refused a malformed one). */
+static int proxies_init(struct runtime *rt, struct sc_error *err)
+{
+    const struct sc_config *cfg = rt->cfg;
+
+    rt->proxies = calloc(cfg->n_upstreams ? cfg->n_upstreams : 1,
+                         sizeof *rt->proxies);
+    if (!rt->proxies) {
+        sc_error_set(err, "out of memory");
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < cfg->n_upstreams; i++) {
+        rt->proxies[i] = up_proxy_new(&cfg->upstreams[i], err);
+        if (!rt->proxies[i] && err->text[0])
             return -EINVAL;
     }
     return 0;
@@ -50,7 +95,7 @@ static int pools_init(struct runtime *rt, struct sc_error *err)
             uint32_t share = (u->max_connections + rt->n_loops - 1) / rt->n_loops;
 
             rt->pools[w][i] = up_pool_new(app->loops[w].base, app->loops[w].dns,
-                                          u, rt->tls[i], share);
+                                          u, rt->tls[i], rt->proxies[i], share);
             if (!rt->pools[w][i])
                 goto nomem;
         }
@@ -76,7 +121,8 @@ int runtime_new(struct app *app, struct sc_config *cfg,
     atomic_store(&rt->refs, 1);
     rt->app = app;
     rt->cfg = cfg;
-    if ((rc = tls_init(rt, err)) != 0)
+    if ((rc = tls_init(rt, prev, err)) != 0 ||
+        (rc = proxies_init(rt, err)) != 0)
         goto fail;
     rc = pacing_init(&rt->pacing, cfg, prev ? &prev->pacing : NULL);
     if (rc == 0)
@@ -112,7 +158,13 @@ void runtime_free_now(struct runtime *rt)
     for (size_t i = 0; rt->tls && i < rt->cfg->n_upstreams; i++)
         if (rt->tls[i])
             SSL_CTX_free(rt->tls[i]);
+    for (size_t i = 0; rt->tls_src && i < rt->cfg->n_upstreams; i++)
+        free(rt->tls_src[i]);
     free(rt->tls);
+    free(rt->tls_src);
+    for (size_t i = 0; rt->proxies && i < rt->cfg->n_upstreams; i++)
+        up_proxy_free(rt->proxies[i]);
+    free(rt->proxies);
     config_free(rt->cfg);
     free(rt);
 }

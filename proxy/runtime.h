@@ -17,12 +17,15 @@
 
 struct app;
 struct up_pool;
+struct up_proxy;
 
 struct runtime {
     atomic_long refs;
     struct app *app;
     struct sc_config *cfg;      /* owned */
     SSL_CTX **tls;              /* per upstream; NULL for http */
+    char **tls_src;             /* what each was made from (up_tls_source) */
+    struct up_proxy **proxies;  /* per upstream; NULL: direct */
     struct pacing pacing;
     struct metrics_ids ids;
     struct up_pool ***pools;    /* [loop][upstream] */

@@ -1,4 +1,5 @@
 #include "proxy/upstream.h"
+#include "proxy/upstream_internal.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -24,83 +25,13 @@
  * that is not streamed. */
 #define UP_MAX_BODY_BYTES ((size_t)256 * 1024 * 1024)
 
-enum conn_state { C_CONNECTING, C_IDLE, C_BUSY };
-
-struct up_conn {
-    struct up_pool *pool;
-    struct bufferevent *bev;
-    struct event *connect_timer;
-    http_parser parser;
-    struct up_request *req;
-    enum conn_state state;
-    bool connected;
-    bool sent;              /* the whole request left our buffer */
-    bool complete;          /* a final response was parsed */
-    bool head;              /* the final response head was parsed */
-    bool head_told;         /* ... and reported (progress) */
-    bool paused;            /* reading stopped: the body holds hold_max */
-    bool in_value;          /* header parsing: last callback was a value */
-    bool in_setup;          /* inside conn_new: events are noted, not acted on */
-    bool setup_failed;
-    size_t header_bytes;
-    TAILQ_ENTRY(up_conn) link;
-};
-
-TAILQ_HEAD(conn_list, up_conn);
-TAILQ_HEAD(req_list, up_request);
-
-struct up_pool {
-    struct event_base *base;
-    struct evdns_base *dns;
-    const struct sc_upstream *u;
-    SSL_CTX *ssl_ctx;
-    uint32_t max_conns;
-    size_t n_conns, n_idle;
-    struct conn_list idle;      /* most recently used first */
-    struct conn_list busy;
-    struct req_list waiting;    /* FIFO of requests without a connection */
-};
-
 static http_parser_settings parser_settings;
 
-static void conn_free(struct up_conn *c);
 static int conn_start(struct up_conn *c, struct up_request *req);
-static void conn_fail(struct up_conn *c, enum up_result r, const char *detail);
 static void req_finish(struct up_request *req, enum up_result r,
                        const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* ---- TLS ---------------------------------------------------------------- */
-
-SSL_CTX *up_tls_ctx_new(const struct sc_upstream *u, struct sc_error *err)
-{
-    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
-
-    if (!ctx) {
-        sc_error_set(err, "upstream %s: cannot create a TLS context", u->name);
-        return NULL;
-    }
-    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-    SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
-    if (!u->tls.verify) {
-        SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, NULL);
-        return ctx;
-    }
-    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
-    if (u->tls.ca_file && u->tls.ca_file[0]) {
-        if (SSL_CTX_load_verify_locations(ctx, u->tls.ca_file, NULL) != 1) {
-            sc_error_set(err, "upstream %s: cannot load tls.ca_file %s",
-                         u->name, u->tls.ca_file);
-            SSL_CTX_free(ctx);
-            return NULL;
-        }
-    } else if (SSL_CTX_set_default_verify_paths(ctx) != 1) {
-        sc_error_set(err, "upstream %s: cannot load the system CA store",
-                     u->name);
-        SSL_CTX_free(ctx);
-        return NULL;
-    }
-    return ctx;
-}
 
 static bool is_ip_literal(const char *host)
 {
@@ -111,7 +42,7 @@ static bool is_ip_literal(const char *host)
 }
 
 /* Verification of the name (or IP) and SNI, per connection. */
-static SSL *tls_new(struct up_pool *pool)
+SSL *tls_new(struct up_pool *pool)
 {
     SSL *ssl = SSL_new(pool->ssl_ctx);
     const char *host = pool->u->host;
@@ -267,6 +198,11 @@ static int on_headers_complete(http_parser *p)
     for (size_t i = 0; i < r->n_headers; i++)
         if (!r->headers[i].value && str_append(&r->headers[i].value, "", 0))
             return -1;
+    /* Only a proxy asks for proxy credentials: the request stopped there. */
+    if (c->pool->proxy && !c->pool->ssl_ctx && p->status_code == 407) {
+        c->proxy_refused = true;
+        return -1;
+    }
     r->status = (int)p->status_code;
     /* We never ask for an upgrade: a 101 would hand the worker a connection
      * that no longer speaks HTTP. It is a broken response. */
@@ -324,7 +260,7 @@ static void parser_settings_init(void)
 
 struct up_pool *up_pool_new(struct event_base *base, struct evdns_base *dns,
                             const struct sc_upstream *u, SSL_CTX *ssl_ctx,
-                            uint32_t max_conns)
+                            const struct up_proxy *proxy, uint32_t max_conns)
 {
     struct up_pool *pool = calloc(1, sizeof *pool);
 
@@ -336,6 +272,7 @@ struct up_pool *up_pool_new(struct event_base *base, struct evdns_base *dns,
     pool->dns = dns;
     pool->u = u;
     pool->ssl_ctx = ssl_ctx;
+    pool->proxy = proxy;
     pool->max_conns = max_conns ? max_conns : 1;
     TAILQ_INIT(&pool->idle);
     TAILQ_INIT(&pool->busy);
@@ -383,7 +320,7 @@ static void conn_unlink(struct up_conn *c)
     }
 }
 
-static void conn_free(struct up_conn *c)
+void conn_free(struct up_conn *c)
 {
     conn_unlink(c);
     c->pool->n_conns--;
@@ -449,7 +386,7 @@ static void conn_release(struct up_conn *c)
 }
 
 /* A connection failed: the request learns how, the connection goes. */
-static void conn_fail(struct up_conn *c, enum up_result r, const char *detail)
+void conn_fail(struct up_conn *c, enum up_result r, const char *detail)
 {
     struct up_request *req = c->req;
 
@@ -513,6 +450,11 @@ static void parse_input(struct up_conn *c)
         evbuffer_drain(in, c->complete ? n : v.iov_len);
         if (!c->complete && HTTP_PARSER_ERRNO(&c->parser) != HPE_OK) {
             char why[160];
+            if (c->proxy_refused) {
+                conn_fail(c, UP_CONNECT_ERROR, "egress proxy answered 407 "
+                          "(Proxy Authentication Required)");
+                return;
+            }
             if (c->req->resp.head_too_big)
                 snprintf(why, sizeof why, "response head over %d bytes or %d "
                          "headers", UP_MAX_HEAD_BYTES, UP_MAX_HEADERS);
@@ -540,7 +482,7 @@ void up_request_read_more(struct up_request *req)
         conn_fail(c, UP_CONNECTION_LOST, "cannot read from the upstream");
 }
 
-static void on_read(struct bufferevent *bev, void *arg)
+void conn_on_read(struct bufferevent *bev, void *arg)
 {
     struct up_conn *c = arg;
 
@@ -549,10 +491,11 @@ static void on_read(struct bufferevent *bev, void *arg)
         conn_free(c);
         return;
     }
+    c->answered = true;
     parse_input(c);
 }
 
-static void on_write(struct bufferevent *bev, void *arg)
+void conn_on_write(struct bufferevent *bev, void *arg)
 {
     struct up_conn *c = arg;
 
@@ -560,9 +503,9 @@ static void on_write(struct bufferevent *bev, void *arg)
         c->sent = true;
 }
 
-static void describe_error(struct up_conn *c, short what, char *buf, size_t len)
+static void describe_error(struct up_conn *c, short what, unsigned long ssl_err,
+                           char *buf, size_t len)
 {
-    unsigned long ssl_err = c->pool->ssl_ctx ? bufferevent_get_openssl_error(c->bev) : 0;
     int dns_err = bufferevent_socket_get_dns_error(c->bev);
 
     if (ssl_err) {
@@ -570,7 +513,8 @@ static void describe_error(struct up_conn *c, short what, char *buf, size_t len)
         ERR_error_string_n(ssl_err, e, sizeof e);
         snprintf(buf, len, "TLS: %s", e);
     } else if (dns_err) {
-        snprintf(buf, len, "cannot resolve %s: %s", c->pool->u->host,
+        snprintf(buf, len, "cannot resolve %s: %s", c->pool->proxy
+                 ? c->pool->proxy->host : c->pool->u->host,
                  evutil_gai_strerror(dns_err));
     } else if (what & BEV_EVENT_EOF) {
         snprintf(buf, len, "upstream closed the connection");
@@ -581,9 +525,33 @@ static void describe_error(struct up_conn *c, short what, char *buf, size_t len)
     }
 }
 
-static void on_event(struct bufferevent *bev, short what, void *arg)
+/* With TLS 1.3 the client's handshake ends before the server has checked
+ * the client's certificate, so the request may leave before a partner that
+ * refuses ours (none, expired, another CA's) says so with an alert. Its TLS
+ * layer refused the connection: the request never reached the partner's
+ * application, and the outcome is a connect_error, as with TLS 1.2. */
+static bool handshake_refused(const struct up_conn *c, unsigned long ssl_err)
+{
+    static const int alerts[] = {
+        SSL_AD_HANDSHAKE_FAILURE, SSL_AD_BAD_CERTIFICATE,
+        SSL_AD_UNSUPPORTED_CERTIFICATE, SSL_AD_CERTIFICATE_REVOKED,
+        SSL_AD_CERTIFICATE_EXPIRED, SSL_AD_CERTIFICATE_UNKNOWN,
+        SSL_AD_UNKNOWN_CA, SSL_AD_ACCESS_DENIED, SSL_AD_CERTIFICATE_REQUIRED,
+    };
+    int reason = ERR_GET_REASON(ssl_err) - SSL_AD_REASON_OFFSET;
+
+    if (!ssl_err || c->answered || ERR_GET_LIB(ssl_err) != ERR_LIB_SSL)
+        return false;
+    for (size_t i = 0; i < sizeof alerts / sizeof alerts[0]; i++)
+        if (reason == alerts[i])
+            return true;
+    return false;
+}
+
+void conn_on_event(struct bufferevent *bev, short what, void *arg)
 {
     struct up_conn *c = arg;
+    unsigned long ssl_err;
     char why[192];
 
     if (c->in_setup) {
@@ -609,9 +577,10 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
             return;
         }
     }
-    describe_error(c, what, why, sizeof why);
-    conn_fail(c, c->connected && c->sent ? UP_CONNECTION_LOST : UP_CONNECT_ERROR,
-              why);
+    ssl_err = c->pool->ssl_ctx ? bufferevent_get_openssl_error(c->bev) : 0;
+    describe_error(c, what, ssl_err, why, sizeof why);
+    conn_fail(c, c->connected && c->sent && !handshake_refused(c, ssl_err)
+                 ? UP_CONNECTION_LOST : UP_CONNECT_ERROR, why);
 }
 
 static void on_connect_timeout(evutil_socket_t fd, short what, void *arg)
@@ -625,6 +594,12 @@ static void on_connect_timeout(evutil_socket_t fd, short what, void *arg)
 }
 
 /* ---- dispatch ----------------------------------------------------------- */
+
+/* The route's timeout when the caller set one, else the upstream's. */
+static uint64_t req_timeout_ms(const struct up_request *req)
+{
+    return req->timeout_ms ? req->timeout_ms : req->pool->u->timeout_ms;
+}
 
 static void on_request_timeout(evutil_socket_t fd, short what, void *arg)
 {
@@ -650,7 +625,7 @@ static void on_request_timeout(evutil_socket_t fd, short what, void *arg)
     }
     conn_free(c);
     req_finish(req, UP_TIMEOUT, "no whole response within timeout (%llu ms)",
-               (unsigned long long)req->pool->u->timeout_ms);
+               (unsigned long long)req_timeout_ms(req));
 }
 
 static int req_arm_timer(struct up_request *req, uint64_t ms)
@@ -698,11 +673,21 @@ static int conn_start(struct up_conn *c, struct up_request *req)
     c->paused = false;
     c->in_value = false;
     c->header_bytes = 0;
+    c->answered = false;
+    c->proxy_refused = false;
     req->conn = c;
     http_parser_init(&c->parser, HTTP_RESPONSE);
     c->parser.data = c;
-    if (req_arm_timer(req, req->pool->u->timeout_ms) != 0)
+    if (req_arm_timer(req, req_timeout_ms(req)) != 0)
         return -ENOMEM;
+    /* Through a tunnel not yet up, the request waits for it (tunnel_open). */
+    return c->tunnelling ? 0 : conn_write_request(c);
+}
+
+int conn_write_request(struct up_conn *c)
+{
+    struct up_request *req = c->req;
+
     write_now(c, req->wire);
     if (c->sent)
         return bufferevent_enable(c->bev, EV_READ) != 0 ? -EIO : 0;
@@ -735,6 +720,19 @@ static struct bufferevent *bev_new(struct up_pool *pool)
     return bev;
 }
 
+/* Direct, or to the proxy for an http upstream (absolute-form requests). */
+static int conn_dial(struct up_conn *c)
+{
+    const struct up_pool *pool = c->pool;
+    const char *host = pool->proxy ? pool->proxy->host : pool->u->host;
+    int port = pool->proxy ? pool->proxy->port : pool->u->port;
+
+    bufferevent_setcb(c->bev, conn_on_read, conn_on_write, conn_on_event, c);
+    return bufferevent_socket_connect_hostname(c->bev, pool->dns, AF_UNSPEC,
+                                               host, port) != 0 ||
+                   c->setup_failed ? -1 : 0;
+}
+
 static struct up_conn *conn_new(struct up_pool *pool)
 {
     struct up_conn *c = calloc(1, sizeof *c);
@@ -746,17 +744,16 @@ static struct up_conn *conn_new(struct up_pool *pool)
     c->state = C_CONNECTING;
     TAILQ_INSERT_TAIL(&pool->busy, c, link);
     pool->n_conns++;
-    c->bev = bev_new(pool);
     c->connect_timer = evtimer_new(pool->base, on_connect_timeout, c);
-    if (!c->bev || !c->connect_timer)
+    if (!c->connect_timer)
         goto fail;
-    bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
     /* libevent may report a failure (no descriptor, no memory, a connect
      * refused at once) from inside the call: on_event must not free c then. */
     c->in_setup = true;
-    if (bufferevent_socket_connect_hostname(c->bev, pool->dns, AF_UNSPEC,
-                                            pool->u->host, pool->u->port) != 0 ||
-        c->setup_failed)
+    if (pool->proxy && pool->ssl_ctx) {
+        if (tunnel_open(c) != 0)
+            goto fail;
+    } else if (!(c->bev = bev_new(pool)) || conn_dial(c) != 0)
         goto fail;
     c->in_setup = false;
     if (!c->connected)

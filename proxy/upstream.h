@@ -78,6 +78,7 @@ struct up_request {
     bool discard;           /* drop body bytes as they arrive */
     size_t hold_max;        /* stop reading while resp.body holds this much;
                              * 0: buffer the whole body (bounded) */
+    uint64_t timeout_ms;    /* for the whole response; 0: the upstream's */
     struct up_response resp;
     uint64_t sent_ns, done_ns; /* monotonic: dispatch and completion */
 
@@ -89,15 +90,40 @@ struct up_request {
     TAILQ_ENTRY(up_request) wait_link;
 };
 
-/* A TLS client context for an https upstream: peer verification unless
- * tls.verify is false, ca_file or the system store. NULL + err on failure. */
+/* upstream_tls.c: a TLS client context for an https upstream: peer
+ * verification unless tls.verify is false, ca_file or the system store, and
+ * the client certificate of tls.cert_file / tls.key_file when given. NULL +
+ * err on failure. */
 SSL_CTX *up_tls_ctx_new(const struct sc_upstream *u, struct sc_error *err);
 
-/* A pool of at most max_conns connections to u, driven by base. ssl_ctx is
- * borrowed (NULL for http). Returns NULL on allocation failure. */
+/* What u's context is made from, as text: its tls settings and the
+ * identity of each file (device, inode, size, mtime). Two equal texts make
+ * the same context, so a reload can keep the one it has. */
+#define UP_TLS_SOURCE_MAX 2048
+void up_tls_source(const struct sc_upstream *u, char *buf, size_t len);
+
+/* upstream_proxy.c: an upstream's egress proxy, parsed once per config
+ * from its `proxy` (docs/contract.md §3). An https upstream is reached
+ * through a CONNECT tunnel (TLS end to end with the partner inside it), an
+ * http one with absolute-form requests to the proxy. */
+struct up_proxy {
+    char *host;             /* to dial; IPv6 without brackets */
+    uint16_t port;
+    char *authorization;    /* Proxy-Authorization value ("Basic ..."), or
+                             * NULL without userinfo; never logged */
+};
+
+/* NULL with err->text empty when u has no proxy; NULL with a message when
+ * it cannot be made. */
+struct up_proxy *up_proxy_new(const struct sc_upstream *u, struct sc_error *err);
+void up_proxy_free(struct up_proxy *p);
+
+/* A pool of at most max_conns connections to u, driven by base. ssl_ctx
+ * (NULL for http) and proxy (NULL: direct) are borrowed. Returns NULL on
+ * allocation failure. */
 struct up_pool *up_pool_new(struct event_base *base, struct evdns_base *dns,
                             const struct sc_upstream *u, SSL_CTX *ssl_ctx,
-                            uint32_t max_conns);
+                            const struct up_proxy *proxy, uint32_t max_conns);
 void up_pool_free(struct up_pool *pool);
 
 /* Starts the exchange. Returns 0, or a negative code (done is then not

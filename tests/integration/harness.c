@@ -55,9 +55,9 @@ static long now_ms(void)
 
 /* ---- the stub ----------------------------------------------------------- */
 
-int h_stub_start(struct h_stub *s, const char *const *args)
+/* Starts bin --listen 127.0.0.1:0 args... and reads its "listening" line. */
+static int start_listener(struct h_stub *s, const char *bin, const char *const *args)
 {
-    const char *bin = env_or("SLUICE_STUB", SLUICE_BUILD_DIR "/sluice-stub");
     const char *argv[32] = {bin, "--listen", "127.0.0.1:0"};
     int n = 3, pfd[2];
     char line[128] = {0};
@@ -93,6 +93,17 @@ int h_stub_start(struct h_stub *s, const char *const *args)
     if (strncmp(line, "listening ", 10) == 0 && strrchr(line, ':'))
         s->port = atoi(strrchr(line, ':') + 1);
     return s->port > 0 ? 0 : -1;
+}
+
+int h_stub_start(struct h_stub *s, const char *const *args)
+{
+    return start_listener(s, env_or("SLUICE_STUB", SLUICE_BUILD_DIR "/sluice-stub"), args);
+}
+
+int h_fwdproxy_start(struct h_stub *s, const char *const *args)
+{
+    return start_listener(s, env_or("SLUICE_FWDPROXY", SLUICE_BUILD_DIR "/sluice-fwdproxy"),
+                          args);
 }
 
 void h_stub_stop(struct h_stub *s)

@@ -34,6 +34,10 @@ int h_free_port(void);
 /* Starts the stub with extra args (NULL-terminated, may be NULL). */
 int h_stub_start(struct h_stub *s, const char *const *args);
 void h_stub_stop(struct h_stub *s);
+/* Starts the tests' forward proxy (sluice-fwdproxy, tests/stub/fwdproxy.c)
+ * with extra args; stop it with h_stub_stop, read its counters with
+ * h_stub_stat ("tunnels", "forwarded", "refused", "connections"). */
+int h_fwdproxy_start(struct h_stub *s, const char *const *args);
 /* One number of the stub's GET /_stub/stats ("requests", "in_flight_max"
  * ...), or -1 when it cannot be read. */
 long long h_stub_stat(const struct h_stub *s, const char *name);

@@ -127,6 +127,7 @@ struct worker;
 struct stub {
     const char *listen;
     const char *tls_cert, *tls_key;
+    const char *client_ca;  /* --tls-client-ca: require a client certificate it signed */
     double max_rate;                /* 0 = no ceiling */
     unsigned burst;
     long long body_size;            /* -1 = echo */
@@ -232,6 +233,7 @@ struct conn {
     enum conn_state state;
     bool peer_eof;                  /* the peer sent FIN: answer what is pending, then close */
     bool stalled;                   /* parsing stopped until the output drains */
+    bool handshaken;                /* TLS: the handshake is done */
     struct req req;
     struct evbuffer *tmp;           /* JSON bodies are built here to learn their length */
 };
@@ -1860,12 +1862,35 @@ static void on_write(struct bufferevent *bev, void *arg)
     }
 }
 
+/* A TLS handshake that failed (a client certificate refused, with TLS 1.3 after the client's
+ * handshake ended): OpenSSL has written its alert to the socket; closing at once, with the
+ * client's request unread, would send a reset that destroys the alert in flight. Shut our side
+ * and close a little later. */
+static void tls_refused(struct conn *c)
+{
+    evutil_socket_t fd = bufferevent_getfd(c->bev);
+
+    bufferevent_disable(c->bev, EV_READ | EV_WRITE);
+    if (fd >= 0)
+        shutdown(fd, SHUT_WR);
+    c->state = C_LINGER;
+    evtimer_del(c->timer);
+    timer_after_ms(c->timer, LINGER_MS);
+}
+
 static void on_event(struct bufferevent *bev, short what, void *arg)
 {
     struct conn *c = arg;
 
-    if (what & BEV_EVENT_CONNECTED)
-        return;                     /* the TLS handshake is done */
+    if (what & BEV_EVENT_CONNECTED) {
+        c->handshaken = true;       /* the TLS handshake is done */
+        return;
+    }
+    if ((what & BEV_EVENT_ERROR) && !c->handshaken && bufferevent_openssl_get_ssl(bev) &&
+        c->state != C_LINGER) {
+        tls_refused(c);
+        return;
+    }
     if ((what & BEV_EVENT_EOF) && c->state != C_LINGER) {
         /* Half-closed peers still get the answers to everything they sent. */
         c->peer_eof = true;
@@ -2146,7 +2171,7 @@ static int workers_start(struct stub *st)
 
 /* ---- setup ---------------------------------------------------------------------------------- */
 
-static SSL_CTX *tls_new(const char *cert, const char *key)
+static SSL_CTX *tls_new(const char *cert, const char *key, const char *client_ca)
 {
     SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
 
@@ -2156,6 +2181,13 @@ static SSL_CTX *tls_new(const char *cert, const char *key)
         SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1 ||
         SSL_CTX_check_private_key(ctx) != 1)
         goto fail;
+    /* Mutual TLS: a client without a certificate this CA signed is refused in the handshake. */
+    if (client_ca) {
+        if (SSL_CTX_load_verify_locations(ctx, client_ca, NULL) != 1)
+            goto fail;
+        SSL_CTX_set_client_CA_list(ctx, SSL_load_client_CA_file(client_ca));
+        SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
+    }
     return ctx;
 fail:
     fprintf(stderr, "sluice-stub: TLS setup with %s and %s failed:\n", cert, key);
@@ -2167,11 +2199,13 @@ fail:
 static void usage(FILE *f)
 {
     fputs("usage: sluice-stub [--listen HOST:PORT] [--tls-cert FILE --tls-key FILE]\n"
+          "                   [--tls-client-ca FILE]\n"
           "                   [--max-rate R] [--burst B] [--body-size N] [--threads N]\n"
           "                   [--delay-ms N] [--honour-idempotency]\n"
           "  --listen HOST:PORT  address to serve on (default 127.0.0.1:9000; PORT 0 = any)\n"
           "  --tls-cert FILE     serve HTTPS with this PEM certificate chain (needs --tls-key)\n"
           "  --tls-key FILE      PEM private key of --tls-cert\n"
+          "  --tls-client-ca FILE  require a client certificate signed by this PEM CA\n"
           "  --max-rate R        accept at most R plain requests/s (float); the rest get 429\n"
           "  --burst B           requests --max-rate lets through back to back (default 1)\n"
           "  --body-size N       answer plain requests with N bytes of 'x' instead of the echo\n"
@@ -2199,6 +2233,7 @@ static bool parse_args(struct stub *st, int argc, char **argv)
         {"burst", required_argument, NULL, 'b'},    {"body-size", required_argument, NULL, 's'},
         {"threads", required_argument, NULL, 't'},  {"help", no_argument, NULL, 'h'},
         {"delay-ms", required_argument, NULL, 'd'}, {"honour-idempotency", no_argument, NULL, 'i'},
+        {"tls-client-ca", required_argument, NULL, 'C'},
         {NULL, 0, NULL, 0},
     };
     uint64_t v;
@@ -2212,6 +2247,7 @@ static bool parse_args(struct stub *st, int argc, char **argv)
         case 'l': st->listen = optarg; break;
         case 'c': st->tls_cert = optarg; break;
         case 'k': st->tls_key = optarg; break;
+        case 'C': st->client_ca = optarg; break;
         case 'r':
             st->max_rate = strtod(optarg, &end);
             if (*end || !(st->max_rate > 0 && st->max_rate <= 1e9))
@@ -2246,6 +2282,8 @@ static bool parse_args(struct stub *st, int argc, char **argv)
         return bad_arg("unexpected argument");
     if (!st->tls_cert != !st->tls_key)
         return bad_arg("--tls-cert and --tls-key go together");
+    if (st->client_ca && !st->tls_cert)
+        return bad_arg("--tls-client-ca needs --tls-cert and --tls-key");
     return true;
 }
 
@@ -2260,7 +2298,7 @@ int main(int argc, char **argv)
         return 2;
     signal(SIGPIPE, SIG_IGN);       /* a peer gone mid-answer is an error event, not a death */
     memset(fill_block, 'x', sizeof fill_block);
-    if (st.tls_cert && !(st.tls = tls_new(st.tls_cert, st.tls_key)))
+    if (st.tls_cert && !(st.tls = tls_new(st.tls_cert, st.tls_key, st.client_ca)))
         goto cleanup;
     /* libevent's internal locks cost on every event: take them only when other threads' loops
      * must be woken (by event_active on their stop event). */

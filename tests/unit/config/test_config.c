@@ -1,3 +1,4 @@
+#define _GNU_SOURCE
 /* policies/config_*.c: loading sidecar.yaml (docs/contract.md §2): defaults,
  * the full example, ${ENV}, error reporting, the JSON view and its
  * redaction. Invalid configs one by one live in test_config_invalid.c. */
@@ -318,6 +319,9 @@ Test(config_full, spec_example_loads)
     cr_expect_str_eq(u->headers[0].name, "Authorization");
     cr_expect_str_eq(u->headers[0].value, "Bearer s3cr3t-token");
     cr_expect_eq(u->headers[0].from_env, true);
+    cr_expect_str_eq(u->tls.cert_file, "");
+    cr_expect_str_eq(u->tls.key_file, "");
+    cr_expect_str_eq(u->proxy, "");
 
     cr_assert_eq(config_policy_index(cfg, "partner-writes"), 0);
     p = &cfg->policies[0];
@@ -329,7 +333,7 @@ Test(config_full, spec_example_loads)
     expect_default_retry(&p->retry);
     cr_expect_eq(p->idem.enabled, true);
     expect_default_idem_values(&p->idem);
-    cr_expect_eq(p->idem.lease_pos.line, 49);
+    cr_expect_eq(p->idem.lease_pos.line, 50);
 
     cr_assert_eq(cfg->n_routes, 1);
     r = &cfg->routes[0];
@@ -339,6 +343,8 @@ Test(config_full, spec_example_loads)
     cr_expect_eq(r->upstream, 0);
     cr_expect_eq(r->policy, 0);
     cr_expect_str_eq(r->strip_prefix, "");
+    cr_expect_eq(r->has_timeout, false, "timeout: \"\" leaves the upstream's");
+    cr_expect_eq(sc_route_timeout(r, u), 30000);
     config_free(cfg);
 }
 
@@ -350,7 +356,7 @@ Test(config_full, spec_example_needs_its_variable)
     cr_assert_not_null(src);
     unsetenv("PARTNER_TOKEN");
     all = load_fail(src, NULL);
-    cr_expect_str_eq(all, "test.yaml:28:22: upstreams.partner.headers.Authorization: "
+    cr_expect_str_eq(all, "test.yaml:29:22: upstreams.partner.headers.Authorization: "
                      "environment variable \"PARTNER_TOKEN\" is not set\n");
     free(all);
     free(src);
@@ -794,6 +800,7 @@ static const char REDACT[] =
     "  up:\n"
     "    url: https://api.example/base\n"
     "    timeout: 250ms\n"
+    "    proxy: \"http://egress:pr%40xy-hunter3@10.0.0.9:3128\"\n"
     "    headers:\n"
     "      Authorization: \"Bearer ${SLUICE_T_SECRET}\"\n"
     "      X-Static: plain-value-also-hidden\n"
@@ -801,7 +808,7 @@ static const char REDACT[] =
     "  p: { rate: 600/m, burst: 3, idempotency: { lease: 90s, replay_statuses: [2xx, 409] } }\n"
     "routes:\n"
     "  - { name: r, prefix: /v1, upstream: up, policy: p, methods: [POST] }\n"
-    "  - { prefix: /, upstream: up }\n";
+    "  - { prefix: /, upstream: up, timeout: 2m }\n";
 
 static json_t *to_json(const struct sc_config *cfg, char **text)
 {
@@ -836,6 +843,10 @@ Test(config_json, secrets_are_redacted)
     cr_expect_str_eq(json_string_value(h), "<redacted>");
     cr_expect_str_eq(json_string_value(json_object_get(json_object_get(root,
                      "store"), "url")), "redis://default:<redacted>@10.0.0.5:6379/0");
+    cr_expect_null(strstr(text, "hunter3"));
+    cr_expect_str_eq(json_string_value(json_object_get(json_object_get(json_object_get(
+                     root, "upstreams"), "up"), "proxy")),
+                     "http://egress:<redacted>@10.0.0.9:3128");
     json_decref(root);
     free(text);
     config_free(cfg);
@@ -878,6 +889,8 @@ Test(config_json, every_key_in_config_syntax)
     cr_expect(json_is_null(json_object_get(r1, "policy")));
     cr_expect(json_is_null(json_object_get(r1, "methods")));
     cr_expect_str_eq(json_string_value(json_object_get(r1, "name")), "/");
+    cr_expect(json_is_null(json_object_get(r0, "timeout")), "no timeout: null");
+    cr_expect_str_eq(json_string_value(json_object_get(r1, "timeout")), "2m");
     cr_expect_eq(json_object_size(root), 11);
     json_decref(root);
     free(text);
@@ -950,4 +963,151 @@ Test(config_json, loads_back_to_itself)
 Test(config_json, null_config)
 {
     cr_expect_null(config_to_json(NULL));
+}
+
+/* ---- egress: client certificates, proxies, route timeouts ---------------------- */
+
+/* Two key pairs made by the openssl command in a temp dir: a.pem/a.key and
+ * b.pem/b.key (self-signed; the check reads them, it does not verify). */
+static char *make_pairs(void)
+{
+    char *dir = tu_mkdtemp("pairs"), cmd[2048];
+
+    cr_assert_not_null(dir);
+    snprintf(cmd, sizeof cmd,
+             "cd %s && for n in a b; do openssl req -x509 -newkey ec "
+             "-pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout $n.key "
+             "-out $n.pem -days 1 -subj /CN=client-$n >/dev/null 2>&1 || exit 1; "
+             "done && printf 'not a pem\n' > junk.pem", dir);
+    cr_assert_eq(system(cmd), 0, "openssl failed");
+    return dir;
+}
+
+static char *tls_config(const char *dir, const char *cert, const char *key)
+{
+    char *yaml;
+
+    cr_assert(asprintf(&yaml,
+        "upstreams:\n"
+        "  partner:\n"
+        "    url: https://api.partner.example\n"
+        "    tls:\n"
+        "      cert_file: %s/%s\n"
+        "      key_file: %s/%s\n"
+        "routes: [{prefix: /, upstream: partner}]\n",
+        dir, cert, dir, key) > 0);
+    return yaml;
+}
+
+Test(config_egress, client_pair_loads)
+{
+    char *dir = make_pairs(), *yaml = tls_config(dir, "a.pem", "a.key"), *want;
+    struct sc_config *cfg = load_ok(yaml);
+
+    cr_assert(asprintf(&want, "%s/a.pem", dir) > 0);
+    cr_expect_str_eq(cfg->upstreams[0].tls.cert_file, want);
+    cr_expect_eq(cfg->upstreams[0].tls.key_pos.line, 6);
+    config_free(cfg);
+    free(want);
+    free(yaml);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+Test(config_egress, mismatched_pair_is_refused_at_the_key)
+{
+    char *dir = make_pairs(), *yaml = tls_config(dir, "a.pem", "b.key"), *want;
+    char *all = load_fail(yaml, NULL);
+
+    cr_assert(asprintf(&want, "test.yaml:6:17: upstreams.partner.tls.key_file: "
+                       "\"%s/b.key\" is not the private key of cert_file "
+                       "\"%s/a.pem\"\n", dir, dir) > 0);
+    cr_expect_str_eq(all, want);
+    free(all);
+    free(want);
+    free(yaml);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+Test(config_egress, a_file_that_is_no_pem_is_refused)
+{
+    char *dir = make_pairs(), *yaml = tls_config(dir, "junk.pem", "junk.pem"), *want;
+    char *all = load_fail(yaml, NULL);
+
+    cr_assert(asprintf(&want,
+        "test.yaml:5:18: upstreams.partner.tls.cert_file: \"%s/junk.pem\" holds no "
+        "PEM certificate\n"
+        "test.yaml:6:17: upstreams.partner.tls.key_file: \"%s/junk.pem\" holds no "
+        "PEM private key (an encrypted key is not supported)\n", dir, dir) > 0);
+    cr_expect_str_eq(all, want);
+    free(all);
+    free(want);
+    free(yaml);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+Test(config_egress, proxy_url_parts)
+{
+    struct sc_proxy_url p;
+    struct sc_error err = {0};
+    char buf[256];
+
+    cr_assert_eq(config_proxy_url_parse("http://us%3Aer:p%40ss:w@[::1]:3128/", &p,
+                                        buf, sizeof buf, &err), 0, "%s", err.text);
+    cr_expect_str_eq(p.host, "::1");
+    cr_expect_eq(p.port, 3128);
+    cr_expect_str_eq(p.user, "us:er");
+    cr_expect_str_eq(p.password, "p@ss:w");
+    cr_assert_eq(config_proxy_url_parse("http://proxy:8080", &p, buf, sizeof buf,
+                                        &err), 0);
+    cr_expect_null(p.user);
+    cr_expect_eq(config_proxy_url_parse("http://u:secret@proxy:8080/x", &p, buf,
+                                        sizeof buf, &err), -EINVAL);
+    cr_expect_null(strstr(err.text, "secret"), "%s", err.text);
+    cr_expect_eq(config_proxy_url_parse("socks5://proxy:1080", &p, buf, sizeof buf,
+                                        &err), -EINVAL);
+}
+
+Test(config_egress, route_timeout_replaces_the_upstreams)
+{
+    struct sc_config *cfg = load_ok(
+        "upstreams: {u: {url: http://127.0.0.1:9, timeout: 5s}}\n"
+        "routes:\n"
+        "  - {prefix: /bulk, upstream: u, timeout: 2m}\n"
+        "  - {prefix: /small, upstream: u, timeout: 300ms}\n"
+        "  - {prefix: /, upstream: u, timeout: \"\"}\n");
+
+    cr_expect_eq(sc_route_timeout(&cfg->routes[0], cfg->routes[0].up), 120000);
+    cr_expect_eq(sc_route_timeout(&cfg->routes[1], cfg->routes[1].up), 300);
+    cr_expect_eq(cfg->routes[2].has_timeout, false);
+    cr_expect_eq(sc_route_timeout(&cfg->routes[2], cfg->routes[2].up), 5000);
+    config_free(cfg);
+}
+
+/* The lease is checked against each route's own timeout: a short one
+ * lets a long lease pass where the upstream's would not, and the reverse. */
+Test(config_egress, lease_against_route_timeouts)
+{
+    char *all;
+    struct sc_config *cfg = load_ok(
+        "upstreams: {u: {url: http://127.0.0.1:9, timeout: 5m}}\n"
+        "policies: {p: {idempotency: {lease: 60s}}}\n"
+        "routes: [{prefix: /, upstream: u, policy: p, timeout: 30s}]\n");
+
+    config_free(cfg);
+    all = load_fail(
+        "upstreams: {u: {url: http://127.0.0.1:9, timeout: 5s}}\n"
+        "policies: {p: {idempotency: {}}}\n"
+        "routes:\n"
+        "  - {prefix: /a, upstream: u, policy: p, timeout: 60s}\n"
+        "  - {prefix: /b, upstream: u, policy: p, timeout: 90s}\n"
+        "  - {prefix: /c, upstream: u, policy: p}\n", NULL);
+    cr_expect_str_eq(all,
+        "test.yaml:2:16: policies.p.idempotency: the default lease (1m) must be "
+        "longer than the timeout of route \"/a\" (1m); set lease\n"
+        "test.yaml:2:16: policies.p.idempotency: the default lease (1m) must be "
+        "longer than the timeout of route \"/b\" (90s); set lease\n");
+    free(all);
 }

@@ -1,0 +1,81 @@
+/* The upstream client's insides, shared by its files:
+ *   upstream.c         the pool, connections, the response parser
+ *   upstream_tls.c     the TLS client context (verification, client
+ *                      certificate) and what it is made from
+ *   upstream_proxy.c   the egress proxy: its address and credentials, and
+ *                      the CONNECT tunnel an https connection goes through
+ * Not for other modules: they see only upstream.h. */
+#ifndef SLUICE_PROXY_UPSTREAM_INTERNAL_H
+#define SLUICE_PROXY_UPSTREAM_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/queue.h>
+
+#include <http_parser.h>
+#include <openssl/ssl.h>
+
+#include "proxy/upstream.h"
+
+enum conn_state { C_CONNECTING, C_IDLE, C_BUSY };
+
+struct up_conn {
+    struct up_pool *pool;
+    struct bufferevent *bev;
+    struct event *connect_timer;
+    http_parser parser;
+    struct up_request *req;
+    enum conn_state state;
+    bool connected;
+    bool sent;              /* the whole request left our buffer */
+    bool complete;          /* a final response was parsed */
+    bool head;              /* the final response head was parsed */
+    bool head_told;         /* ... and reported (progress) */
+    bool paused;            /* reading stopped: the body holds hold_max */
+    bool in_value;          /* header parsing: last callback was a value */
+    bool in_setup;          /* inside conn_new: events are noted, not acted on */
+    bool setup_failed;
+    bool tunnelling;        /* the proxy's CONNECT is not answered yet: the
+                             * request waits, bev is the plain socket */
+    bool answered;          /* a response byte arrived for the request */
+    bool proxy_refused;     /* http through the proxy: it answered 407 */
+    size_t header_bytes;
+    TAILQ_ENTRY(up_conn) link;
+};
+
+TAILQ_HEAD(conn_list, up_conn);
+TAILQ_HEAD(req_list, up_request);
+
+struct up_pool {
+    struct event_base *base;
+    struct evdns_base *dns;
+    const struct sc_upstream *u;
+    SSL_CTX *ssl_ctx;
+    const struct up_proxy *proxy; /* NULL: direct */
+    uint32_t max_conns;
+    size_t n_conns, n_idle;
+    struct conn_list idle;      /* most recently used first */
+    struct conn_list busy;
+    struct req_list waiting;    /* FIFO of requests without a connection */
+};
+
+/* upstream.c */
+void conn_free(struct up_conn *c);
+/* A connection failed: the request learns how, the connection goes. */
+void conn_fail(struct up_conn *c, enum up_result r, const char *detail);
+/* A TLS session for one connection: SNI and the name (or IP) verified. */
+SSL *tls_new(struct up_pool *pool);
+/* The bufferevent callbacks of an established connection. */
+void conn_on_read(struct bufferevent *bev, void *arg);
+void conn_on_write(struct bufferevent *bev, void *arg);
+void conn_on_event(struct bufferevent *bev, short what, void *arg);
+/* Hands the request's bytes to the connection: 0 or a negative code. */
+int conn_write_request(struct up_conn *c);
+
+/* upstream_proxy.c */
+/* Opens c->bev to the proxy and starts the CONNECT for an https upstream;
+ * once the proxy says 2xx, c->bev becomes a TLS filter over the tunnel and
+ * the request waiting on c is written. 0, or -1 (c->setup_failed). */
+int tunnel_open(struct up_conn *c);
+
+#endif
