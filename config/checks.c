@@ -138,6 +138,7 @@ void check_tls(struct cfg_loader *lc, void *obj,
     const struct sc_tls *tls = obj;
     bool cert = tls->cert_file && *tls->cert_file;
     bool key = tls->key_file && *tls->key_file;
+    bool cert_ok, key_ok;
 
     if (tls->ca_file && *tls->ca_file)
         readable(lc, tls->ca_file, tls->ca_pos, "ca_file");
@@ -150,8 +151,9 @@ void check_tls(struct cfg_loader *lc, void *obj,
     if (!cert || !key)
         return;
     /* Both read, each reported: an operator fixes them in one go. */
-    if (readable(lc, tls->cert_file, tls->cert_pos, "cert_file") &
-        readable(lc, tls->key_file, tls->key_pos, "key_file"))
+    cert_ok = readable(lc, tls->cert_file, tls->cert_pos, "cert_file");
+    key_ok = readable(lc, tls->key_file, tls->key_pos, "key_file");
+    if (cert_ok && key_ok)
         check_client_pair(lc, tls);
 }
 

@@ -7,25 +7,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
 #include <event2/dns.h>
 #include <event2/event.h>
-#include <http_parser.h>
 #include <openssl/err.h>
 #include <openssl/x509v3.h>
 
-#include "policies/headers.h"
 #include "util/clock.h"
-
-/* Upper bound on what an upstream may make us hold for one response body
- * that is not streamed. */
-#define UP_MAX_BODY_BYTES ((size_t)256 * 1024 * 1024)
-
-static http_parser_settings parser_settings;
 
 static int conn_start(struct up_conn *c, struct up_request *req);
 static void req_finish(struct up_request *req, enum up_result r,
@@ -60,202 +51,6 @@ SSL *tls_new(struct up_pool *pool)
     return ssl;
 }
 
-/* ---- responses ---------------------------------------------------------- */
-
-void up_response_clear(struct up_response *resp)
-{
-    for (size_t i = 0; i < resp->n_headers; i++) {
-        free(resp->headers[i].name);
-        free(resp->headers[i].value);
-    }
-    free(resp->headers);
-    if (resp->body)
-        evbuffer_free(resp->body);
-    memset(resp, 0, sizeof *resp);
-}
-
-const char *up_response_header(const struct up_response *resp,
-                               const char *name)
-{
-    for (size_t i = 0; i < resp->n_headers; i++)
-        if (strcasecmp(resp->headers[i].name, name) == 0)
-            return resp->headers[i].value;
-    return NULL;
-}
-
-bool up_response_length(const struct up_response *resp, uint64_t *len)
-{
-    const char *cl = up_response_header(resp, "Content-Length");
-    char *end;
-
-    if (!cl || *cl < '0' || *cl > '9' ||
-        up_response_header(resp, "Transfer-Encoding"))
-        return false;
-    *len = strtoull(cl, &end, 10);
-    return *end == '\0';
-}
-
-size_t up_response_end_to_end(const struct up_response *resp,
-                              const struct up_header **keep)
-{
-    struct hdr_conn_tokens tok = {0};
-    size_t n = 0;
-
-    for (size_t i = 0; i < resp->n_headers; i++)
-        if (strcasecmp(resp->headers[i].name, "Connection") == 0)
-            hdr_conn_tokens_add(&tok, resp->headers[i].value);
-    for (size_t i = 0; i < resp->n_headers; i++) {
-        const struct up_header *h = &resp->headers[i];
-
-        /* Sluice-* is sluice's own namespace toward the worker. */
-        if (!hdr_skip_response(h->name, &tok) && strncasecmp(h->name, "Sluice-", 7))
-            keep[n++] = h;
-    }
-    return n;
-}
-
-static void response_reset_headers(struct up_response *resp)
-{
-    for (size_t i = 0; i < resp->n_headers; i++) {
-        free(resp->headers[i].name);
-        free(resp->headers[i].value);
-    }
-    resp->n_headers = 0;
-}
-
-/* Appends to a growing string (name or value split across reads). */
-static int str_append(char **s, const char *at, size_t len)
-{
-    size_t old = *s ? strlen(*s) : 0;
-    char *n = realloc(*s, old + len + 1);
-
-    if (!n)
-        return -ENOMEM;
-    memcpy(n + old, at, len);
-    n[old + len] = '\0';
-    *s = n;
-    return 0;
-}
-
-/* ---- parser callbacks --------------------------------------------------- */
-
-/* A head the worker's connection could not hold: refused whole, so the
- * worker gets a complete error rather than an empty close. */
-static int head_too_big(struct up_conn *c)
-{
-    c->req->resp.head_too_big = true;
-    return 1;
-}
-
-static int on_header_field(http_parser *p, const char *at, size_t len)
-{
-    struct up_conn *c = p->data;
-    struct up_response *r = &c->req->resp;
-
-    c->header_bytes += len;
-    if (c->header_bytes > UP_MAX_HEAD_BYTES)
-        return head_too_big(c);
-    if (c->in_value || r->n_headers == 0) {
-        if (r->n_headers == UP_MAX_HEADERS)
-            return head_too_big(c);
-        if (r->n_headers == r->cap_headers) {
-            size_t cap = r->cap_headers ? r->cap_headers * 2 : 16;
-            struct up_header *h = realloc(r->headers, cap * sizeof *h);
-            if (!h)
-                return 1;
-            r->headers = h;
-            r->cap_headers = cap;
-        }
-        r->headers[r->n_headers].name = NULL;
-        r->headers[r->n_headers].value = NULL;
-        r->n_headers++;
-        c->header_bytes += 4; /* ": " and CRLF, as the worker will get it */
-        c->in_value = false;
-    }
-    return str_append(&r->headers[r->n_headers - 1].name, at, len) ? 1 : 0;
-}
-
-static int on_header_value(http_parser *p, const char *at, size_t len)
-{
-    struct up_conn *c = p->data;
-    struct up_response *r = &c->req->resp;
-
-    c->header_bytes += len;
-    if (c->header_bytes > UP_MAX_HEAD_BYTES)
-        return head_too_big(c);
-    if (r->n_headers == 0)
-        return 1;
-    c->in_value = true;
-    return str_append(&r->headers[r->n_headers - 1].value, at, len) ? 1 : 0;
-}
-
-static int on_headers_complete(http_parser *p)
-{
-    struct up_conn *c = p->data;
-    struct up_response *r = &c->req->resp;
-
-    /* A header without a value (e.g. "X-Empty:") still needs a string. */
-    for (size_t i = 0; i < r->n_headers; i++)
-        if (!r->headers[i].value && str_append(&r->headers[i].value, "", 0))
-            return -1;
-    /* Only a proxy asks for proxy credentials: the request stopped there. */
-    if (c->pool->proxy && !c->pool->ssl_ctx && p->status_code == 407) {
-        c->proxy_refused = true;
-        return -1;
-    }
-    r->status = (int)p->status_code;
-    /* We never ask for an upgrade: a 101 would hand the worker a connection
-     * that no longer speaks HTTP. It is a broken response. */
-    if (p->status_code == 101)
-        return -1;
-    if (p->status_code >= 100 && p->status_code < 200)
-        return 0;
-    c->head = true;
-    return c->req->no_body ? 1 : 0;
-}
-
-static int on_body(http_parser *p, const char *at, size_t len)
-{
-    struct up_conn *c = p->data;
-    struct up_request *req = c->req;
-
-    if (req->discard)
-        return 0;
-    /* A streamed body is bounded by pausing the reads (parse_input); one
-     * held whole is bounded here. */
-    if (!req->hold_max &&
-        evbuffer_get_length(req->resp.body) + len > UP_MAX_BODY_BYTES)
-        return 1;
-    return evbuffer_add(req->resp.body, at, len) ? 1 : 0;
-}
-
-static int on_message_complete(http_parser *p)
-{
-    struct up_conn *c = p->data;
-    struct up_response *r = &c->req->resp;
-
-    /* Interim 1xx answers are not the response: forget them and go on. */
-    if (r->status >= 100 && r->status < 200 && r->status != 101) {
-        response_reset_headers(r);
-        r->status = 0;
-        c->in_value = false;
-        c->header_bytes = 0;
-        return 0;
-    }
-    c->complete = true;
-    http_parser_pause(p, 1);
-    return 0;
-}
-
-static void parser_settings_init(void)
-{
-    parser_settings.on_header_field = on_header_field;
-    parser_settings.on_header_value = on_header_value;
-    parser_settings.on_headers_complete = on_headers_complete;
-    parser_settings.on_body = on_body;
-    parser_settings.on_message_complete = on_message_complete;
-}
-
 /* ---- pool bookkeeping --------------------------------------------------- */
 
 struct up_pool *up_pool_new(struct event_base *base, struct evdns_base *dns,
@@ -266,8 +61,6 @@ struct up_pool *up_pool_new(struct event_base *base, struct evdns_base *dns,
 
     if (!pool)
         return NULL;
-    if (!parser_settings.on_body)
-        parser_settings_init();
     pool->base = base;
     pool->dns = dns;
     pool->u = u;
@@ -398,7 +191,7 @@ void conn_fail(struct up_conn *c, enum up_result r, const char *detail)
 static void conn_done_ok(struct up_conn *c)
 {
     struct up_request *req = c->req;
-    bool keep = http_should_keep_alive(&c->parser) &&
+    bool keep = up_parse_keep_alive(&c->parse) &&
                 evbuffer_get_length(bufferevent_get_input(c->bev)) == 0;
 
     if (keep)
@@ -416,18 +209,18 @@ static void report_progress(struct up_conn *c, size_t before)
 {
     struct up_request *req = c->req;
     struct evbuffer *body = req->resp.body;
-    bool news = !c->complete && evbuffer_get_length(body) > before;
+    bool news = !c->parse.complete && evbuffer_get_length(body) > before;
 
     if (!req->progress)
         return;
-    if (c->head && !c->head_told)
+    if (c->parse.head && !c->head_told)
         c->head_told = news = true;
     if (news) {
         req->progress(req, req->arg);
         if (req->discard) /* decided on the head: what came with it goes */
             evbuffer_drain(body, evbuffer_get_length(body));
     }
-    if (!c->complete && req->hold_max &&
+    if (!c->parse.complete && req->hold_max &&
         evbuffer_get_length(body) >= req->hold_max) {
         c->paused = true;
         bufferevent_disable(c->bev, EV_READ);
@@ -439,18 +232,17 @@ static void parse_input(struct up_conn *c)
     struct evbuffer *in = bufferevent_get_input(c->bev);
     size_t before = evbuffer_get_length(c->req->resp.body);
 
-    while (evbuffer_get_length(in) > 0 && !c->complete) {
+    while (evbuffer_get_length(in) > 0 && !c->parse.complete) {
         struct evbuffer_iovec v;
         size_t n;
 
         if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
             break;
-        n = http_parser_execute(&c->parser, &parser_settings, v.iov_base,
-                                v.iov_len);
-        evbuffer_drain(in, c->complete ? n : v.iov_len);
-        if (!c->complete && HTTP_PARSER_ERRNO(&c->parser) != HPE_OK) {
+        n = up_parse_feed(&c->parse, v.iov_base, v.iov_len);
+        evbuffer_drain(in, c->parse.complete ? n : v.iov_len);
+        if (up_parse_failed(&c->parse)) {
             char why[160];
-            if (c->proxy_refused) {
+            if (c->parse.proxy_refused) {
                 conn_fail(c, UP_CONNECT_ERROR, "egress proxy answered 407 "
                           "(Proxy Authentication Required)");
                 return;
@@ -460,13 +252,13 @@ static void parse_input(struct up_conn *c)
                          "headers", UP_MAX_HEAD_BYTES, UP_MAX_HEADERS);
             else
                 snprintf(why, sizeof why, "invalid response from upstream: %s",
-                         http_errno_description(HTTP_PARSER_ERRNO(&c->parser)));
+                         up_parse_error(&c->parse));
             conn_fail(c, UP_CONNECTION_LOST, why);
             return;
         }
     }
     report_progress(c, before);
-    if (c->complete)
+    if (c->parse.complete)
         conn_done_ok(c);
 }
 
@@ -571,8 +363,8 @@ void conn_on_event(struct bufferevent *bev, short what, void *arg)
     }
     if (c->sent && (what & BEV_EVENT_EOF)) {
         /* A body delimited by the close is complete at EOF. */
-        http_parser_execute(&c->parser, &parser_settings, NULL, 0);
-        if (c->complete) {
+        up_parse_eof(&c->parse);
+        if (c->parse.complete) {
             conn_done_ok(c);
             return;
         }
@@ -667,17 +459,12 @@ static int conn_start(struct up_conn *c, struct up_request *req)
     c->req = req;
     c->state = C_BUSY;
     c->sent = false;
-    c->complete = false;
-    c->head = false;
     c->head_told = false;
     c->paused = false;
-    c->in_value = false;
-    c->header_bytes = 0;
     c->answered = false;
-    c->proxy_refused = false;
     req->conn = c;
-    http_parser_init(&c->parser, HTTP_RESPONSE);
-    c->parser.data = c;
+    /* Plain http through a proxy: a 407 is the proxy's, not the partner's. */
+    up_parse_start(&c->parse, req, c->pool->proxy && !c->pool->ssl_ctx);
     if (req_arm_timer(req, req_timeout_ms(req)) != 0)
         return -ENOMEM;
     /* Through a tunnel not yet up, the request waits for it (tunnel_open). */

@@ -1,5 +1,6 @@
 /* The upstream client's insides, shared by its files:
- *   upstream.c         the pool, connections, the response parser
+ *   upstream.c         the pool and its connections
+ *   upstream_parse.c   the response parser (no I/O: fuzzed on its own)
  *   upstream_tls.c     the TLS client context (verification, client
  *                      certificate) and what it is made from
  *   upstream_proxy.c   the egress proxy: its address and credentials, and
@@ -16,6 +17,7 @@
 #include <openssl/ssl.h>
 
 #include "proxy/upstream.h"
+#include "proxy/upstream_parse.h"
 
 enum conn_state { C_CONNECTING, C_IDLE, C_BUSY };
 
@@ -23,23 +25,18 @@ struct up_conn {
     struct up_pool *pool;
     struct bufferevent *bev;
     struct event *connect_timer;
-    http_parser parser;
+    struct up_parse parse;  /* the response of the request on it */
     struct up_request *req;
     enum conn_state state;
     bool connected;
     bool sent;              /* the whole request left our buffer */
-    bool complete;          /* a final response was parsed */
-    bool head;              /* the final response head was parsed */
     bool head_told;         /* ... and reported (progress) */
     bool paused;            /* reading stopped: the body holds hold_max */
-    bool in_value;          /* header parsing: last callback was a value */
     bool in_setup;          /* inside conn_new: events are noted, not acted on */
     bool setup_failed;
     bool tunnelling;        /* the proxy's CONNECT is not answered yet: the
                              * request waits, bev is the plain socket */
     bool answered;          /* a response byte arrived for the request */
-    bool proxy_refused;     /* http through the proxy: it answered 407 */
-    size_t header_bytes;
     TAILQ_ENTRY(up_conn) link;
 };
 

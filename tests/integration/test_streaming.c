@@ -28,7 +28,7 @@ static struct h_sluice sl;
 
 /* ---- a raw upstream --------------------------------------------------- */
 
-enum raw_mode { RAW_SLOW, RAW_TRUNCATED, RAW_101, RAW_ENDLESS };
+enum raw_mode { RAW_SLOW, RAW_TRUNCATED, RAW_101, RAW_ENDLESS, RAW_CANNED };
 
 static struct {
     int lfd, port;
@@ -37,6 +37,7 @@ static struct {
     enum raw_mode mode;
     atomic_int gate;          /* RAW_SLOW: the test lets the rest go */
     atomic_int peer_gone;     /* RAW_ENDLESS: a send failed: sluice let go */
+    const char *canned;       /* RAW_CANNED: the whole answer, as is */
 } raw;
 
 static long ms_now(void)
@@ -141,6 +142,7 @@ static void *raw_main(void *arg)
         case RAW_TRUNCATED: serve_truncated(fd); break;
         case RAW_101: serve_101(fd); break;
         case RAW_ENDLESS: serve_endless(fd); break;
+        case RAW_CANNED: send_str(fd, raw.canned); usleep(100000); break;
         }
         close(fd);
     }
@@ -421,6 +423,42 @@ Test(streaming, upstream_101_is_connection_lost)
     cr_expect(o && strcmp(o, "requeue") == 0, "outcome %s", o ? o : "(none)");
     cr_expect(r.body && strstr(r.body, "\"reason\":\"connection_lost\""), "%s", r.body);
     free(o);
+    h_resp_free(&r);
+}
+
+/* What an upstream says that the worker's side cannot carry: a status of
+ * two digits is a broken answer; header names that are not tokens are
+ * dropped (as nginx's ignore_invalid_headers); trailer fields never become
+ * headers (the fuzz target fuzz_upstream found all three). */
+Test(streaming, upstream_heads_the_worker_could_not_read)
+{
+    struct h_resp r;
+    char *v;
+
+    raw.mode = RAW_CANNED;
+    raw.canned = "HTTP/1.1 20 OK\r\nContent-Length: 2\r\n\r\nok";
+    cr_assert_eq(h_http(sl.port, "GET", "/raw/up", NULL, NULL, 0, &r), 0);
+    cr_expect_eq(r.status, 503, "a two-digit status is broken, not %d", r.status);
+    cr_expect(r.body && strstr(r.body, "\"reason\":\"connection_lost\""), "%s", r.body);
+    h_resp_free(&r);
+
+    raw.canned = "HTTP/1.1 200 OK\r\nBad Name: x\r\nX-Good: 1\r\n"
+                 "Content-Length: 2\r\nConnection: close\r\n\r\nok";
+    cr_assert_eq(h_http(sl.port, "GET", "/raw/up", NULL, NULL, 0, &r), 0);
+    cr_expect_eq(r.status, 200);
+    cr_expect(r.head && !strstr(r.head, "Bad Name"), "%s", r.head);
+    v = h_header(&r, "X-Good");
+    cr_expect(v && strcmp(v, "1") == 0, "the valid header stays");
+    free(v);
+    h_resp_free(&r);
+
+    raw.canned = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                 "2\r\nok\r\n0\r\nX-Trailer: t\r\nContent-Length: 999\r\n\r\n";
+    cr_assert_eq(h_http(sl.port, "GET", "/raw/up", NULL, NULL, 0, &r), 0);
+    cr_expect_eq(r.status, 200);
+    cr_expect(r.head && !strstr(r.head, "X-Trailer") && !strstr(r.head, "999"), "%s", r.head);
+    cr_expect(r.body_len == 2 && r.body && memcmp(r.body, "ok", 2) == 0, "body %zu bytes",
+              r.body_len);
     h_resp_free(&r);
 }
 
