@@ -25,6 +25,7 @@ through another sluice must show as duplicates and its pods must have overrun th
 
 Everything runs on loopback and stops by itself; processes are stopped by pid.
 """
+import argparse
 import json
 import os
 import shutil
@@ -187,6 +188,8 @@ def store_stats(port, jobs):
 
 
 def run_arm(arm, args, root, rport, stub_bin, sluice_bin):
+    if arm == "local" and args.local_jobs:
+        args = argparse.Namespace(**dict(vars(args), jobs=args.local_jobs))
     d = os.path.join(root, arm)
     os.makedirs(d)
     procs = ex.Procs(d)
@@ -287,6 +290,8 @@ def main():
                     help="moments, spread over the batch, at which completed jobs come again")
     ap.add_argument("--redeliver", type=int, default=4,
                     help="jobs delivered again each time: the last ones a worker saw succeed")
+    ap.add_argument("--local-jobs", type=int, default=0,
+                    help="jobs of the local arm (default: --jobs); it only has to show harm")
     ap.add_argument("--check-local", action="store_true",
                     help="fail unless the local arm shows duplicates and rate overruns")
     args = ap.parse_args()
@@ -307,7 +312,8 @@ def main():
     try:
         _, rport = ex.start_redis(procs, root, "queue-redis")
         for arm in arms:
-            print(f"running {arm}: {args.sluices} sluices, {args.jobs} jobs, {args.workers} "
+            jobs = args.local_jobs if arm == "local" and args.local_jobs else args.jobs
+            print(f"running {arm}: {args.sluices} sluices, {jobs} jobs, {args.workers} "
                   f"slots, {args.rate}/s ...", file=sys.stderr, flush=True)
             res = run_arm(arm, args, root, rport, stub_bin, sluice_bin)
             res["slots"] = args.workers
