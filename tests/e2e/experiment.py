@@ -130,7 +130,7 @@ class Procs:
 def start_redis(procs, d, name="redis"):
     port = free_port()
     p = procs.start(name, ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                              "--save", "", "--appendonly", "no", "--dir", d])
+                           "--save", "", "--appendonly", "no", "--dir", d])
     r = redis.Redis(host="127.0.0.1", port=port)
     wait_until(lambda: r.ping(), 10, "redis-server")
     return p, port
