@@ -197,16 +197,22 @@ class Sluice:
         wait_until(lambda: http(f"http://127.0.0.1:{self.admin}/readyz", timeout=1)[0] == 200,
                    20, "sluice /readyz")
 
-    def permit_wait(self):
-        """sluice_permit_wait_seconds_sum of the live process."""
+    def metric(self, name):
+        """The sum of metric `name` over its label sets, in the live process (0 if it is not
+        answering)."""
         try:
             _, body = http(f"http://127.0.0.1:{self.admin}/metrics", timeout=2)
         except OSError:
             return 0.0
+        total = 0.0
         for line in body.decode().splitlines():
-            if line.startswith("sluice_permit_wait_seconds_sum"):
-                return float(line.split()[-1])
-        return 0.0
+            if line.split("{")[0].split(" ")[0] == name:
+                total += float(line.split()[-1])
+        return total
+
+    def permit_wait(self):
+        """sluice_permit_wait_seconds_sum of the live process."""
+        return self.metric("sluice_permit_wait_seconds_sum")
 
     def permit_wait_total(self):
         """Seconds requests waited for a permit, over every life of the process."""
