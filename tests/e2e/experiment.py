@@ -22,7 +22,9 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from http.client import HTTPConnection, HTTPException
 
 import redis
 
@@ -49,6 +51,30 @@ def http(url, method="GET", data=None, timeout=5):
             return resp.status, resp.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+
+
+def get_all(base, prefix, keys):
+    """GET base+prefix+key for every key on one kept-alive connection: {key: parsed JSON}."""
+    u = urllib.parse.urlsplit(base)
+    conn, out = None, {}
+    for k in keys:
+        for attempt in (1, 2):
+            try:
+                if conn is None:
+                    conn = HTTPConnection(u.hostname, u.port, timeout=10)
+                conn.request("GET", prefix + urllib.parse.quote(k, safe=":"))
+                resp = conn.getresponse()
+                body = resp.read()
+                out[k] = json.loads(body) if resp.status == 200 else {"http_status": resp.status}
+                break
+            except (OSError, HTTPException):
+                conn.close()
+                conn = None
+                if attempt == 2:
+                    raise
+    if conn:
+        conn.close()
+    return out
 
 
 def wait_until(pred, timeout, what):
@@ -101,10 +127,10 @@ class Procs:
             self.stop(p, timeout=5)
 
 
-def start_redis(procs, d):
+def start_redis(procs, d, name="redis"):
     port = free_port()
-    p = procs.start("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                              "--save", "", "--appendonly", "no", "--dir", d])
+    p = procs.start(name, ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                           "--save", "", "--appendonly", "no", "--dir", d])
     r = redis.Redis(host="127.0.0.1", port=port)
     wait_until(lambda: r.ping(), 10, "redis-server")
     return p, port
@@ -122,8 +148,8 @@ def start_stub(procs, stub_bin, rate, burst, extra=()):
 SLUICE_YAML = """\
 listen: 127.0.0.1:{port}
 admin: 127.0.0.1:{admin}
-threads: 2
-store: {{path: {store}}}
+threads: {threads}
+store: {store}
 log: {{level: warn, access: false}}
 upstreams:
   partner: {{url: "{stub}", timeout: {timeout}s, max_connections: 64}}
@@ -133,20 +159,28 @@ policies:
     burst: {burst}
     max_wait: {max_wait}ms
     retry: {{base: 1s, multiplier: 2, cap: 60s, max_attempts: {attempts}, max_delay: {max_delay}s{on}}}
-{breaker}    idempotency: {{lease: {lease}s}}
+{breaker}{shared}    idempotency: {{lease: {lease}s}}
 routes:
   - {{name: grades, prefix: /v1, upstream: partner, policy: writes}}
 """
 
 
 class Sluice:
-    def __init__(self, procs, bin_, d, stub, args):
-        self.procs, self.bin = procs, bin_
+    """One sluice process (restartable on the same config and store). `name` names its config
+    and log in the temp dir; `store` is the YAML of its store block (default: RocksDB in
+    <dir>/store), `shared` the policy's shared: setting (default: none, i.e. local)."""
+
+    def __init__(self, procs, bin_, d, stub, args, name="sluice", store=None, shared=None,
+                 threads=2):
+        self.procs, self.bin, self.name = procs, bin_, name
         self.port, self.admin = free_port(), free_port()
-        self.cfg = os.path.join(d, "sidecar.yaml")
+        self.cfg = os.path.join(d, "sidecar.yaml" if name == "sluice" else name + ".yaml")
+        store = store or "{path: %s}" % os.path.join(d, "store")
         with open(self.cfg, "w") as f:
             f.write(SLUICE_YAML.format(port=self.port, admin=self.admin, stub=stub,
-                                       store=os.path.join(d, "store"), rate=args.rate,
+                                       store=store, threads=threads,
+                                       shared=f"    shared: {shared}\n" if shared else "",
+                                       rate=args.rate,
                                        burst=args.sluice_burst, attempts=args.max_attempts,
                                        max_delay=args.queue_max_delay,
                                        max_wait=args.max_wait_ms, timeout=args.upstream_timeout,
@@ -159,20 +193,34 @@ class Sluice:
         self.p = None
 
     def start(self):
-        self.p = self.procs.start("sluice", [self.bin, "-c", self.cfg])
+        self.p = self.procs.start(self.name, [self.bin, "-c", self.cfg])
         wait_until(lambda: http(f"http://127.0.0.1:{self.admin}/readyz", timeout=1)[0] == 200,
                    20, "sluice /readyz")
 
-    def permit_wait(self):
-        """sluice_permit_wait_seconds_sum of the live process."""
+    def metric(self, name):
+        """The sum of metric `name` over its label sets, in the live process (0 if it is not
+        answering)."""
         try:
             _, body = http(f"http://127.0.0.1:{self.admin}/metrics", timeout=2)
         except OSError:
             return 0.0
+        total = 0.0
         for line in body.decode().splitlines():
-            if line.startswith("sluice_permit_wait_seconds_sum"):
-                return float(line.split()[-1])
-        return 0.0
+            if line.split("{")[0].split(" ")[0] == name:
+                total += float(line.split()[-1])
+        return total
+
+    def permit_wait(self):
+        """sluice_permit_wait_seconds_sum of the live process."""
+        return self.metric("sluice_permit_wait_seconds_sum")
+
+    def permit_wait_total(self):
+        """Seconds requests waited for a permit, over every life of the process."""
+        return self.permit_wait_s + self.permit_wait()
+
+    def url_for(self, wid):
+        """The sluice worker `wid` talks to: this one (one sidecar for every worker)."""
+        return self.url
 
     def kill9(self):
         """CLOCK_MONOTONIC ns when SIGKILL was sent and when the process was gone."""
@@ -184,6 +232,9 @@ class Sluice:
         t = time.monotonic()
         self.start()
         return time.monotonic() - t
+
+    def stop(self):
+        self.procs.stop(self.p)
 
 
 # ---- one arm -------------------------------------------------------------------------------
@@ -205,14 +256,17 @@ def worker_argv(kind, args):
 class Pool:
     """W worker slots as W/threads processes of `threads` slots each."""
 
-    def __init__(self, procs, kind, args, env):
+    def __init__(self, procs, kind, args, env, sluice=None):
         self.procs, self.argv, self.env = procs, worker_argv(kind, args), env
         n = max(1, args.workers // args.threads)
         self.ids = [f"w{i}" for i in range(n)]
+        self.sluice = sluice    # its url_for(wid): the sluice each worker process talks to
         self.p = {}
 
     def start(self, wid):
         env = dict(self.env, WORKER_ID=wid)
+        if self.sluice:
+            env["SLUICE_URL"] = self.sluice.url_for(wid)
         self.p[wid] = self.procs.start(f"worker-{wid}", self.argv, env=env)
 
     def kill9(self, wids):
@@ -247,18 +301,25 @@ def make_job(prefix, i):
             "enqueued_at": time.time()}
 
 
-def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin, hooks=None, stub_args=()):
+def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin, hooks=None, stub_args=(),
+            front=None):
     """One run of the batch. Besides the plan's kill -9 of half the workers (restarted under the
     same WORKER_ID), the sluice arm kills one other worker for good while it holds jobs, as a
     rollout replaces a pod: its jobs must come back through the other workers' reaper (Redis
-    pattern) or BullMQ's stalled-job check. `hooks` (kill_test.py): extra_time() lengthens the deadline,
-    start(ctx) runs once the workers do, busy() keeps the run going while true, finish(ctx, res)
-    runs before sluice and the stub stop; with hooks the plan's own kill and restart of sluice
-    are left out (the hooks kill it). `stub_args`: more command-line flags for the stub."""
+    pattern) or BullMQ's stalled-job check. `hooks` (kill_test.py, fleet_experiment.py):
+    extra_time() lengthens the deadline, start(ctx) runs once the workers do, busy() keeps the
+    run going while true, finish(ctx, res) runs before sluice and the stub stop; when
+    hooks.kills_sluice the plan's own kill and restart of sluice are left out (the hooks kill it).
+    `stub_args`: more command-line flags for the stub. `front(stub_url)` (fleet_experiment.py):
+    makes what the workers talk to instead of one Sluice, with the same methods (start, url_for,
+    kill9, restart, permit_wait_total, stop)."""
     stub_p, stub = start_stub(procs, stub_bin, args.rate, args.stub_burst, stub_args)
     sluice = None
-    if arm == "sluice":
+    if front:
+        sluice = front(stub)
+    elif arm == "sluice":
         sluice = Sluice(procs, sluice_bin, d, stub, args)
+    if sluice:
         sluice.start()
     prefix = f"{arm}-{kind}"
     q = queues.make(kind, redis.Redis(host="127.0.0.1", port=rport), prefix, args)
@@ -271,13 +332,15 @@ def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin, hooks=None, 
                CONCURRENCY=str(args.threads), AFTER_CALL_MS=str(args.after_call_ms),
                MAX_ATTEMPTS=str(args.max_attempts), HTTP_TIMEOUT="30",
                LOCK_MS="5000", STALLED_MS="1000")
-    env["SLUICE_URL" if sluice else "PARTNER_URL"] = sluice.url if sluice else stub
-    pool = Pool(procs, kind, args, env)
+    if not sluice:
+        env["PARTNER_URL"] = stub
+    pool = Pool(procs, kind, args, env, sluice)
     events = sorted(plan(args).items(), key=lambda e: e[1])
-    if hooks:
+    kills = hooks and hooks.kills_sluice
+    if kills:
         events = [e for e in events if e[0] not in ("kill_sluice", "restart_sluice")]
     # The worker killed for good: one the plan's kill_workers does not restart.
-    doomed = pool.ids[1] if arm == "sluice" and not hooks and len(pool.ids) > 1 else None
+    doomed = pool.ids[1] if sluice and not kills and len(pool.ids) > 1 else None
     doom_at = dict(events).pop("kill_for_good")
     events = [e for e in events if e[0] != "kill_for_good"]
     bound = args.jobs / args.rate + (args.burst_ms + args.outage_ms) / 1000
@@ -350,9 +413,9 @@ def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin, hooks=None, 
     res["n_orphans"] = len(res["orphans"]) if res["orphans"] is not None else None
     if hooks:
         hooks.finish(ctx, res)
-    res["permit_wait_s"] = (sluice.permit_wait_s + sluice.permit_wait()) if sluice else 0.0
+    res["permit_wait_s"] = sluice.permit_wait_total() if sluice else 0.0
     if sluice:
-        procs.stop(sluice.p)
+        sluice.stop()
     procs.stop(stub_p)
     return res
 

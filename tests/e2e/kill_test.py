@@ -22,7 +22,6 @@ Prints the duplicates of each variant and a summary table; exits 1 when a check 
 variants are bounded in kills and time and stop by themselves; everything is on loopback and every
 process is stopped by its pid.
 """
-import http.client
 import json
 import os
 import random
@@ -33,7 +32,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.parse
 
 import redis
 
@@ -47,6 +45,8 @@ RETRY_ON = "409, 429, 502, 503, 504, connect_error, connection_lost, timeout"
 
 class Killer:
     """experiment.run_arm hooks: kills and restarts sluice from a thread while the batch runs."""
+
+    kills_sluice = True     # the plan's own kill and restart of sluice are left out
 
     def __init__(self, args, rng, t0_ns):
         self.args, self.rng, self.t0_ns = args, rng, t0_ns
@@ -103,34 +103,10 @@ class Killer:
         r = redis.Redis(host="127.0.0.1", port=ctx["redis_port"])
         res["acked"] = {k.decode(): int(v) for k, v in r.hgetall(f"{q.name}:acked").items()}
         keys = [f"{q.name}:job-{i:06d}" for i in range(self.args.jobs)]
-        res["keys"] = get_all(stub, "/_stub/keys/", keys)
+        res["keys"] = ex.get_all(stub, "/_stub/keys/", keys)
         res["stats"] = json.loads(ex.http(stub + "/_stub/stats")[1])
         admin = f"http://127.0.0.1:{sluice.admin}"
-        res["records"] = get_all(admin, f"/idempotency/{POLICY}/", sorted(res["acked"]))
-
-
-def get_all(base, prefix, keys):
-    """GET base+prefix+key for every key on one kept-alive connection: {key: parsed JSON}."""
-    u = urllib.parse.urlsplit(base)
-    conn, out = None, {}
-    for k in keys:
-        for attempt in (1, 2):
-            try:
-                if conn is None:
-                    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
-                conn.request("GET", prefix + urllib.parse.quote(k, safe=":"))
-                resp = conn.getresponse()
-                body = resp.read()
-                out[k] = json.loads(body) if resp.status == 200 else {"http_status": resp.status}
-                break
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                conn = None
-                if attempt == 2:
-                    raise
-    if conn:
-        conn.close()
-    return out
+        res["records"] = ex.get_all(admin, f"/idempotency/{POLICY}/", sorted(res["acked"]))
 
 
 # ---- the checks --------------------------------------------------------------------------------
