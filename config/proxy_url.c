@@ -31,28 +31,6 @@ static char *put(char **p, size_t *left, const char *s, size_t n)
     return start;
 }
 
-/* Decodes %XX in place; false on a malformed escape or a %00. */
-static bool unescape(char *s)
-{
-    char *w = s;
-
-    for (const char *r = s; *r; r++) {
-        int hi, lo;
-
-        if (*r != '%') {
-            *w++ = *r;
-            continue;
-        }
-        if ((hi = hex_digit(r[1])) < 0 || (lo = hex_digit(r[2])) < 0 ||
-            (hi == 0 && lo == 0))
-            return false;
-        *w++ = (char)(hi * 16 + lo);
-        r += 2;
-    }
-    *w = '\0';
-    return true;
-}
-
 /* "user[:password]", n bytes at s. */
 static int parse_userinfo(const char *s, size_t n, struct sc_proxy_url *o,
                           char **p, size_t *left, struct sc_error *err)
@@ -64,7 +42,7 @@ static int parse_userinfo(const char *s, size_t n, struct sc_proxy_url *o,
 
     if (!user || !pw)
         return -ENOSPC;
-    if (!unescape(user) || !unescape(pw)) {
+    if (!hex_unescape(user) || !hex_unescape(pw)) {
         sc_error_set(err, "bad %%-escape in the proxy's user or password");
         return -EINVAL;
     }

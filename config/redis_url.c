@@ -34,28 +34,6 @@ static char *put(struct out *o, const char *s, size_t n)
     return start;
 }
 
-/* Decodes %XX in place; false on a malformed escape or a %00. */
-static bool unescape(char *s)
-{
-    char *w = s;
-
-    for (const char *r = s; *r; r++) {
-        int hi, lo;
-
-        if (*r != '%') {
-            *w++ = *r;
-            continue;
-        }
-        if ((hi = hex_digit(r[1])) < 0 || (lo = hex_digit(r[2])) < 0 ||
-            (hi == 0 && lo == 0))
-            return false;
-        *w++ = (char)(hi * 16 + lo);
-        r += 2;
-    }
-    *w = '\0';
-    return true;
-}
-
 /* "[:password" or "default:password" before '@'. Other user names would
  * need AUTH <user> <password> (Redis ACLs), which this build does not send. */
 static int parse_userinfo(const char *s, size_t n, struct sc_redis_url *o,
@@ -72,7 +50,7 @@ static int parse_userinfo(const char *s, size_t n, struct sc_redis_url *o,
     }
     if (!(pw = put(out, colon + 1, n - (size_t)(colon + 1 - s))))
         return -ENOSPC;
-    if (!unescape(pw)) {
+    if (!hex_unescape(pw)) {
         sc_error_set(err, "bad %%-escape in the password");
         return -EINVAL;
     }

@@ -1,6 +1,9 @@
-/* One hex digit's value, for the percent-decoders (paths, Redis URLs). */
+/* Hex digits and percent-decoding, for paths and the URLs of the config
+ * (Redis, egress proxies). */
 #ifndef SLUICE_UTIL_HEX_H
 #define SLUICE_UTIL_HEX_H
+
+#include <stdbool.h>
 
 /* 0..15, or -1 when c is not a hex digit (either case). */
 static inline int hex_digit(char c)
@@ -13,5 +16,9 @@ static inline int hex_digit(char c)
         return c - 'A' + 10;
     return -1;
 }
+
+/* Decodes %XX escapes of the string in place; false on a malformed
+ * escape or a %00 (which would cut the string short). */
+bool hex_unescape(char *s);
 
 #endif
