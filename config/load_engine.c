@@ -1284,15 +1284,20 @@ static void parse_seq(struct cfg_loader *lc, const struct cfg_key *k,
 
 /* ---- upstream headers ------------------------------------------------ */
 
-/* Headers sluice itself owns on the upstream connection (docs/contract.md §3). */
+/* Headers sluice itself owns on the upstream connection (docs/contract.md
+ * §3). Proxy-* are hop-by-hop: Proxy-Authorization comes from the `proxy`
+ * URL's userinfo, and one set here would reach the partner through a
+ * tunnel. */
 static bool reserved_header(const char *name)
 {
     static const char *const owned[] = {
         "Host", "Content-Length", "Transfer-Encoding", "Connection",
-        "Keep-Alive", "Proxy-Connection", "TE", "Trailer", "Upgrade", NULL,
+        "Keep-Alive", "TE", "Trailer", "Upgrade", NULL,
     };
     const char *const *o;
 
+    if (!strncasecmp(name, "Proxy-", 6))
+        return true;
     for (o = owned; *o; o++)
         if (!strcasecmp(*o, name))
             return true;
