@@ -131,7 +131,8 @@ struct conn {
     uint64_t ended_run;         /* the MHD run in which the last one ended */
     uint64_t quiet_since_ns;    /* accepted, or its last request ended */
     bool head_open;             /* request line read, head not complete */
-    bool timed_out;             /* answered 408: the connection is closing */
+    bool timed_out;             /* answered on the socket (a 408, or a Content-Length
+                                 * MHD cannot read): the connection is closing */
 };
 
 static struct conn *conn_of(struct MHD_Connection *c)
@@ -356,7 +357,7 @@ static void refuse_content_length(struct loop *w, int status)
         send_raw_problem(i->connect_fd, 400, R_MALFORMED_REQUEST,
                          "invalid Content-Length");
     shutdown(i->connect_fd, SHUT_RDWR);
-    cn->timed_out = true; /* the connection is closing: no other answer */
+    cn->timed_out = true; /* closing, answered: no other answer may follow */
     log_info("a Content-Length that cannot be read: %d, connection closed", status);
     count_rejected(w, status == 413 ? R_BODY_TOO_LARGE : R_MALFORMED_REQUEST);
 }
