@@ -21,13 +21,6 @@
 #define STOP_WAIT_MS 3000
 #define POLL_MS 20
 
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
-
-    nanosleep(&ts, NULL);
-}
-
 /* Binds 127.0.0.1:0 and reads back the port the kernel chose. */
 unsigned redis_server_free_port(void)
 {
@@ -116,7 +109,7 @@ static int wait_ready(struct redis_server *rs)
         }
         if (redis_server_cmd(rs, "PING"))
             return 0;
-        sleep_ms(POLL_MS);
+        tu_sleep_ms(POLL_MS);
     }
     redis_server_stop(rs);
     return -1;
@@ -144,21 +137,7 @@ int redis_server_start(struct redis_server *rs, unsigned port,
 
 void redis_server_stop(struct redis_server *rs)
 {
-    int status;
-
-    if (rs->pid <= 0)
-        return;
-    kill(rs->pid, SIGTERM);
-    for (int waited = 0; waited < STOP_WAIT_MS; waited += POLL_MS) {
-        if (waitpid(rs->pid, &status, WNOHANG) == rs->pid) {
-            rs->pid = 0;
-            return;
-        }
-        sleep_ms(POLL_MS);
-    }
-    kill(rs->pid, SIGKILL);
-    waitpid(rs->pid, &status, 0);
-    rs->pid = 0;
+    tu_stop_pid(&rs->pid, STOP_WAIT_MS);
 }
 
 void redis_server_kill(struct redis_server *rs)
@@ -193,7 +172,7 @@ bool redis_server_wait_info(const struct redis_server *rs, const char *section,
     for (unsigned waited = 0; waited < ms; waited += POLL_MS) {
         if (info_has(rs, section, text))
             return true;
-        sleep_ms(POLL_MS);
+        tu_sleep_ms(POLL_MS);
     }
     return false;
 }

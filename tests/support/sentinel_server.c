@@ -18,13 +18,6 @@
 #define STOP_WAIT_MS 3000
 #define POLL_MS 50
 
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
-
-    nanosleep(&ts, NULL);
-}
-
 /* One command's reply (free it), or NULL. */
 static redisReply *ask(const struct sentinel_server *s, const char *fmt,
                        const char *master)
@@ -91,7 +84,7 @@ int sentinel_server_start(struct sentinel_server *s, const char *master,
             s->pid = 0;
             return -1; /* exited: not installed, or the port taken */
         }
-        sleep_ms(POLL_MS);
+        tu_sleep_ms(POLL_MS);
     }
     return -1;
 }
@@ -135,7 +128,7 @@ bool sentinel_server_wait_replicas(const struct sentinel_server *s,
     for (unsigned waited = 0; waited < ms; waited += POLL_MS) {
         if (replicas_up(s, master) >= n)
             return true;
-        sleep_ms(POLL_MS);
+        tu_sleep_ms(POLL_MS);
     }
     return false;
 }
@@ -151,23 +144,7 @@ bool sentinel_server_failover(const struct sentinel_server *s, const char *maste
 
 void sentinel_server_destroy(struct sentinel_server *s)
 {
-    int status;
-
-    if (s->pid > 0) {
-        kill(s->pid, SIGTERM);
-        for (int waited = 0; waited < STOP_WAIT_MS; waited += POLL_MS) {
-            if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
-                s->pid = 0;
-                break;
-            }
-            sleep_ms(POLL_MS);
-        }
-        if (s->pid > 0) {
-            kill(s->pid, SIGKILL);
-            waitpid(s->pid, &status, 0);
-            s->pid = 0;
-        }
-    }
+    tu_stop_pid(&s->pid, STOP_WAIT_MS);
     if (s->dir) {
         tu_rm_rf(s->dir);
         free(s->dir);

@@ -2,9 +2,12 @@
 #include "support/testutil.h"
 
 #include <ftw.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 char *tu_read_file(const char *path, size_t *len)
@@ -76,4 +79,30 @@ char *tu_write_file(const char *dir, const char *name, const char *text)
     fputs(text, f);
     fclose(f);
     return path;
+}
+
+void tu_sleep_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+
+    nanosleep(&ts, NULL);
+}
+
+void tu_stop_pid(pid_t *pid, unsigned grace_ms)
+{
+    int status;
+
+    if (*pid <= 0)
+        return;
+    kill(*pid, SIGTERM);
+    for (unsigned waited = 0; waited < grace_ms; waited += 20) {
+        if (waitpid(*pid, &status, WNOHANG) == *pid) {
+            *pid = 0;
+            return;
+        }
+        tu_sleep_ms(20);
+    }
+    kill(*pid, SIGKILL);
+    waitpid(*pid, &status, 0);
+    *pid = 0;
 }
