@@ -526,6 +526,18 @@ def parser(description=__doc__.split("\n")[0]):
     return ap
 
 
+def end_run(bad, root, keep):
+    """The end of a run: each failure printed, the logs kept when one failed
+    (or when asked), else removed; the exit status."""
+    for why in bad:
+        print(f"FAIL {why}", file=sys.stderr)
+    if bad or keep:
+        print(f"logs: {root}", file=sys.stderr)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return 1 if bad else 0
+
+
 def main():
     args = parser().parse_args()
 
@@ -547,16 +559,9 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
-    bad = [(r, failures(r, args)) for r in results if r["arm"] == "sluice"]
-    bad = [(r, f) for r, f in bad if f]
-    for r, f in bad:
-        for why in f:
-            print(f"FAIL ({r['worker']}): {why}", file=sys.stderr)
-    if bad or args.keep:
-        print(f"logs: {d}", file=sys.stderr)
-    else:
-        shutil.rmtree(d, ignore_errors=True)
-    return 1 if bad else 0
+    bad = [f"({r['worker']}): {why}" for r in results if r["arm"] == "sluice"
+           for why in failures(r, args)]
+    return end_run(bad, d, args.keep)
 
 
 if __name__ == "__main__":

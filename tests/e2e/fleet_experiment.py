@@ -28,7 +28,6 @@ Everything runs on loopback and stops by itself; processes are stopped by pid.
 import argparse
 import json
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -342,13 +341,7 @@ def main():
             json.dump(results, f, indent=1)
     bad = [f"{r['arm']}: {w}" for r in results if r["arm"] == "fleet" or args.check_local
            for w in failures(r, args)]
-    for why in bad:
-        print(f"FAIL {why}", file=sys.stderr)
-    if bad or args.keep:
-        print(f"logs: {root}", file=sys.stderr)
-    else:
-        shutil.rmtree(root, ignore_errors=True)
-    return 1 if bad else 0
+    return ex.end_run(bad, root, args.keep)
 
 
 if __name__ == "__main__":

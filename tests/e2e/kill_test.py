@@ -321,13 +321,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump([{k: v for k, v in r.items() if k not in ("keys", "records")}
                        for r in results], f, indent=1)
-    for why in bad:
-        print(f"FAIL {why}", file=sys.stderr)
-    if bad or args.keep:
-        print(f"logs: {root}", file=sys.stderr)
-    else:
-        shutil.rmtree(root, ignore_errors=True)
-    return 1 if bad else 0
+    return ex.end_run(bad, root, args.keep)
 
 
 if __name__ == "__main__":
