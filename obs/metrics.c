@@ -34,6 +34,7 @@ static const struct {
 static const char *const store_op_names[ST__COUNT] = {
     [ST_GET] = "get", [ST_ACQUIRE] = "acquire", [ST_COMPLETE] = "complete",
     [ST_RELEASE] = "release", [ST_PERMIT] = "permit", [ST_SLOT] = "slot",
+    [ST_PERMIT_LEASE] = "permit_lease",
 };
 
 const char *store_op_name(enum store_timed_op op)

@@ -157,7 +157,8 @@ enum ex_verdict stage_lookup(struct exchange *ex, uint64_t now)
 {
     enum ex_verdict v;
 
-    if (!ex->idem)
+    /* With the fleet's bucket the permit's script reads the record too. */
+    if (!ex->idem || pace_fuses_lease(ex))
         return EXV_NEXT;
     if ((v = ex_store_wait(ex, now, start_get, ex->woke == WOKE_FIRST, ST_GET)) != EXV_NEXT)
         return v;
@@ -189,8 +190,9 @@ static bool took_lease(struct exchange *ex)
         ex->attempt = out->attempt;
         ex->leased = true;
         atomic_fetch_add(&ex->loop->app->leases_active, 1);
-        claims_forwarded(&ex->loop->app->claims, scope(ex), ex->key,
-                         clock_mono_ns() + id->lease_ms * NS_PER_MS);
+        if (ex->claimed)
+            claims_forwarded(&ex->loop->app->claims, scope(ex), ex->key,
+                             clock_mono_ns() + id->lease_ms * NS_PER_MS);
         return true;
     case STORE_HELD:
         lease_held(ex, out->remaining_ms);
@@ -206,11 +208,23 @@ static bool took_lease(struct exchange *ex)
     }
 }
 
+bool idem_lease_with_permit(struct exchange *ex)
+{
+    if (ex->scall->rc == 0 && ex->scall->acq.claim == STORE_FREE) {
+        ex->attempt = ex->scall->acq.attempt;
+        return true;
+    }
+    if (!took_lease(ex))
+        return false;
+    ex->lease_with_permit = true;
+    return true;
+}
+
 enum ex_verdict stage_lease(struct exchange *ex, uint64_t now)
 {
     enum ex_verdict v;
 
-    if (!ex->idem)
+    if (!ex->idem || ex->leased)
         return EXV_NEXT;
     if ((v = ex_store_wait(ex, now, start_acquire, ex->woke == WOKE_FIRST, ST_ACQUIRE)) != EXV_NEXT)
         return v;
@@ -377,13 +391,19 @@ enum ex_verdict stage_commit(struct exchange *ex, uint64_t now)
 }
 
 /* Frees the key of a request that leaves unsent, without waiting: its
- * completion is not awaited (a failure leaves the lease to expire). */
+ * completion is not awaited (a failure leaves the lease to expire). A
+ * lease taken with the fleet's permit, before the request's waits, gives
+ * its attempt back too: waiting spends none of a job's attempts. */
 static void release_unsent(struct exchange *ex)
 {
     struct store_call c = {0};
-    int rc = store_release_async(ex->loop->store, &c, scope(ex), ex->key,
-                                 ex->attempt, clock_wall_ms(),
-                                 ex->pol->idem.ttl_ms);
+    int rc = ex->lease_with_permit
+        ? store_release_unsent_async(ex->loop->store, &c, scope(ex), ex->key,
+                                     ex->attempt, clock_wall_ms(),
+                                     ex->pol->idem.ttl_ms)
+        : store_release_async(ex->loop->store, &c, scope(ex), ex->key,
+                              ex->attempt, clock_wall_ms(),
+                              ex->pol->idem.ttl_ms);
 
     ex_store_detach(&c, rc);
     released(ex, rc, &c.err);

@@ -106,6 +106,9 @@ struct exchange {
     bool idem;              /* the policy's idempotency applies, key valid */
     bool claimed;           /* holds the in-memory claim */
     bool leased;            /* holds the durable lease */
+    bool lease_with_permit; /* the lease came with the fleet's permit
+                               (pace_fuses_lease): unsent, it is given back
+                               uncounted */
     char key_buf[256];
     uint8_t fp[STORE_FP_LEN];
     struct store_record replay; /* ANSWER_REPLAY */
@@ -197,6 +200,12 @@ enum ex_verdict stage_lease(struct exchange *ex, uint64_t now);
 enum ex_verdict stage_commit(struct exchange *ex, uint64_t now);
 /* True when the upstream's answer is to be stored for replay. */
 bool ex_idem_replayable(const struct exchange *ex);
+/* The fleet's answer to a permit asked together with the lease
+ * (pace_fuses_lease), in ex->scall: true when the lease is now ours, or
+ * when the key is free and only the permit was refused (pacing answers
+ * then); false when the key's record answers the request (a replay,
+ * lease_held, 422) or the store failed (store_unavailable). */
+bool idem_lease_with_permit(struct exchange *ex);
 /* Releases: the in-memory claim; a lease never written off by the commit
  * (nothing was sent: released; sent: kept until it expires). */
 void idem_unclaim(struct exchange *ex);
@@ -211,6 +220,10 @@ enum ex_verdict stage_send_check(struct exchange *ex, uint64_t now);
  * there (NULL: the policy's own). */
 bool pace_shared(const struct exchange *ex);
 const char *pace_partition(const struct exchange *ex);
+/* Whether a keyed request's lookup, permit and lease are one store call
+ * (the fleet's bucket with idempotency, contract §10): the lookup stage
+ * then leaves its work to the permit stage, and the lease stage has none. */
+bool pace_fuses_lease(struct exchange *ex);
 /* The drain deadline met a request waiting in a pacing stage: requeue. */
 void pace_drain_answer(struct exchange *ex, uint64_t now);
 /* Gives back the slot: a wait cancelled, or a held slot released. */

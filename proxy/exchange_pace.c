@@ -69,12 +69,38 @@ const char *pace_partition(const struct exchange *ex)
     return ex->bucket != &ex->ps->bucket ? ex->partition : NULL;
 }
 
+bool pace_fuses_lease(struct exchange *ex)
+{
+    if (!ex->idem || ex->pol->mode == SC_MODE_SHADOW ||
+        !store_shares_buckets(ex->loop->app->store))
+        return false;
+    if (!ex->ps)
+        ex->ps = pacing_policy(&ex->rt->pacing, ex->route->policy);
+    return ex->ps && ex->ps->has_bucket && ex->ps->shared;
+}
+
 static int start_permit(struct exchange *ex)
 {
     return store_permit_async(ex->loop->store, ex->scall, ex->pol->name,
                               pace_partition(ex), ex->ps->fleet_t_ns,
                               ex->ps->fleet_tau_ns,
                               ex->pol->max_wait_ms * NS_PER_MS);
+}
+
+/* The same permit, with the key's lookup and lease (pace_fuses_lease). */
+static int start_permit_lease(struct exchange *ex)
+{
+    const struct sc_idempotency *id = &ex->pol->idem;
+    struct store_bucket_ask b = {
+        .partition = pace_partition(ex),
+        .t_ns = ex->ps->fleet_t_ns,
+        .tau_ns = ex->ps->fleet_tau_ns,
+        .max_wait_ns = ex->pol->max_wait_ms * NS_PER_MS,
+    };
+
+    return store_permit_lease_async(ex->loop->store, ex->scall, ex->pol->name,
+                                    ex->key, ex->fp, clock_wall_ms(),
+                                    id->lease_ms, id->ttl_ms, &b);
 }
 
 /* While the store does not answer, this sidecar paces alone at its share
@@ -90,16 +116,23 @@ static void fall_back(struct exchange *ex)
 static enum ex_verdict local_permit(struct exchange *ex, uint64_t now);
 
 /* The fleet's bucket answered: wait for the start it reserved, or go back
- * to the queue; no answer: the local fallback decides. */
+ * to the queue; no answer: the local fallback decides, except for a keyed
+ * request, which the store's failure answers (nothing is forwarded). */
 static enum ex_verdict shared_answer(struct exchange *ex, uint64_t now)
 {
-    enum ex_verdict v = ex_store_wait(ex, now, start_permit, ex->woke == WOKE_FIRST, ST_PERMIT);
+    bool fused = pace_fuses_lease(ex);
+    enum ex_verdict v = ex_store_wait(ex, now,
+                                      fused ? start_permit_lease : start_permit,
+                                      ex->woke == WOKE_FIRST,
+                                      fused ? ST_PERMIT_LEASE : ST_PERMIT);
     const struct store_permit *pm;
 
     if (v != EXV_NEXT)
         return v;
     pm = &ex->scall->permit;
     ex->asking = false;
+    if (fused && !idem_lease_with_permit(ex))
+        return EXV_ANSWER;
     if (ex->scall->rc != 0) {
         fall_back(ex);
         return local_permit(ex, now);

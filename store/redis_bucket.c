@@ -26,28 +26,6 @@
  * only pace them together. */
 #define PARTITION_NAME_MAX 128
 
-/* KEYS[1] the bucket; ARGV: T, tau, max_wait (µs). Reserves the start
- * max(now, tat - tau) and moves tat to max(tat, now) + T, or refuses
- * without reserving when the start is beyond max_wait. Answers {granted,
- * wait µs, paused}. The rules are policies/gcra.h's. */
-const char redis_script_permit[] =
-    "local t = redis.call('TIME')\n"
-    "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
-    "local T, tau, maxw = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])\n"
-    "local h = redis.call('HMGET', KEYS[1], 'tat', 'pu')\n"
-    "local tat, pu = tonumber(h[1]) or 0, tonumber(h[2]) or 0\n"
-    "local start = math.max(now, tat - tau)\n"
-    "local wait = start - now\n"
-    "if wait > maxw then\n"
-    "  if pu > now then return {0, wait, 1} end\n"
-    "  return {0, wait, 0}\n"
-    "end\n"
-    "tat = math.max(tat, now) + T\n"
-    "redis.call('HSET', KEYS[1], 'tat', string.format('%.0f', tat))\n"
-    "local keep = math.max(tat, pu) - now\n"
-    "redis.call('PEXPIRE', KEYS[1], math.floor(keep / 1000) + 1000)\n"
-    "return {1, wait, 0}\n";
-
 /* KEYS[1] the bucket; ARGV: T, tau, pause (µs). pause 0 empties it (the
  * next start no earlier than now + T: gcra_empty); more pauses it until
  * now + pause, then one start per T (gcra_pause_until). Never moves tat or
@@ -85,18 +63,17 @@ const char redis_script_slot_take[] =
     "end\n"
     "return 1\n";
 
-static void bucket_key(const struct redis_store *st, const char *scope,
-                       const char *partition, struct rcmd *cmd)
+void redis_bucket_key(const struct redis_store *st, const char *scope,
+                      const char *partition, char out[REDIS_KEY_MAX])
 {
     if (!partition)
-        snprintf(cmd->key, sizeof cmd->key, "%s{%s}:b", st->prefix, scope);
+        snprintf(out, REDIS_KEY_MAX, "%s{%s}:b", st->prefix, scope);
     else if (strlen(partition) <= PARTITION_NAME_MAX)
-        snprintf(cmd->key, sizeof cmd->key, "%s{%s}:b:%s", st->prefix, scope,
+        snprintf(out, REDIS_KEY_MAX, "%s{%s}:b:%s", st->prefix, scope,
                  partition);
     else
-        snprintf(cmd->key, sizeof cmd->key, "%s{%s}:b:#%016llx", st->prefix,
-                 scope, (unsigned long long)hash_str(HASH_INIT, partition));
-    snprintf(cmd->info.name, sizeof cmd->info.name, "%s/(bucket)", scope);
+        snprintf(out, REDIS_KEY_MAX, "%s{%s}:b:#%016llx", st->prefix, scope,
+                 (unsigned long long)hash_str(HASH_INIT, partition));
 }
 
 static void num(struct rcmd *cmd, int i, uint64_t v)
@@ -105,15 +82,23 @@ static void num(struct rcmd *cmd, int i, uint64_t v)
     redis_arg_str(cmd, cmd->num[i]);
 }
 
+void redis_bucket_args(struct rcmd *cmd, uint64_t t_ns, uint64_t tau_ns,
+                       uint64_t wait_ns)
+{
+    num(cmd, 0, t_ns / 1000);
+    num(cmd, 1, tau_ns / 1000);
+    num(cmd, 2, wait_ns / 1000);
+}
+
 static void build_bucket(struct redis_store *st, enum store_op op,
                          const struct store_args *a, struct rcmd *cmd)
 {
-    bucket_key(st, a->scope, a->partition, cmd);
+    redis_bucket_key(st, a->scope, a->partition, cmd->key);
+    snprintf(cmd->info.name, sizeof cmd->info.name, "%s/(bucket)", a->scope);
     redis_evalsha(cmd, op == STORE_OP_PERMIT ? SCRIPT_PERMIT
                                              : SCRIPT_BUCKET_PAUSE);
-    num(cmd, 0, a->t_ns / 1000);
-    num(cmd, 1, a->tau_ns / 1000);
-    num(cmd, 2, (op == STORE_OP_PERMIT ? a->max_wait_ns : a->pause_ns) / 1000);
+    redis_bucket_args(cmd, a->t_ns, a->tau_ns,
+                      op == STORE_OP_PERMIT ? a->max_wait_ns : a->pause_ns);
 }
 
 static void build_slot(struct redis_store *st, enum store_op op,
@@ -148,7 +133,7 @@ int redis_bucket_build(struct redis_store *st, enum store_op op,
     return 0;
 }
 
-static bool integer_at(const redisReply *r, size_t i, long long *v)
+bool redis_int_at(const redisReply *r, size_t i, long long *v)
 {
     if (i >= r->elements || r->element[i]->type != REDIS_REPLY_INTEGER)
         return false;
@@ -162,8 +147,8 @@ static int permit_result(const struct redis_store *st,
 {
     long long granted, wait_us, paused;
 
-    if (r->type != REDIS_REPLY_ARRAY || !integer_at(r, 0, &granted) ||
-        !integer_at(r, 1, &wait_us) || !integer_at(r, 2, &paused) || wait_us < 0)
+    if (r->type != REDIS_REPLY_ARRAY || !redis_int_at(r, 0, &granted) ||
+        !redis_int_at(r, 1, &wait_us) || !redis_int_at(r, 2, &paused) || wait_us < 0)
         return redis_unexpected(st, info, err);
     pm->granted = granted == 1;
     pm->paused = paused == 1;

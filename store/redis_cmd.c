@@ -77,14 +77,16 @@ int redis_pause_key(const struct redis_store *st, const char *scope,
     return 0;
 }
 
-/* EVALSHA <sha> 1 <key>: the arguments follow. */
+/* EVALSHA <sha> 1 <key> (or 2 <key> <key2>): the arguments follow. */
 void redis_evalsha(struct rcmd *cmd, enum redis_script s)
 {
     cmd->info.script = (int)s;
     redis_arg_str(cmd, "EVALSHA");
     redis_arg_str(cmd, redis_script_sha(s));
-    redis_arg_str(cmd, "1");
+    redis_arg_str(cmd, cmd->key2[0] ? "2" : "1");
     redis_arg_str(cmd, cmd->key);
+    if (cmd->key2[0])
+        redis_arg_str(cmd, cmd->key2);
 }
 
 static int encode(struct rcmd *cmd, const struct store_record *rec,
@@ -100,8 +102,8 @@ static int encode(struct rcmd *cmd, const struct store_record *rec,
 
 /* The record a new key gets; a takeover's script keeps the stored
  * created_ms and counts on from the stored attempt. */
-static int build_acquire(struct rcmd *cmd, const struct store_args *a,
-                         struct sc_error *err)
+static int build_acquire(struct rcmd *cmd, enum redis_script script,
+                         const struct store_args *a, struct sc_error *err)
 {
     struct store_record fresh = {
         .state = STORE_IN_PROGRESS,
@@ -114,13 +116,29 @@ static int build_acquire(struct rcmd *cmd, const struct store_args *a,
     memcpy(fresh.fingerprint, a->fp, STORE_FP_LEN);
     /* The attempt count outlives the lease by ttl. */
     fresh.expires_ms = add_sat(fresh.lease_expires_ms, a->ttl_ms);
-    redis_evalsha(cmd, SCRIPT_ACQUIRE);
+    redis_evalsha(cmd, script);
     redis_arg(cmd, cmd->now, 8);
     redis_arg(cmd, a->fp, STORE_FP_LEN);
     if ((rc = encode(cmd, &fresh, err)) != 0)
         return rc;
     fmt_at(cmd->at, fresh.expires_ms);
     redis_arg_str(cmd, cmd->at);
+    return 0;
+}
+
+/* acquire's arguments with a lease that covers the longest wait, then the
+ * bucket's: its key is the script's second, in the record's hash tag. */
+static int build_permit_lease(struct redis_store *st, struct rcmd *cmd,
+                              const struct store_args *a, struct sc_error *err)
+{
+    struct store_args covered = *a;
+    int rc;
+
+    covered.lease_ms = add_sat(a->lease_ms, (a->max_wait_ns + 999999) / 1000000);
+    redis_bucket_key(st, a->scope, a->partition, cmd->key2);
+    if ((rc = build_acquire(cmd, SCRIPT_PERMIT_LEASE, &covered, err)) != 0)
+        return rc;
+    redis_bucket_args(cmd, a->t_ns, a->tau_ns, a->max_wait_ns);
     return 0;
 }
 
@@ -154,12 +172,17 @@ static int build_complete(struct rcmd *cmd, const struct store_args *a,
     return 0;
 }
 
-static void build_release(struct rcmd *cmd, const struct store_args *a)
+/* unsent: the attempt count goes back to what it was before this attempt
+ * (it never reached the upstream). */
+static void build_release(struct rcmd *cmd, const struct store_args *a,
+                          bool unsent)
 {
     uint64_t expires = add_sat(a->now_ms, a->ttl_ms);
 
     cmd->info.attempt = a->attempt;
     put_le(cmd->attempt, a->attempt, 4);
+    put_le(cmd->kept_attempt, unsent && a->attempt ? a->attempt - 1 : a->attempt,
+           4);
     put_le(cmd->expires, expires, 8);
     fmt_at(cmd->at, expires);
     redis_evalsha(cmd, SCRIPT_RELEASE);
@@ -167,6 +190,7 @@ static void build_release(struct rcmd *cmd, const struct store_args *a)
     redis_arg(cmd, cmd->attempt, 4);
     redis_arg(cmd, cmd->expires, 8);
     redis_arg_str(cmd, cmd->at);
+    redis_arg(cmd, cmd->kept_attempt, 4);
 }
 
 static void build_pause_set(struct rcmd *cmd, const struct store_args *a)
@@ -193,7 +217,7 @@ int rcmd_build(struct redis_store *st, enum store_op op,
     cmd->info.script = -1;
     cmd->info.now_ms = a->now_ms;
     put_le(cmd->now, a->now_ms, 8);
-    if (op >= STORE_OP_PERMIT)
+    if (op >= STORE_OP_PERMIT && op <= STORE_OP_SLOT_GIVE)
         return redis_bucket_build(st, op, a, cmd, err);
     rc = op == STORE_OP_PAUSE_SET ? redis_pause_key(st, a->scope, cmd, err)
                                   : redis_record_key(st, a->scope, a->key, cmd,
@@ -206,11 +230,14 @@ int rcmd_build(struct redis_store *st, enum store_op op,
         redis_arg_str(cmd, cmd->key);
         return 0;
     case STORE_OP_ACQUIRE:
-        return build_acquire(cmd, a, err);
+        return build_acquire(cmd, SCRIPT_ACQUIRE, a, err);
+    case STORE_OP_PERMIT_LEASE:
+        return build_permit_lease(st, cmd, a, err);
     case STORE_OP_COMPLETE:
         return build_complete(cmd, a, err);
     case STORE_OP_RELEASE:
-        build_release(cmd, a);
+    case STORE_OP_RELEASE_UNSENT:
+        build_release(cmd, a, op == STORE_OP_RELEASE_UNSENT);
         return 0;
     case STORE_OP_PAUSE_SET:
         build_pause_set(cmd, a);
@@ -362,6 +389,48 @@ static int acquire_result(const struct rcmd_info *info, char verdict,
     return 0;
 }
 
+/* permit_lease's 'R': the key is free but the permit was refused; v is
+ * the record as it is, or "" for none. */
+static int free_result(const struct rcmd_info *info, const redisReply *v,
+                       struct store_acquire_out *out, struct sc_error *err)
+{
+    struct store_record rec;
+    int rc;
+
+    out->claim = STORE_FREE;
+    out->attempt = 1;
+    if (v->type == REDIS_REPLY_STRING && v->len == 0)
+        return 0;
+    if ((rc = decode_value(info, v, &rec, err)) != 0)
+        return rc;
+    out->attempt = rec.attempt < UINT32_MAX ? rec.attempt + 1 : rec.attempt;
+    store_record_clear(&rec);
+    return 0;
+}
+
+/* permit_lease: the lease's verdicts as acquire's; 'A' and 'R' carry the
+ * permit's wait (and 'R' whether the policy is paused). */
+static int permit_lease_result(const struct redis_store *st,
+                               const struct rcmd_info *info, char verdict,
+                               const redisReply *r, const struct rcmd_out *out,
+                               struct sc_error *err)
+{
+    const redisReply *v = r->elements > 1 ? r->element[1] : NULL;
+    long long wait_us = 0, paused = 0;
+
+    if (verdict == 'M' || (v && memchr("HD", verdict, 2)))
+        return acquire_result(info, verdict, v, out->acq, err);
+    if (!v || !memchr("AR", verdict, 2) || !redis_int_at(r, 2, &wait_us) ||
+        wait_us < 0 || (verdict == 'R' && !redis_int_at(r, 3, &paused)))
+        return redis_unexpected(st, info, err);
+    out->permit->granted = verdict == 'A';
+    out->permit->paused = paused == 1;
+    out->permit->wait_ns = (uint64_t)wait_us * 1000;
+    if (verdict == 'A')
+        return acquire_result(info, verdict, v, out->acq, err);
+    return free_result(info, v, out->acq, err);
+}
+
 static int stale(const struct rcmd_info *info, const redisReply *v,
                  struct sc_error *err)
 {
@@ -403,7 +472,7 @@ static int write_result(const struct rcmd_info *info, char verdict,
 /* A script's answer: a verdict letter and, for some, a value. */
 static int script_result(const struct redis_store *st,
                          const struct rcmd_info *info, const redisReply *r,
-                         struct store_acquire_out *acq, struct sc_error *err)
+                         const struct rcmd_out *out, struct sc_error *err)
 {
     const redisReply *v;
     char verdict;
@@ -415,10 +484,12 @@ static int script_result(const struct redis_store *st,
     v = r->elements > 1 ? r->element[1] : NULL;
     if (verdict == 'X' && v)
         return unreadable(info, v, err);
-    if (info->op == STORE_OP_ACQUIRE) {
+    if (info->op == STORE_OP_PERMIT_LEASE && out->acq && out->permit)
+        return permit_lease_result(st, info, verdict, r, out, err);
+    if (info->op == STORE_OP_ACQUIRE && out->acq) {
         if (verdict == 'M' || (v && memchr("AHD", verdict, 3)))
-            return acquire_result(info, verdict, v, acq, err);
-    } else if (memchr("ONE", verdict, 3) || (verdict == 'S' && v))
+            return acquire_result(info, verdict, v, out->acq, err);
+    } else if (info->op != STORE_OP_ACQUIRE) if (memchr("ONE", verdict, 3) || (verdict == 'S' && v))
         return write_result(info, verdict, v, err);
     return redis_unexpected(st, info, err);
 }
@@ -450,6 +521,6 @@ int rcmd_result(const struct redis_store *st, const struct rcmd_info *info,
     case STORE_OP_SLOT_GIVE:
         return redis_bucket_result(st, info, r, out, err);
     default:
-        return script_result(st, info, r, acq, err);
+        return script_result(st, info, r, out, err);
     }
 }

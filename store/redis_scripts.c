@@ -42,23 +42,86 @@
     "if cur and (#cur < 81 or cur:byte(1) ~= 2) then return {'X', cur} end\n" \
     "if cur and le_cmp(cur:sub(8, 15), ARGV[1]) <= 0 then cur = false end\n"
 
-/* ARGV: now, fingerprint, the record a new key gets (attempt 1, created now,
- * its lease and expiry set), PEXPIREAT ms ('0': none). A takeover keeps the
- * record's created_ms and counts one more attempt. */
+/* A claim on the live record cur (ARGV[2] the request's fingerprint): a
+ * different request, a result, or another's live lease answers it. */
+#define CLAIM_CHECKS                                                         \
+    "if cur then\n"                                                          \
+    "  if cur:sub(40, 71) ~= ARGV[2] then return {'M'} end\n"                \
+    "  if cur:byte(2) == 2 then return {'D', cur} end\n"                     \
+    "  if le_cmp(cur:sub(24, 31), ARGV[1]) > 0 then return {'H', cur} end\n" \
+    "end\n"
+
+/* Writes the lease as `new`: ARGV[3] the record a new key gets (attempt 1,
+ * created now, its lease and expiry set), ARGV[4] its PEXPIREAT ms ('0':
+ * none). A takeover keeps the record's created_ms and counts one more
+ * attempt. */
+#define TAKE_LEASE                                                           \
+    "local new = ARGV[3]\n"                                                  \
+    "if cur then\n"                                                          \
+    "  local n = struct.unpack('<I4', cur, 4)\n"                             \
+    "  if n < 4294967295 then n = n + 1 end\n"                               \
+    "  new = new:sub(1, 3) .. struct.pack('<I4', n) .. new:sub(8, 15) ..\n"  \
+    "        cur:sub(16, 23) .. new:sub(24)\n"                               \
+    "end\n"                                                                  \
+    "save(new, ARGV[4])\n"
+
+/* The GCRA of a shared bucket bk (redis_bucket.c has its keys): reserves
+ * the start max(now, tat - tau) and moves tat to max(tat, now) + T, or
+ * refuses without reserving when the start is beyond maxw. Answers
+ * (reserved, wait, paused), times in microseconds of Redis's clock. The
+ * rules are policies/gcra.h's. */
+#define RESERVE                                                              \
+    "local function reserve(bk, T, tau, maxw)\n"                             \
+    "  local t = redis.call('TIME')\n"                                       \
+    "  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"              \
+    "  local h = redis.call('HMGET', bk, 'tat', 'pu')\n"                     \
+    "  local tat, pu = tonumber(h[1]) or 0, tonumber(h[2]) or 0\n"           \
+    "  local start = math.max(now, tat - tau)\n"                             \
+    "  local wait = start - now\n"                                           \
+    "  if wait > maxw then\n"                                                \
+    "    if pu > now then return false, wait, 1 end\n"                       \
+    "    return false, wait, 0\n"                                            \
+    "  end\n"                                                                \
+    "  tat = math.max(tat, now) + T\n"                                       \
+    "  redis.call('HSET', bk, 'tat', string.format('%.0f', tat))\n"          \
+    "  local keep = math.max(tat, pu) - now\n"                               \
+    "  redis.call('PEXPIRE', bk, math.floor(keep / 1000) + 1000)\n"          \
+    "  return true, wait, 0\n"                                               \
+    "end\n"
+
+/* ARGV: now, fingerprint, the new key's record, PEXPIREAT ms. */
 static const char ACQUIRE[] =
     PRELUDE
-    "local new = ARGV[3]\n"
-    "if cur then\n"
-    "  if cur:sub(40, 71) ~= ARGV[2] then return {'M'} end\n"
-    "  if cur:byte(2) == 2 then return {'D', cur} end\n"
-    "  if le_cmp(cur:sub(24, 31), ARGV[1]) > 0 then return {'H', cur} end\n"
-    "  local n = struct.unpack('<I4', cur, 4)\n"
-    "  if n < 4294967295 then n = n + 1 end\n"
-    "  new = new:sub(1, 3) .. struct.pack('<I4', n) .. new:sub(8, 15) ..\n"
-    "        cur:sub(16, 23) .. new:sub(24)\n"
-    "end\n"
-    "save(new, ARGV[4])\n"
+    CLAIM_CHECKS
+    TAKE_LEASE
     "return {'A', new}\n";
+
+/* KEYS[1] a shared bucket; ARGV: T, tau, max_wait (µs). Answers {granted,
+ * wait µs, paused}. */
+static const char PERMIT[] =
+    RESERVE
+    "local ok, wait, paused = reserve(KEYS[1], tonumber(ARGV[1]),\n"
+    "                                 tonumber(ARGV[2]), tonumber(ARGV[3]))\n"
+    "if ok then return {1, wait, 0} end\n"
+    "return {0, wait, paused}\n";
+
+/* A keyed request's lookup, permit and lease in one round trip (contract
+ * §10): KEYS[1] the record, KEYS[2] its policy's bucket (one hash tag, one
+ * Cluster slot); ARGV: as ACQUIRE's, then T, tau, max_wait (µs). A
+ * replay, a mismatch or a live lease answer before the bucket is asked (a
+ * duplicate spends no permit); a refused permit writes nothing and answers
+ * {'R', the record or '', wait, paused}; otherwise the permit is reserved
+ * and the lease written: {'A', new, wait}. The caller's lease covers the
+ * wait (ARGV[3] is made so). */
+static const char PERMIT_LEASE[] =
+    PRELUDE
+    RESERVE
+    CLAIM_CHECKS
+    "local ok, wait, paused = reserve(KEYS[2], tonumber(ARGV[5]),\n"
+    "                                 tonumber(ARGV[6]), tonumber(ARGV[7]))\n"
+    "if not ok then return {'R', cur or '', wait, paused} end\n"
+    TAKE_LEASE
+    "return {'A', new, wait}\n";
 
 /* ARGV: now, the completed record (status, headers, body and times set),
  * PEXPIREAT ms. The attempt, created_ms and fingerprint are the stored
@@ -73,13 +136,15 @@ static const char COMPLETE[] =
     "return {'O'}\n";
 
 /* ARGV: now, the releasing attempt (4 bytes), the new expires_ms (8 bytes),
- * PEXPIREAT ms. Fenced: only the attempt that holds the lease ends it. */
+ * PEXPIREAT ms, the attempt count to keep (4 bytes: the releasing attempt,
+ * or one less when it never reached the upstream). Fenced: only the
+ * attempt that holds the lease ends it. */
 static const char RELEASE[] =
     PRELUDE
     "if not cur then return {'N'} end\n"
     "if cur:byte(2) == 2 then return {'E'} end\n"
     "if cur:sub(4, 7) ~= ARGV[2] then return {'S', cur} end\n"
-    "save(cur:sub(1, 7) .. ARGV[3] .. cur:sub(16, 23) .. ARGV[1] ..\n"
+    "save(cur:sub(1, 3) .. ARGV[5] .. ARGV[3] .. cur:sub(16, 23) .. ARGV[1] ..\n"
     "     cur:sub(32), ARGV[4])\n"
     "return {'O'}\n";
 
@@ -109,7 +174,8 @@ static const char *const BODIES[SCRIPT_COUNT] = {
     [SCRIPT_COMPLETE] = COMPLETE,
     [SCRIPT_RELEASE] = RELEASE,
     [SCRIPT_PAUSE_SET] = PAUSE_SET,
-    [SCRIPT_PERMIT] = redis_script_permit,
+    [SCRIPT_PERMIT] = PERMIT,
+    [SCRIPT_PERMIT_LEASE] = PERMIT_LEASE,
     [SCRIPT_BUCKET_PAUSE] = redis_script_bucket_pause,
     [SCRIPT_SLOT_TAKE] = redis_script_slot_take,
 };

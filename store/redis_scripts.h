@@ -14,14 +14,14 @@ enum redis_script {
     SCRIPT_PAUSE_SET,
     /* shared buckets and slots (redis_bucket.c) */
     SCRIPT_PERMIT,
+    SCRIPT_PERMIT_LEASE, /* a keyed request's lookup, permit and lease */
     SCRIPT_BUCKET_PAUSE,
     SCRIPT_SLOT_TAKE,
     SCRIPT_COUNT,
 };
 
-/* The sources of the bucket and slot scripts, kept beside their commands
- * (redis_bucket.c). */
-extern const char redis_script_permit[];
+/* The sources of the bucket-pause and slot scripts, kept beside their
+ * commands (redis_bucket.c). */
 extern const char redis_script_bucket_pause[];
 extern const char redis_script_slot_take[];
 

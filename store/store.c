@@ -263,6 +263,32 @@ int store_slot_give_async(struct store_loop *sl, struct store_call *c,
     return start(sl, c, STORE_OP_SLOT_GIVE, &a);
 }
 
+int store_permit_lease_async(struct store_loop *sl, struct store_call *c,
+                             const char *scope, const char *key,
+                             const uint8_t fp[STORE_FP_LEN], uint64_t now_ms,
+                             uint64_t lease_ms, uint64_t ttl_ms,
+                             const struct store_bucket_ask *b)
+{
+    struct store_args a = {.scope = scope, .key = key, .fp = fp,
+                           .now_ms = now_ms, .lease_ms = lease_ms,
+                           .ttl_ms = ttl_ms, .partition = b->partition,
+                           .t_ns = b->t_ns, .tau_ns = b->tau_ns,
+                           .max_wait_ns = b->max_wait_ns};
+
+    return start(sl, c, STORE_OP_PERMIT_LEASE, &a);
+}
+
+int store_release_unsent_async(struct store_loop *sl, struct store_call *c,
+                               const char *scope, const char *key,
+                               uint32_t attempt, uint64_t now_ms,
+                               uint64_t ttl_ms)
+{
+    struct store_args a = {.scope = scope, .key = key, .attempt = attempt,
+                           .now_ms = now_ms, .ttl_ms = ttl_ms};
+
+    return start(sl, c, STORE_OP_RELEASE_UNSENT, &a);
+}
+
 bool store_call_pending(const struct store_call *c)
 {
     return c->pending != NULL;

@@ -107,6 +107,9 @@ enum store_claim {
     STORE_HELD,           /* another live lease; *remaining_ms until expiry */
     STORE_DONE,           /* completed and live: *rec filled for replay */
     STORE_MISMATCH,       /* same key, different fingerprint */
+    STORE_FREE,           /* permit_lease: takeable, but the permit was
+                             refused, so nothing was taken; *attempt = the
+                             attempt it would have been */
 };
 
 struct store_acquire_out {
@@ -276,6 +279,33 @@ int store_slot_take_async(struct store_loop *sl, struct store_call *c,
                           uint32_t limit, uint64_t hold_ms);
 int store_slot_give_async(struct store_loop *sl, struct store_call *c,
                           const char *scope, const char *holder);
+
+/* A keyed request's lookup, permit and lease in one round trip (contract
+ * §10): the bucket of (scope, b->partition) as store_permit_async, and the
+ * key as store_acquire_async, atomically. A replay (DONE), a live lease
+ * (HELD) or a mismatch answer before the bucket is asked, so a duplicate
+ * spends no permit; a refused permit takes nothing (FREE, c->permit says
+ * why and how long); otherwise the permit is reserved (c->permit) and the
+ * lease taken (ACQUIRED) for max_wait + lease_ms, so that it covers the
+ * wait for the permit and a slot. */
+struct store_bucket_ask {
+    const char *partition;           /* NULL: the policy's own bucket */
+    uint64_t t_ns, tau_ns, max_wait_ns;
+};
+int store_permit_lease_async(struct store_loop *sl, struct store_call *c,
+                             const char *scope, const char *key,
+                             const uint8_t fp[STORE_FP_LEN], uint64_t now_ms,
+                             uint64_t lease_ms, uint64_t ttl_ms,
+                             const struct store_bucket_ask *b);
+
+/* Ends a lease taken by store_permit_lease_async that never reached the
+ * upstream (refused while it waited, the worker gone): released as
+ * store_release_async, and its attempt uncounted, so waiting in the fleet's
+ * queue spends none of a job's attempts. Fenced like a release. */
+int store_release_unsent_async(struct store_loop *sl, struct store_call *c,
+                               const char *scope, const char *key,
+                               uint32_t attempt, uint64_t now_ms,
+                               uint64_t ttl_ms);
 
 /* Whether a call is in flight (issued, -EINPROGRESS, not yet completed). */
 bool store_call_pending(const struct store_call *c);

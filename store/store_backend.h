@@ -53,6 +53,8 @@ enum store_op {
     STORE_OP_BUCKET_PAUSE,
     STORE_OP_SLOT_TAKE,
     STORE_OP_SLOT_GIVE,
+    STORE_OP_PERMIT_LEASE,
+    STORE_OP_RELEASE_UNSENT,
 };
 
 struct store_ops {

@@ -357,7 +357,9 @@ static void fill(struct req *q, struct store_call *c, const redisReply *r)
         c->rc = rcmd_result(cn->st, info, r,
                             &(struct rcmd_out){
                                 .rec = info->op == STORE_OP_GET ? &c->rec : NULL,
-                                .acq = info->op == STORE_OP_ACQUIRE ? &c->acq : NULL,
+                                .acq = info->op == STORE_OP_ACQUIRE ||
+                                       info->op == STORE_OP_PERMIT_LEASE
+                                           ? &c->acq : NULL,
                                 .permit = &c->permit,
                                 .slot = &c->slot,
                             },

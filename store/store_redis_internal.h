@@ -53,7 +53,7 @@ struct rcmd_info {
     char name[RECORD_SCOPE_MAX + 1 + RECORD_KEY_MAX + 1]; /* "scope/key" */
 };
 
-#define RCMD_ARGS 10
+#define RCMD_ARGS 12
 
 /* One command, as argv for hiredis. argv points into the struct itself (or
  * its blob): build it in place, use it there, then rcmd_free. */
@@ -63,7 +63,8 @@ struct rcmd {
     const char *argv[RCMD_ARGS];
     size_t len[RCMD_ARGS];
     char key[REDIS_KEY_MAX];
-    uint8_t now[8], expires[8], attempt[4];
+    char key2[REDIS_KEY_MAX];    /* a script's second key, or "" */
+    uint8_t now[8], expires[8], attempt[4], kept_attempt[4];
     char at[24], now_dec[24], until_dec[24];
     char num[3][24];             /* decimal arguments of bucket scripts */
     uint8_t *blob;               /* an encoded record (owned) */
@@ -80,8 +81,8 @@ void rcmd_free(struct rcmd *cmd);
  * be NULL). */
 struct rcmd_out {
     struct store_record *rec;        /* get */
-    struct store_acquire_out *acq;   /* acquire */
-    struct store_permit *permit;     /* permit */
+    struct store_acquire_out *acq;   /* acquire, permit_lease */
+    struct store_permit *permit;     /* permit, permit_lease */
     struct store_slot *slot;         /* slot_take */
 };
 
@@ -99,6 +100,14 @@ void redis_arg_str(struct rcmd *cmd, const char *s);
 void redis_evalsha(struct rcmd *cmd, enum redis_script s);
 
 /* Shared buckets and slots (redis_bucket.c): their commands and replies. */
+/* The Redis key of the bucket of (scope, partition) into out. */
+void redis_bucket_key(const struct redis_store *st, const char *scope,
+                      const char *partition, char out[REDIS_KEY_MAX]);
+/* A script's bucket numbers: T, tau and the wait (µs) as its arguments. */
+void redis_bucket_args(struct rcmd *cmd, uint64_t t_ns, uint64_t tau_ns,
+                       uint64_t wait_ns);
+/* Whether r's i-th element is an integer, into *v. */
+bool redis_int_at(const redisReply *r, size_t i, long long *v);
 int redis_bucket_build(struct redis_store *st, enum store_op op,
                        const struct store_args *a, struct rcmd *cmd,
                        struct sc_error *err);

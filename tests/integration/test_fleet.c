@@ -30,7 +30,9 @@ static const char default_policies[] =
     "          idempotency: {required: false, lease: 10s}}\n"
     "  solo: {rate: 20/s, burst: 2, max_wait: 30s}\n"
     "  slots: {concurrency: 2, max_wait: 20s, shared: redis}\n"
-    "  leasy: {idempotency: {required: false, lease: 2s}}\n";
+    "  leasy: {idempotency: {required: false, lease: 2s}}\n"
+    "  gated: {rate: 50/s, burst: 5, concurrency: 1, max_wait: 300ms, shared: redis,\n"
+    "          idempotency: {required: false, lease: 10s}}\n";
 
 static void fleet_stop(void)
 {
@@ -59,7 +61,8 @@ static void fleet_start(const char *const *stub_args, const char *policies)
         "  - {prefix: /f, upstream: stub, policy: fleet}\n"
         "  - {prefix: /l, upstream: stub, policy: solo}\n"
         "  - {prefix: /c, upstream: stub, policy: slots}\n"
-        "  - {prefix: /k, upstream: quick, policy: leasy}\n",
+        "  - {prefix: /k, upstream: quick, policy: leasy}\n"
+        "  - {prefix: /g, upstream: stub, policy: gated}\n",
         rs.port, FLEET, stub.port, stub.port,
         policies ? policies : default_policies) > 0);
     for (int i = 0; i < FLEET; i++)
@@ -131,9 +134,21 @@ Test(fleet, a_key_completed_on_one_sidecar_is_replayed_by_another)
     cr_expect(r.body && strstr(r.body, "\"key_reused\""), "%s", r.body ? r.body : "");
     h_resp_free(&r);
     cr_expect_eq(key_effects("fleet-k1"), 1, "one side effect for the fleet");
+    /* The lookup, the permit and the lease were one round trip. */
     cr_expect(body_has(sl[0].admin_port, "/metrics",
-                       "sluice_store_duration_seconds_count{op=\"acquire\"} 1\n"),
+                       "sluice_store_duration_seconds_count{op=\"permit_lease\"} 1\n"),
               "the lease's round trip is timed");
+    cr_expect(body_has(sl[0].admin_port, "/metrics",
+                       "sluice_store_duration_seconds_count{op=\"complete\"} 1\n"),
+              "the completion's round trip is timed");
+    /* (A histogram that never moved is not listed.) */
+    cr_expect(!body_has(sl[0].admin_port, "/metrics",
+                        "sluice_store_duration_seconds_count{op=\"get\"}") &&
+              !body_has(sl[0].admin_port, "/metrics",
+                        "sluice_store_duration_seconds_count{op=\"permit\"}") &&
+              !body_has(sl[0].admin_port, "/metrics",
+                        "sluice_store_duration_seconds_count{op=\"acquire\"}"),
+              "no lookup, permit or lease of their own: two round trips in all");
     /* The admin endpoints of any sidecar read and forget the fleet's records. */
     cr_expect(body_has(sl[2].admin_port, "/idempotency/fleet/fleet-k1", "\"completed\""),
               "the record, read through another sidecar's admin port");
@@ -309,6 +324,42 @@ Test(fleet, a_dead_sidecars_lease_holds_then_is_taken_over)
     cr_expect_geq(waited, 5, "taken over before the lease could have expired");
     h_resp_free(&r);
     pthread_join(t, NULL);
+}
+
+/* A keyed request of a shared policy takes its lease with its permit,
+ * before it waits for a slot. Refused there (no slot within max_wait), it
+ * gives the lease back with its attempt uncounted: a job that queues for
+ * the fleet's slots spends none of its attempt budget. */
+Test(fleet, waiting_for_a_fleet_slot_spends_no_attempt)
+{
+    struct req hog = {.sidecar = 0, .path = "/g/hog", .key = "fleet-hog",
+                      .headers = "X-Stub-Delay-Ms: 1500\r\n"};
+    struct h_resp r;
+    pthread_t t;
+
+    pthread_create(&t, NULL, send_req, &hog);
+    for (int i = 0; i < 100 && h_stub_stat(&stub, "in_flight") < 1; i++)
+        usleep(20 * 1000);
+    cr_assert_geq(h_stub_stat(&stub, "in_flight"), 1, "the first request never reached the stub");
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(post_key(1 + i % 2, "/g/x", "fleet-gated", NULL, "x", &r), 0);
+        cr_expect_eq(r.status, 429, "no slot within max_wait: requeue");
+        cr_expect(r.body && strstr(r.body, "\"rate_limited\""), "%s", r.body ? r.body : "");
+        h_resp_free(&r);
+        cr_assert_eq(h_http(sl[2].admin_port, "GET", "/idempotency/gated/fleet-gated", NULL,
+                            NULL, 0, &r), 0);
+        cr_expect(r.body && strstr(r.body, "\"attempt\":0"), "refusal %d counted an attempt: %s",
+                  i + 1, r.body ? r.body : "");
+        h_resp_free(&r);
+    }
+    cr_expect_eq(key_effects("fleet-gated"), 0);
+    pthread_join(t, NULL);
+    cr_expect_eq(hog.status, 200);
+    cr_assert_eq(post_key(1, "/g/x", "fleet-gated", NULL, "x", &r), 0);
+    cr_expect_eq(r.status, 200, "the slot is free again");
+    h_resp_free(&r);
+    cr_expect(body_has(sl[0].admin_port, "/idempotency/gated/fleet-gated", "\"attempt\":1"),
+              "the one attempt that reached the partner");
 }
 
 /* Redis lost while the upstream works on a keyed request: the side effect

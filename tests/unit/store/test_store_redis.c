@@ -681,3 +681,152 @@ Test(store_auth, password_and_db)
     store_close(good);
     redis_server_destroy(&s);
 }
+
+/* ---- a keyed request's lookup, permit and lease in one call ---- */
+
+#define T_NS (10 * NS_PER_S) /* one per 10 s, burst 1 (tau 0): a wait is
+                               never over before the test looks */
+
+static uint64_t pl_now; /* the sidecar's clock for permit_lease calls */
+
+/* One permit_lease call on key with max_wait_ms, run to its completion. */
+static struct store_call permit_lease(struct aloop *a, struct waiter *w,
+                                      const char *key, const uint8_t *fp,
+                                      unsigned max_wait_ms)
+{
+    struct store_bucket_ask b = {.t_ns = T_NS, .max_wait_ns = max_wait_ms * NS_PER_MS};
+    struct store_call c;
+    int n = w->done + 1;
+
+    call_init(&c, w);
+    cr_assert_eq(store_permit_lease_async(a->sl, &c, SCOPE, key, fp,
+                                          pl_now ? pl_now : t0, LEASE, TTL, &b),
+                 -EINPROGRESS, "%s", c.err.text);
+    cr_assert(run_until(a->base, w, n, WAIT_MS));
+    cr_assert_eq(c.rc, 0, "%s", c.err.text);
+    return c;
+}
+
+static struct store_record stored(const char *key)
+{
+    struct store_record rec;
+
+    cr_assert_eq(store_get(st, SCOPE, key, t0, &rec, &err), 0, "%s", err.text);
+    return rec;
+}
+
+Test(store, permit_lease_takes_both_or_neither)
+{
+    struct aloop a = aloop_new(st);
+    struct waiter w = {0};
+    struct store_call c;
+    struct store_record rec;
+
+    /* A new key: the bucket's permit at once, and the lease, which
+     * covers the longest wait for the permit as well as the lease. */
+    c = permit_lease(&a, &w, "a", fp_a, 1000);
+    cr_expect_eq(c.acq.claim, STORE_ACQUIRED);
+    cr_expect_eq(c.acq.attempt, 1);
+    cr_expect(c.permit.granted);
+    cr_expect_eq(c.permit.wait_ns, 0);
+    rec = stored("a");
+    cr_expect_eq(rec.state, STORE_IN_PROGRESS);
+    cr_expect_eq(rec.lease_expires_ms, t0 + LEASE + 1000);
+    store_record_clear(&rec);
+
+    /* Its duplicate: lease_held, and no permit spent on it... */
+    c = permit_lease(&a, &w, "a", fp_a, 1000);
+    cr_expect_eq(c.acq.claim, STORE_HELD);
+    cr_expect_eq(c.acq.remaining_ms, LEASE + 1000);
+    cr_expect_not(c.permit.granted);
+    /* ...so the next key waits one interval, not two. */
+    c = permit_lease(&a, &w, "b", fp_a, 60000);
+    cr_expect_eq(c.acq.claim, STORE_ACQUIRED);
+    cr_expect(c.permit.granted);
+    cr_expect(c.permit.wait_ns > T_NS / 2 && c.permit.wait_ns <= T_NS, "%llu",
+              (unsigned long long)c.permit.wait_ns);
+
+    /* No permit within max_wait: nothing taken, the key stays free. */
+    c = permit_lease(&a, &w, "c", fp_a, 0);
+    cr_expect_eq(c.acq.claim, STORE_FREE);
+    cr_expect_eq(c.acq.attempt, 1);
+    cr_expect_not(c.permit.granted);
+    cr_expect(c.permit.wait_ns > 0);
+    cr_expect_eq(store_get(st, SCOPE, "c", t0, &rec, &err), -ENOENT);
+
+    /* Another request under the same key, and a stored result: answered
+     * from the record. */
+    c = permit_lease(&a, &w, "a", fp_b, 1000);
+    cr_expect_eq(c.acq.claim, STORE_MISMATCH);
+    cr_assert_eq(store_complete(st, SCOPE, "a", t0 + 1, TTL, 201, HDRS, 3,
+                                BIN_BODY, sizeof BIN_BODY, false, &err), 0, "%s", err.text);
+    c = permit_lease(&a, &w, "a", fp_a, 1000);
+    cr_expect_eq(c.acq.claim, STORE_DONE);
+    expect_bin_result(&c.acq.rec);
+    store_record_clear(&c.acq.rec);
+    aloop_free(&a);
+}
+
+/* A lease taken with its permit, given back before anything was sent,
+ * spends none of the job's attempts; fenced like any release. */
+Test(store, release_unsent_gives_the_attempt_back)
+{
+    struct aloop a = aloop_new(st);
+    struct waiter w = {0};
+    struct store_call c;
+    struct store_record rec;
+
+    c = permit_lease(&a, &w, "k", fp_a, 1000);
+    cr_assert_eq(c.acq.claim, STORE_ACQUIRED);
+    cr_assert_eq(store_release(st, SCOPE, "k", 1, t0 + 1, TTL, &err), 0, "%s", err.text);
+    pl_now = t0 + 1;
+    c = permit_lease(&a, &w, "k", fp_a, 60000); /* a takeover: attempt 2 */
+    cr_assert_eq(c.acq.claim, STORE_ACQUIRED);
+    cr_assert_eq(c.acq.attempt, 2);
+
+    call_init(&c, &w);
+    cr_assert_eq(store_release_unsent_async(a.sl, &c, SCOPE, "k", 3, t0 + 2, TTL),
+                 -EINPROGRESS);
+    cr_assert(run_until(a.base, &w, w.done + 1, WAIT_MS));
+    cr_expect_eq(c.rc, -ESTALE, "another attempt's lease is not ours to end");
+
+    call_init(&c, &w);
+    cr_assert_eq(store_release_unsent_async(a.sl, &c, SCOPE, "k", 2, t0 + 2, TTL),
+                 -EINPROGRESS);
+    cr_assert(run_until(a.base, &w, w.done + 1, WAIT_MS));
+    cr_assert_eq(c.rc, 0, "%s", c.err.text);
+    rec = stored("k");
+    cr_expect_eq(rec.attempt, 1);
+    cr_expect_eq(rec.lease_expires_ms, t0 + 2);
+    cr_expect_eq(rec.created_ms, t0);
+    store_record_clear(&rec);
+
+    /* Free again, as the next attempt; refused now, it says so. */
+    pl_now = t0 + 3;
+    c = permit_lease(&a, &w, "k", fp_a, 0);
+    cr_expect_eq(c.acq.claim, STORE_FREE);
+    cr_expect_eq(c.acq.attempt, 2);
+    aloop_free(&a);
+}
+
+/* RocksDB shares no buckets: the call is refused at once, clearly. */
+Test(store, permit_lease_needs_a_shared_store)
+{
+    char dir[] = "/tmp/sluice-pl-XXXXXX";
+    struct store *rocks = NULL;
+    struct aloop a;
+    struct store_call c = {0};
+    struct store_bucket_ask b = {.t_ns = T_NS};
+
+    cr_assert_not_null(mkdtemp(dir));
+    cr_assert_eq(store_open_rocksdb(dir, false, &rocks, &err), 0, "%s", err.text);
+    a = aloop_new(rocks);
+    cr_expect_eq(store_permit_lease_async(a.sl, &c, SCOPE, "k", fp_a, t0, LEASE,
+                                          TTL, &b), -EOPNOTSUPP);
+    cr_expect(strstr(c.err.text, "no shared buckets"), "%s", c.err.text);
+    cr_expect_eq(store_release_unsent_async(a.sl, &c, SCOPE, "k", 1, t0, TTL),
+                 -EOPNOTSUPP);
+    aloop_free(&a);
+    store_close(rocks);
+    tu_rm_rf(dir);
+}
