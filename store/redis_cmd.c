@@ -216,6 +216,7 @@ int rcmd_build(struct redis_store *st, enum store_op op,
     cmd->info.op = op;
     cmd->info.script = -1;
     cmd->info.now_ms = a->now_ms;
+    cmd->info.ttl_ms = a->ttl_ms;
     put_le(cmd->now, a->now_ms, 8);
     if (op >= STORE_OP_PERMIT && op <= STORE_OP_SLOT_GIVE)
         return redis_bucket_build(st, op, a, cmd, err);

@@ -5,14 +5,18 @@
  *
  * Connection: AUTH, SELECT and SCRIPT LOAD are sent right after connecting,
  * ahead of any call, so calls may be issued while it connects: Redis answers
- * them in order, after the handshake. Once it is lost (a closed socket, a
- * failed handshake, or no answer within timeout_ms: hiredis 0.14 has no
- * timeouts of its own, so a watchdog timer bounds every reply and the
- * connect), every call in flight completes with the error and new calls
- * fail at once (-ENOTCONN) until a new connection is made: tries after
- * 100 ms, doubling up to 5 s, on the same loop. A caller never waits
- * longer than timeout_ms for an answer (a completion with replicas_ack:
- * STORE_WAIT_TIMEOUTS of them).
+ * them in order, after the handshake. hiredis 0.14 has no timeouts of its
+ * own, so a watchdog timer bounds every reply and the connect: a call not
+ * answered within timeout_ms completes with -ETIMEDOUT (a completion with
+ * replicas_ack: STORE_WAIT_TIMEOUTS of them), so a caller never waits
+ * longer; the connection itself is given up only when its oldest reply is
+ * DROP_TIMEOUTS late. Until then a reply that comes after its call gave up
+ * is still read, and a lease it granted is given back at once (uncounted:
+ * nothing was sent), instead of blocking the key until the lease expires.
+ * Once the connection is lost (a closed socket, a failed handshake, that
+ * long a stall), every call in flight completes with the error and new
+ * calls fail at once (-ENOTCONN) until a new connection is made: tries
+ * after 100 ms, doubling up to 5 s, on the same loop.
  *
  * Each call in flight is a small struct req of ours (hiredis's privdata):
  * cancelling clears its call pointer, so a reply that comes later is read
@@ -53,6 +57,10 @@
 
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 5000
+/* A reply this many timeouts late gives the connection up. Well above
+ * STORE_WAIT_TIMEOUTS, and long enough for Redis's short stalls (a fork
+ * for a snapshot, a slow command) to end without a reconnect. */
+#define DROP_TIMEOUTS 10
 
 enum conn_state {
     CONN_DOWN,       /* no connection; retry is armed */
@@ -101,7 +109,9 @@ struct req {
     struct store_call *call;    /* NULL once cancelled */
     struct req *prev, *next;
     struct rcmd_info info;
-    uint64_t deadline_ns;
+    uint64_t deadline_ns;       /* its call gets -ETIMEDOUT then */
+    uint64_t drop_ns;           /* the connection is given up then */
+    bool timed_out;             /* past deadline_ns: its call has gone */
     char *cmd;                  /* the formatted command, kept for a retry */
     int cmd_len;
     bool retried;               /* sent again after NOSCRIPT */
@@ -148,17 +158,31 @@ static void unlink_req(struct rconn *cn, struct req *q)
         cn->tail = q->prev;
 }
 
-/* Armed for the earliest deadline: the connection attempt's, or the oldest
- * call's (calls are issued, hence due, in list order). */
+/* The oldest call not yet timed out (calls are issued, hence due, in list
+ * order; the timed-out ones wait at the front for their replies). */
+static struct req *first_due(const struct rconn *cn)
+{
+    struct req *q = cn->head;
+
+    while (q && q->timed_out)
+        q = q->next;
+    return q;
+}
+
+/* Armed for the earliest deadline: the connection attempt's, the oldest
+ * call's, or the oldest reply's drop. */
 static void arm_watchdog(struct rconn *cn)
 {
     uint64_t due = UINT64_MAX, now = clock_mono_ns();
+    struct req *q = first_due(cn);
     struct timeval tv;
 
     if (cn->state == CONN_CONNECTING)
         due = cn->ready_by_ns;
-    if (cn->head && cn->head->deadline_ns < due)
-        due = cn->head->deadline_ns;
+    if (q && q->deadline_ns < due)
+        due = q->deadline_ns;
+    if (cn->head && cn->head->drop_ns < due)
+        due = cn->head->drop_ns;
     if (due == UINT64_MAX) {
         evtimer_del(cn->watchdog);
         return;
@@ -233,20 +257,51 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
     settle_waiters(cn, ac, UINT64_MAX, NULL);
 }
 
+/* Its call completes now with -ETIMEDOUT (a completion already written
+ * and waiting for replicas: with its result, not confirmed); q stays in
+ * flight until its reply comes or the connection goes. */
+static void time_out(struct rconn *cn, struct req *q)
+{
+    struct store_call *c = q->call;
+
+    q->timed_out = true;
+    if (!c || cn->loop->freeing)
+        return;
+    if (q->filled)
+        c->replication_short = c->rc == 0;
+    else {
+        c->rc = -ETIMEDOUT;
+        sc_error_set(&c->err, "store: redis at %s: %s: no reply within %llu ms",
+                     cn->st->addr, q->info.name,
+                     (unsigned long long)cn->st->timeout_ms);
+    }
+    q->call = NULL;
+    c->pending = NULL;
+    c->done(c); /* may issue calls: they join the list behind */
+}
+
 static void on_watchdog(evutil_socket_t fd, short what, void *arg)
 {
     struct rconn *cn = arg;
     uint64_t now = clock_mono_ns();
+    struct req *q, *next;
     char why[96];
 
     if (cn->state == CONN_CONNECTING && now >= cn->ready_by_ns) {
         snprintf(why, sizeof why, "no answer within %llu ms of connecting",
                  (unsigned long long)cn->st->timeout_ms);
         conn_drop(cn, -ETIMEDOUT, why);
-    } else if (cn->ac && cn->head && now >= cn->head->deadline_ns) {
+    } else if (cn->ac && cn->head && now >= cn->head->drop_ns) {
         snprintf(why, sizeof why, "no reply within %llu ms",
-                 (unsigned long long)cn->st->timeout_ms);
+                 (unsigned long long)cn->st->timeout_ms * DROP_TIMEOUTS);
         conn_drop(cn, -ETIMEDOUT, why);
+    } else {
+        /* A done may add calls (behind, not yet due); none leaves the
+         * list before its reply. */
+        for (q = first_due(cn); q && q->deadline_ns <= now; q = next) {
+            next = q->next;
+            time_out(cn, q);
+        }
     }
     arm_watchdog(cn);
 }
@@ -506,6 +561,41 @@ static bool resend(redisAsyncContext *ac, struct req *q)
     return true;
 }
 
+/* A lease granted to a call that gave up (its timeout, or its request
+ * answered meanwhile) is nobody's: released at once with its attempt
+ * uncounted (nothing was sent), fenced like any release, its reply
+ * ignored. Without this the key would wait out the whole lease. */
+static void give_back_late_lease(struct rconn *cn, const struct req *q,
+                                 const redisReply *r)
+{
+    const char *slash = strchr(q->info.name, '/');
+    struct store_acquire_out acq;
+    struct store_permit pm;
+    char scope[RECORD_SCOPE_MAX + 1];
+    struct sc_error err;
+    struct rcmd cmd;
+    struct store_args a = {0};
+
+    if ((q->info.op != STORE_OP_ACQUIRE && q->info.op != STORE_OP_PERMIT_LEASE) ||
+        !slash || slash - q->info.name > RECORD_SCOPE_MAX ||
+        rcmd_result(cn->st, &q->info, r,
+                    &(struct rcmd_out){.acq = &acq, .permit = &pm}, &err) != 0)
+        return;
+    store_record_clear(&acq.rec);
+    if (acq.claim != STORE_ACQUIRED)
+        return;
+    snprintf(scope, sizeof scope, "%.*s", (int)(slash - q->info.name),
+             q->info.name);
+    a.scope = scope;
+    a.key = slash + 1;
+    a.attempt = acq.attempt;
+    a.now_ms = clock_wall_ms();
+    a.ttl_ms = q->info.ttl_ms;
+    if (rcmd_build(cn->st, STORE_OP_RELEASE_UNSENT, &a, &cmd, &err) == 0)
+        redisAsyncCommandArgv(cn->ac, NULL, NULL, cmd.argc, cmd.argv, cmd.len);
+    rcmd_free(&cmd);
+}
+
 static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
 {
     struct req *q = priv;
@@ -516,6 +606,8 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
     if (reply && q->info.script >= 0 && !q->retried && cn->ac == ac &&
         redis_reply_noscript(reply) && resend(ac, q))
         return;
+    if (reply && !q->call && cn->ac == ac && !cn->loop->freeing)
+        give_back_late_lease(cn, q, reply);
     if (reply && cn->ac == ac && redis_reply_readonly(reply))
         /* A demoted primary: reconnect to the one the sentinels name (the
          * reply stays readable until this callback returns). */
@@ -567,8 +659,10 @@ static int req_new(struct rconn *cn, enum store_op op,
  * deadlines grow in list order and the watchdog looks at the oldest. */
 static void set_deadline(struct rconn *cn, struct req *q)
 {
-    q->deadline_ns = clock_mono_ns() +
-                     timeout_ns(cn) * (q->wait_seq ? STORE_WAIT_TIMEOUTS : 1);
+    uint64_t now = clock_mono_ns();
+
+    q->deadline_ns = now + timeout_ns(cn) * (q->wait_seq ? STORE_WAIT_TIMEOUTS : 1);
+    q->drop_ns = now + timeout_ns(cn) * DROP_TIMEOUTS;
 }
 
 /* ---- following the primary ---- */
@@ -656,7 +750,7 @@ int redis_start(struct store_loop *sl, struct store_call *c, enum store_op op,
     q->call = c;
     c->pending = q;
     link_req(cn, q);
-    if (q == cn->head)
+    if (first_due(cn) == q) /* the earliest deadline now */
         arm_watchdog(cn);
     return -EINPROGRESS;
 }

@@ -50,7 +50,11 @@ struct rcmd_info {
     int script;                  /* enum redis_script, or -1: a plain command */
     uint64_t now_ms;
     uint32_t attempt;            /* release */
-    char name[RECORD_SCOPE_MAX + 1 + RECORD_KEY_MAX + 1]; /* "scope/key" */
+    uint64_t ttl_ms;             /* acquire, permit_lease: a late grant's
+                                    release keeps the count that long */
+    /* "scope/key", for messages, and read back to give a late grant back
+     * (a scope has no '/') */
+    char name[RECORD_SCOPE_MAX + 1 + RECORD_KEY_MAX + 1];
 };
 
 #define RCMD_ARGS 12

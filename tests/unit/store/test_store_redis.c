@@ -830,3 +830,55 @@ Test(store, permit_lease_needs_a_shared_store)
     store_close(rocks);
     tu_rm_rf(dir);
 }
+
+/* Redis stalls past the calls' timeout, then answers: the calls have
+ * completed with -ETIMEDOUT (their requests were answered
+ * store_unavailable and sent nothing), so the leases Redis granted them
+ * late are given back at once, uncounted, on the same connection, not
+ * left to block their keys for the whole lease. */
+Test(store, a_lease_granted_after_its_call_gave_up_is_given_back)
+{
+    struct store *fast = open_with(NULL, 0, 200, NULL);
+    struct aloop a = aloop_new(fast);
+    struct store_bucket_ask b = {.t_ns = T_NS, .max_wait_ns = 60 * NS_PER_S};
+    const char *keys[] = {"late-acquire", "late-permit-lease"};
+    struct waiter w = {0};
+    struct store_call c[2];
+    struct store_record rec;
+    uint64_t start;
+
+    cr_assert_eq(start_acquire(&a, &c[0], &w, "warm", t0), -EINPROGRESS);
+    cr_assert(run_until(a.base, &w, 1, WAIT_MS));
+    cr_assert_eq(c[0].rc, 0, "%s", c[0].err.text);
+    cr_assert_eq(kill(srv.pid, SIGSTOP), 0);
+    start = clock_mono_ns();
+    cr_assert_eq(start_acquire(&a, &c[0], &w, keys[0], t0), -EINPROGRESS);
+    call_init(&c[1], &w);
+    cr_assert_eq(store_permit_lease_async(a.sl, &c[1], SCOPE, keys[1], fp_a, t0, LEASE,
+                                          TTL, &b), -EINPROGRESS);
+    cr_assert(run_until(a.base, &w, 3, WAIT_MS));
+    for (int i = 0; i < 2; i++) {
+        cr_expect_eq(c[i].rc, -ETIMEDOUT, "%s: %d %s", keys[i], c[i].rc, c[i].err.text);
+        cr_expect(strstr(c[i].err.text, "no reply within 200 ms"), "%s", c[i].err.text);
+    }
+    cr_expect_lt(clock_mono_ns() - start, 1000 * NS_PER_MS, "the calls waited past their timeout");
+    cr_assert_eq(kill(srv.pid, SIGCONT), 0);
+    run_for(a.base, 500); /* the late replies, and the releases they cause */
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(store_get(fast, SCOPE, keys[i], t0, &rec, &err), 0, "%s: %s", keys[i],
+                     err.text);
+        cr_expect_eq(rec.state, STORE_IN_PROGRESS);
+        cr_expect_eq(rec.attempt, 0, "%s: the attempt that never went out is not counted",
+                     keys[i]);
+        cr_expect_leq(rec.lease_expires_ms, clock_wall_ms(), "%s: still leased", keys[i]);
+        store_record_clear(&rec);
+    }
+    /* The same connection goes on: the stall cost no reconnect. */
+    cr_assert_eq(start_acquire(&a, &c[0], &w, keys[0], clock_wall_ms()), -EINPROGRESS);
+    cr_assert(run_until(a.base, &w, 4, WAIT_MS));
+    cr_assert_eq(c[0].rc, 0, "%s", c[0].err.text);
+    cr_expect_eq(c[0].acq.claim, STORE_ACQUIRED);
+    cr_expect_eq(c[0].acq.attempt, 1);
+    aloop_free(&a);
+    store_close(fast);
+}
