@@ -222,7 +222,8 @@ bool pace_shared(const struct exchange *ex);
 const char *pace_partition(const struct exchange *ex);
 /* Whether a keyed request's lookup, permit and lease are one store call
  * (the fleet's bucket with idempotency, contract §10): the lookup stage
- * then leaves its work to the permit stage, and the lease stage has none. */
+ * then leaves its work to the permit stage, and the lease stage has none.
+ * Finds ex->ps when not yet set (the lookup stage asks first). */
 bool pace_fuses_lease(struct exchange *ex);
 /* The drain deadline met a request waiting in a pacing stage: requeue. */
 void pace_drain_answer(struct exchange *ex, uint64_t now);
