@@ -9,6 +9,7 @@
 #   BUILD_DIR    this tree's build (default build-bench-gc/); NO_BUILD=1 uses what is there
 #   DURATION     seconds per wrk run (default 10); REPS repetitions (default 3)
 #   CONNECTIONS  wrk connections (default 64); THREADS sluice's threads (default 2)
+#   SYNCS        the store.sync values to run (default "false true")
 #   PIN=1        sluice on CPU 1, the stub and wrk on CPU 0 (taskset); default 0
 #   KEEP=1       keep the temp dir (configs, logs, raw wrk output)
 set -euo pipefail
@@ -17,6 +18,7 @@ DURATION=${DURATION:-10}
 REPS=${REPS:-3}
 CONNECTIONS=${CONNECTIONS:-64}
 THREADS=${THREADS:-2}
+SYNCS=${SYNCS:-false true}
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -46,7 +48,7 @@ stub_requests() {
 start_stub "$BUILD_DIR/sluice-stub"
 for rep in $(seq "$REPS"); do
     for build in $BUILDS; do
-        for sync in false true; do
+        for sync in $SYNCS; do
             label=${build%%:*}-sync-$sync
             d=$TMP/$label-$rep
             mkdir -p "$d"
