@@ -40,7 +40,8 @@ void group_commit_stats(struct group_commit *gc, uint64_t *syncs,
 int group_commit_loop_new(struct group_commit *gc, struct store *st,
                           struct event_base *base, struct store_loop **out,
                           struct sc_error *err);
-/* Cancels what it still waits for (no completion runs). */
+/* Cancels what it still waits for (no completion runs). Not from inside a
+ * completion of this loop. */
 void group_commit_loop_free(struct store_loop *sl);
 
 /* The call's result is rc (already in c's result fields); it may be
