@@ -332,35 +332,39 @@ void group_commit_loop_free(struct store_loop *sl)
     free(gl);
 }
 
+struct gc_node *group_commit_node_new(void)
+{
+    return calloc(1, sizeof (struct gc_node));
+}
+
 int group_commit_wait(struct store_loop *sl, struct store_call *c,
-                      uint64_t ticket, int rc)
+                      struct gc_node *n, uint64_t ticket, int rc)
 {
     struct gc_loop *gl = (struct gc_loop *)sl;
     struct group_commit *gc = gl->gc;
-    struct gc_node *n;
+    bool queued = false;
 
     pthread_mutex_lock(&gc->mu);
     if (ticket <= gc->synced) {
-        pthread_mutex_unlock(&gc->mu);
-        return rc;
+        /* durable already: rc stands */
+    } else if (gc->broken) {
+        rc = -EIO;
+    } else {
+        n->c = c;
+        n->loop = gl;
+        n->ticket = ticket;
+        n->rc = rc;
+        list_push(&gc->queue, n);
+        c->pending = n;
+        pthread_cond_signal(&gc->cv);
+        queued = true;
     }
-    if (gc->broken) {
-        pthread_mutex_unlock(&gc->mu);
-        return fail_call(c, -EIO, gc->failure);
-    }
-    if (!(n = calloc(1, sizeof *n))) {
-        pthread_mutex_unlock(&gc->mu);
-        return fail_call(c, -ENOMEM, "store: out of memory");
-    }
-    n->c = c;
-    n->loop = gl;
-    n->ticket = ticket;
-    n->rc = rc;
-    list_push(&gc->queue, n);
-    c->pending = n;
-    pthread_cond_signal(&gc->cv);
     pthread_mutex_unlock(&gc->mu);
-    return -EINPROGRESS;
+    if (queued)
+        return -EINPROGRESS;
+    free(n);
+    /* gc->failure is written once, before broken is set under mu */
+    return rc == -EIO ? fail_call(c, rc, gc->failure) : rc;
 }
 
 void group_commit_cancel(struct store_call *c)

@@ -22,6 +22,7 @@
 typedef int (*group_commit_sync_fn)(void *arg, struct sc_error *err);
 
 struct group_commit;
+struct gc_node;
 
 int group_commit_open(group_commit_sync_fn sync, void *arg,
                       struct group_commit **out, struct sc_error *err);
@@ -44,13 +45,17 @@ int group_commit_loop_new(struct group_commit *gc, struct store *st,
  * completion of this loop. */
 void group_commit_loop_free(struct store_loop *sl);
 
+/* A call's place in the queue, made before the call writes, so that no
+ * write is ever left unawaited for want of memory. NULL: out of memory. */
+struct gc_node *group_commit_node_new(void);
+
 /* The call's result is rc (already in c's result fields); it may be
- * reported once ticket is durable. Returns rc when that is so already,
- * -EINPROGRESS when c->done will run on sl's loop later (c->rc = rc then,
- * or -EIO with c->err if the sync failed), or -EIO with c->err at once when
- * an earlier sync failed. */
+ * reported once ticket is durable. Takes n (freed unless queued). Returns
+ * rc when ticket is durable already, -EINPROGRESS when c->done will run on
+ * sl's loop later (c->rc = rc then, or -EIO with c->err if the sync
+ * failed), or -EIO with c->err at once when an earlier sync failed. */
 int group_commit_wait(struct store_loop *sl, struct store_call *c,
-                      uint64_t ticket, int rc);
+                      struct gc_node *n, uint64_t ticket, int rc);
 /* Forgets a waiting call (store_call_cancel). */
 void group_commit_cancel(struct store_call *c);
 

@@ -1045,6 +1045,7 @@ static int rocks_start(struct store_loop *sl, struct store_call *c,
                        enum store_op op, const struct store_args *a)
 {
     struct rocks_store *st = rocks(sl->st);
+    struct gc_node *n;
     struct record_key k;
     uint64_t ticket;
     size_t idx;
@@ -1058,14 +1059,18 @@ static int rocks_start(struct store_loop *sl, struct store_call *c,
                                   : record_key_make(&k, a->scope, a->key, &c->err);
     if (rc)
         return rc;
+    if (!(n = group_commit_node_new())) {
+        sc_error_set(&c->err, "store: out of memory");
+        return -ENOMEM;
+    }
     idx = stripe_index(k.buf, k.len);
     pthread_mutex_lock(&st->stripes[idx]);
     rc = run_locked(st, &k, c, op, a);
     ticket = st->stripe_seq[idx];
     pthread_mutex_unlock(&st->stripes[idx]);
     if (!rests_on_record(rc))
-        return rc;
-    return group_commit_wait(sl, c, ticket, rc);
+        ticket = 0; /* nothing to wait for: answered at once */
+    return group_commit_wait(sl, c, n, ticket, rc);
 }
 
 static int rocks_loop_new(struct store *base, struct event_base *ev,

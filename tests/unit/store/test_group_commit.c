@@ -95,6 +95,16 @@ static void loop_free(struct loop *l)
     event_base_free(l->base);
 }
 
+/* A wait with its queue entry made just before, as the store makes it. */
+static int gc_wait(struct store_loop *sl, struct store_call *c,
+                   uint64_t ticket, int rc)
+{
+    struct gc_node *n = group_commit_node_new();
+
+    cr_assert_not_null(n);
+    return group_commit_wait(sl, c, n, ticket, rc);
+}
+
 struct waiter {
     atomic_int done;
     unsigned syncs_seen; /* fk.syncs when done ran */
@@ -134,7 +144,7 @@ Test(group_commit, done_runs_only_after_the_covering_sync)
 
     call_init(&c, &w);
     t = group_commit_note(fk.gc);
-    cr_assert_eq(group_commit_wait(l.sl, &c, t, 0), -EINPROGRESS);
+    cr_assert_eq(gc_wait(l.sl, &c, t, 0), -EINPROGRESS);
     cr_assert(c.pending);
     /* The sync is held: 100 ms of loop turns and no completion. */
     cr_assert_not(run_until(&l, &w, 1, 100));
@@ -157,11 +167,11 @@ Test(group_commit, a_durable_ticket_answers_at_once_with_the_result)
     gate(true);
     call_init(&c, &w);
     t = group_commit_note(fk.gc);
-    cr_assert_eq(group_commit_wait(l.sl, &c, t, 0), -EINPROGRESS);
+    cr_assert_eq(gc_wait(l.sl, &c, t, 0), -EINPROGRESS);
     cr_assert(run_until(&l, &w, 1, 5000));
     /* t is durable now, and so is 0 (nothing written): no wait. */
-    cr_expect_eq(group_commit_wait(l.sl, &c, t, -EALREADY), -EALREADY);
-    cr_expect_eq(group_commit_wait(l.sl, &c, 0, 0), 0);
+    cr_expect_eq(gc_wait(l.sl, &c, t, -EALREADY), -EALREADY);
+    cr_expect_eq(gc_wait(l.sl, &c, 0, 0), 0);
     cr_expect_null(c.pending);
     cr_expect_eq(atomic_load(&w.done), 1);
     loop_free(&l);
@@ -197,7 +207,7 @@ static void *worker_run(void *arg)
         memset(&k->calls[i], 0, sizeof k->calls[i]);
         k->calls[i].done = on_done_thread;
         k->calls[i].arg = k;
-        rc = group_commit_wait(k->l.sl, &k->calls[i], group_commit_note(fk.gc),
+        rc = gc_wait(k->l.sl, &k->calls[i], group_commit_note(fk.gc),
                                0);
         if (rc == 0) { /* synced already by a sync for an earlier call */
             k->calls[i].rc = 0;
@@ -248,9 +258,9 @@ Test(group_commit, a_cancelled_call_never_completes)
 
     call_init(&c, &w);
     call_init(&c2, &w2);
-    cr_assert_eq(group_commit_wait(l.sl, &c, group_commit_note(fk.gc), 0),
+    cr_assert_eq(gc_wait(l.sl, &c, group_commit_note(fk.gc), 0),
                  -EINPROGRESS);
-    cr_assert_eq(group_commit_wait(l.sl, &c2, group_commit_note(fk.gc), 0),
+    cr_assert_eq(gc_wait(l.sl, &c2, group_commit_note(fk.gc), 0),
                  -EINPROGRESS);
     group_commit_cancel(&c);
     c.pending = NULL; /* as store_call_cancel does */
@@ -277,7 +287,7 @@ Test(group_commit, loop_free_drops_queued_and_ready_calls)
 
     call_init(&queued, &w);
     call_init(&ready, &w);
-    cr_assert_eq(group_commit_wait(l.sl, &ready, group_commit_note(fk.gc), 0),
+    cr_assert_eq(gc_wait(l.sl, &ready, group_commit_note(fk.gc), 0),
                  -EINPROGRESS);
     gate(true);
     /* Let the committer hand it over (its count of syncs moves with the
@@ -286,7 +296,7 @@ Test(group_commit, loop_free_drops_queued_and_ready_calls)
         tu_sleep_ms(1);
     cr_assert_geq(stats_syncs(), 1);
     gate(false);
-    cr_assert_eq(group_commit_wait(l.sl, &queued, group_commit_note(fk.gc), 0),
+    cr_assert_eq(gc_wait(l.sl, &queued, group_commit_note(fk.gc), 0),
                  -EINPROGRESS);
     loop_free(&l);
     cr_expect_null(queued.pending);
@@ -304,7 +314,7 @@ Test(group_commit, a_failed_sync_fails_its_calls_and_every_later_one)
     call_init(&c, &w);
     c.acq.rec.body = malloc(8); /* a replay's record: cleared on failure */
     c.acq.rec.body_len = 8;
-    cr_assert_eq(group_commit_wait(l.sl, &c, group_commit_note(fk.gc), 0),
+    cr_assert_eq(gc_wait(l.sl, &c, group_commit_note(fk.gc), 0),
                  -EINPROGRESS);
     gate(true);
     cr_assert(run_until(&l, &w, 1, 5000));
@@ -313,7 +323,7 @@ Test(group_commit, a_failed_sync_fails_its_calls_and_every_later_one)
     cr_expect_null(c.acq.rec.body);
     /* Nothing newer than the last good sync is durable, ever. */
     call_init(&later, &w);
-    cr_expect_eq(group_commit_wait(l.sl, &later, group_commit_note(fk.gc), 0),
+    cr_expect_eq(gc_wait(l.sl, &later, group_commit_note(fk.gc), 0),
                  -EIO);
     cr_expect_eq(later.rc, -EIO);
     cr_expect(strstr(later.err.text, "WAL sync failed"), "%s", later.err.text);
