@@ -140,6 +140,9 @@ static const struct cfg_key store_keys[] = {
                     .names = backend_names},
     [SK_PATH] = {"path", CT_STRING, CF(store.path), .def = "./data",
                  .valid = valid_nonempty},
+    /* true: every write is fsynced before its call completes (survives a
+     * power loss); the request path's writes share one fsync (group commit,
+     * store/group_commit.h), admin writes sync each. */
     [SK_SYNC] = {"sync", CT_BOOL, CF(store.sync), .def = "false"},
     [SK_URL] = {"url", CT_STRING, CF(store.url), .def = "",
                 .secret = CFG_SECRET_URL}, /* checked by check_store */

@@ -59,7 +59,9 @@ static int fixed_init(struct app_fixed *f, const struct sc_config *cfg)
     f->store_path = strdup(cfg->store.path);
     f->store_sync = cfg->store.sync;
     f->backend = cfg->store.backend;
-    /* RocksDB answers at once: only a network store needs a deadline. */
+    /* RocksDB answers at once, or with sync after its group commit's fsync
+     * (a local disk: waiting longer would not make it durable sooner): only
+     * a network store needs a deadline. */
     f->store_timeout_ms = cfg->store.backend == SC_BACKEND_REDIS
                               ? cfg->store.timeout_ms : 0;
     f->store_url = strdup(cfg->store.url ? cfg->store.url : "");

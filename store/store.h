@@ -9,7 +9,8 @@
  *   one write); the admin server, start-up and tests use them.
  * - The request path uses the asynchronous calls at the end of this file: a
  *   call, then a completion on the caller's loop, so a loop never waits for
- *   a network round trip. RocksDB completes them at once.
+ *   a network round trip or an fsync. RocksDB completes them at once, or
+ *   with `sync` after the group commit's WAL sync (group_commit.h).
  * Times are Unix milliseconds passed in by the caller (tests use a fake
  * clock); a backend shared by several hosts may use its own clock for
  * leases instead. Every write is durable before its call completes: it

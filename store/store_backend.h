@@ -2,10 +2,12 @@
  * own struct starts with struct store, whose ops point at its table.
  *
  * The blocking operations are required. The asynchronous ones are optional:
- * a backend without them (RocksDB, whose calls take microseconds and never
- * wait on a network) has them run at once by store.c through the blocking
- * ones. A backend with them completes each call on the loop of the
- * store_loop it was issued on, and owns c->pending while it is in flight. */
+ * a backend without them (RocksDB without sync, whose calls take
+ * microseconds and never wait on a network or a disk) has them run at once
+ * by store.c through the blocking ones. A backend with them (Redis; RocksDB
+ * with sync, whose calls wait for a shared fsync) completes each call on the
+ * loop of the store_loop it was issued on, and owns c->pending while it is
+ * in flight. */
 #ifndef SLUICE_STORE_STORE_BACKEND_H
 #define SLUICE_STORE_STORE_BACKEND_H
 
@@ -87,8 +89,9 @@ struct store_ops {
     bool (*healthy)(struct store *st);
     uint64_t (*count)(struct store *st);
 
-    /* Optional: asynchronous calls (see above). start returns -EINPROGRESS
-     * or a failure to start (with c->err). */
+    /* Optional: asynchronous calls (see above). start returns -EINPROGRESS,
+     * or the result when the call completed at once (a failure with
+     * c->err). */
     int (*loop_new)(struct store *st, struct event_base *base,
                     struct store_loop **out, struct sc_error *err);
     void (*loop_free)(struct store_loop *sl);

@@ -17,6 +17,7 @@
 
 #include <rocksdb/c.h>
 
+#include "store/group_commit.h"
 #include "store/record.h"
 #include "store/store_backend.h"
 #include "store/store_rocksdb_internal.h"
@@ -45,6 +46,11 @@ struct rocks_store {
     rocksdb_compactionfilter_t *filter; /* opts points at it: outlives db */
     rocksdb_writeoptions_t *wo;         /* the caller's durability */
     rocksdb_writeoptions_t *wo_sweep;   /* WAL, never fsync (see sweep_one) */
+    /* sync mode: the asynchronous calls write with wo_group (no fsync) and
+     * wait for the group commit's sync (group_commit.h) */
+    rocksdb_writeoptions_t *wo_group;
+    struct group_commit *gc;
+    uint64_t stripe_seq[STRIPES];       /* under the stripe: its last grouped write */
     rocksdb_readoptions_t *ro;
     rocksdb_readoptions_t *ro_scan;     /* sweeps leave the cache to lookups */
     pthread_mutex_t stripes[STRIPES];
@@ -58,7 +64,8 @@ struct rocks_store {
     char failure[256];                  /* the first failure, for messages */
 };
 
-static const struct store_ops rocks_ops;
+static const struct store_ops rocks_ops, rocks_sync_ops;
+static int sync_wal(void *arg, struct sc_error *err);
 static void rocks_close(struct store *base);
 
 static struct rocks_store *rocks(struct store *base)
@@ -74,9 +81,14 @@ static uint64_t add_sat(uint64_t a, uint64_t b)
 }
 
 /* FNV-1a over the whole database key. */
+static size_t stripe_index(const char *k, size_t len)
+{
+    return hash_bytes(HASH_INIT, k, len) % STRIPES;
+}
+
 static pthread_mutex_t *stripe_of(struct rocks_store *st, const char *k, size_t len)
 {
-    return &st->stripes[hash_bytes(HASH_INIT, k, len) % STRIPES];
+    return &st->stripes[stripe_index(k, len)];
 }
 
 /* Reports a RocksDB failure on k and frees RocksDB's message. */
@@ -217,8 +229,12 @@ static bool rocks_healthy(struct store *base)
     return st && !atomic_load(&st->failed);
 }
 
+/* Writes rec with wo: st->wo (the caller's durability, the blocking calls)
+ * or st->wo_group (not synced yet: the write's number goes to its stripe,
+ * for the group commit). Called with k's stripe held. */
 static int save(struct rocks_store *st, const struct record_key *k,
-                const struct store_record *rec, struct sc_error *err)
+                const struct store_record *rec,
+                const rocksdb_writeoptions_t *wo, struct sc_error *err)
 {
     char *msg = NULL;
     uint8_t *buf;
@@ -229,10 +245,12 @@ static int save(struct rocks_store *st, const struct record_key *k,
         return -ENOSPC;
     if ((rc = record_encode(rec, &buf, &len, err)) != 0)
         return rc;
-    rocksdb_put(st->db, st->wo, k->buf, k->len, (const char *)buf, len, &msg);
+    rocksdb_put(st->db, wo, k->buf, k->len, (const char *)buf, len, &msg);
     free(buf);
     if (msg)
         return write_failed(st, err, "write", k, msg);
+    if (wo == st->wo_group)
+        st->stripe_seq[stripe_index(k->buf, k->len)] = group_commit_note(st->gc);
     /* Until the next look at the disk, count what this write will take (in
      * the WAL, then in a table file), so a burst cannot run past the reserve. */
     {
@@ -379,6 +397,14 @@ int store_open_rocksdb(const char *path, bool sync, struct store **out,
     }
     if ((rc = open_db(st, path, err)) != 0)
         goto fail;
+    if (sync) {
+        /* The request path's writes wait for a shared sync (group_commit.h)
+         * instead of each syncing on its loop. */
+        st->wo_group = rocksdb_writeoptions_create();
+        if ((rc = group_commit_open(sync_wal, st, &st->gc, err)) != 0)
+            goto fail;
+        st->base.ops = &rocks_sync_ops;
+    }
     *out = &st->base;
     return 0;
 fail:
@@ -392,6 +418,8 @@ static void rocks_close(struct store *base)
 
     if (!st)
         return;
+    /* Its loops are gone (each cancelled its calls): nothing waits. */
+    group_commit_close(st->gc);
     if (st->db && !atomic_load(&st->failed)) {
         rocksdb_flushoptions_t *fo = rocksdb_flushoptions_create();
         char *msg = NULL;
@@ -410,6 +438,8 @@ static void rocks_close(struct store *base)
     rocksdb_readoptions_destroy(st->ro_scan);
     rocksdb_readoptions_destroy(st->ro);
     rocksdb_writeoptions_destroy(st->wo_sweep);
+    if (st->wo_group)
+        rocksdb_writeoptions_destroy(st->wo_group);
     rocksdb_writeoptions_destroy(st->wo);
     rocksdb_options_destroy(st->opts);
     free(st->path);
@@ -470,7 +500,8 @@ static enum store_claim judge(const struct store_record *rec,
 static int take_lease(struct rocks_store *st, const struct record_key *k,
                       const struct store_record *cur, uint64_t now_ms,
                       uint64_t lease_ms, uint64_t ttl_ms,
-                      struct store_acquire_out *out, struct sc_error *err)
+                      struct store_acquire_out *out,
+                      const rocksdb_writeoptions_t *wo, struct sc_error *err)
 {
     struct store_record next = {
         .state = STORE_IN_PROGRESS,
@@ -483,7 +514,7 @@ static int take_lease(struct rocks_store *st, const struct record_key *k,
     memcpy(next.fingerprint, cur->fingerprint, STORE_FP_LEN);
     /* The attempt count outlives the lease by ttl. */
     next.expires_ms = add_sat(next.lease_expires_ms, ttl_ms);
-    if ((rc = save(st, k, &next, err)) == 0)
+    if ((rc = save(st, k, &next, wo, err)) == 0)
         out->attempt = next.attempt;
     return rc;
 }
@@ -493,7 +524,8 @@ static int take_lease(struct rocks_store *st, const struct record_key *k,
 static int acquire_locked(struct rocks_store *st, const struct record_key *k,
                           const uint8_t fp[STORE_FP_LEN], uint64_t now_ms,
                           uint64_t lease_ms, uint64_t ttl_ms,
-                          struct store_acquire_out *out, struct sc_error *err)
+                          struct store_acquire_out *out,
+                          const rocksdb_writeoptions_t *wo, struct sc_error *err)
 {
     struct store_record cur;
     int rc = load_live(st, k, now_ms, &cur, err);
@@ -510,7 +542,7 @@ static int acquire_locked(struct rocks_store *st, const struct record_key *k,
         return rc;
     out->claim = judge(&cur, fp, now_ms);
     if (out->claim == STORE_ACQUIRED)
-        rc = take_lease(st, k, &cur, now_ms, lease_ms, ttl_ms, out, err);
+        rc = take_lease(st, k, &cur, now_ms, lease_ms, ttl_ms, out, wo, err);
     else if (out->claim == STORE_HELD)
         out->remaining_ms = cur.lease_expires_ms - now_ms;
     else if (out->claim == STORE_DONE) {
@@ -536,7 +568,7 @@ static int rocks_acquire(struct store *base, const char *scope, const char *key,
         return rc;
     lock = stripe_of(st, k.buf, k.len);
     pthread_mutex_lock(lock);
-    rc = acquire_locked(st, &k, fp, now_ms, lease_ms, ttl_ms, out, err);
+    rc = acquire_locked(st, &k, fp, now_ms, lease_ms, ttl_ms, out, st->wo, err);
     pthread_mutex_unlock(lock);
     return rc;
 }
@@ -557,6 +589,7 @@ static int refuse_completed(const struct store_record *cur,
 static int complete_locked(struct rocks_store *st, const struct record_key *k,
                            uint64_t now_ms, uint64_t ttl_ms,
                            const struct store_record *result,
+                           const rocksdb_writeoptions_t *wo,
                            struct sc_error *err)
 {
     struct store_record cur, done = *result;
@@ -575,10 +608,29 @@ static int complete_locked(struct rocks_store *st, const struct record_key *k,
     done.lease_expires_ms = now_ms; /* the lease ends with the result */
     done.completed_ms = now_ms;
     done.expires_ms = add_sat(now_ms, ttl_ms);
-    rc = save(st, k, &done, err);
+    rc = save(st, k, &done, wo, err);
 out:
     store_record_clear(&cur);
     return rc;
+}
+
+/* Borrows the caller's headers and body for encoding only; never cleared,
+ * so the casts drop const without writing through it. */
+static struct store_record borrowed_result(int status,
+                                           const struct store_header *headers,
+                                           size_t n_headers, const uint8_t *body,
+                                           size_t body_len, bool body_omitted)
+{
+    struct store_record result = {
+        .status = status,
+        .headers = (struct store_header *)headers,
+        .n_headers = n_headers,
+        .body = body_omitted ? NULL : (uint8_t *)body,
+        .body_len = body_omitted ? 0 : body_len,
+        .body_omitted = body_omitted,
+    };
+
+    return result;
 }
 
 static int rocks_complete(struct store *base, const char *scope, const char *key,
@@ -588,16 +640,8 @@ static int rocks_complete(struct store *base, const char *scope, const char *key
                    struct sc_error *err)
 {
     struct rocks_store *st = rocks(base);
-    /* Borrows the caller's headers and body for encoding only; never
-     * cleared, so the casts drop const without writing through it. */
-    struct store_record result = {
-        .status = status,
-        .headers = (struct store_header *)headers,
-        .n_headers = n_headers,
-        .body = body_omitted ? NULL : (uint8_t *)body,
-        .body_len = body_omitted ? 0 : body_len,
-        .body_omitted = body_omitted,
-    };
+    struct store_record result = borrowed_result(status, headers, n_headers,
+                                                 body, body_len, body_omitted);
     pthread_mutex_t *lock;
     struct record_key k;
     int rc;
@@ -606,14 +650,14 @@ static int rocks_complete(struct store *base, const char *scope, const char *key
         return rc;
     lock = stripe_of(st, k.buf, k.len);
     pthread_mutex_lock(lock);
-    rc = complete_locked(st, &k, now_ms, ttl_ms, &result, err);
+    rc = complete_locked(st, &k, now_ms, ttl_ms, &result, st->wo, err);
     pthread_mutex_unlock(lock);
     return rc;
 }
 
 static int release_locked(struct rocks_store *st, const struct record_key *k,
                           uint32_t attempt, uint64_t now_ms, uint64_t ttl_ms,
-                          struct sc_error *err)
+                          const rocksdb_writeoptions_t *wo, struct sc_error *err)
 {
     struct store_record cur;
     int rc = load_live(st, k, now_ms, &cur, err);
@@ -632,7 +676,7 @@ static int release_locked(struct rocks_store *st, const struct record_key *k,
     }
     cur.lease_expires_ms = now_ms;
     cur.expires_ms = add_sat(now_ms, ttl_ms);
-    rc = save(st, k, &cur, err);
+    rc = save(st, k, &cur, wo, err);
 out:
     store_record_clear(&cur);
     return rc;
@@ -651,7 +695,7 @@ static int rocks_release(struct store *base, const char *scope, const char *key,
         return rc;
     lock = stripe_of(st, k.buf, k.len);
     pthread_mutex_lock(lock);
-    rc = release_locked(st, &k, attempt, now_ms, ttl_ms, err);
+    rc = release_locked(st, &k, attempt, now_ms, ttl_ms, st->wo, err);
     pthread_mutex_unlock(lock);
     return rc;
 }
@@ -712,6 +756,7 @@ static int pause_key(struct record_key *k, const char *scope,
 
 static int pause_set_locked(struct rocks_store *st, const struct record_key *k,
                             uint64_t now_ms, uint64_t until_ms,
+                            const rocksdb_writeoptions_t *wo,
                             struct sc_error *err)
 {
     struct store_record rec;
@@ -728,7 +773,7 @@ static int pause_set_locked(struct rocks_store *st, const struct record_key *k,
     rec.status = 429;
     rec.created_ms = rec.completed_ms = now_ms;
     rec.expires_ms = until_ms;
-    return save(st, k, &rec, err);
+    return save(st, k, &rec, wo, err);
 }
 
 static int rocks_pause_set(struct store *base, const char *scope, uint64_t now_ms,
@@ -743,7 +788,7 @@ static int rocks_pause_set(struct store *base, const char *scope, uint64_t now_m
         return rc;
     lock = stripe_of(st, k.buf, k.len);
     pthread_mutex_lock(lock);
-    rc = pause_set_locked(st, &k, now_ms, until_ms, err);
+    rc = pause_set_locked(st, &k, now_ms, until_ms, st->wo, err);
     pthread_mutex_unlock(lock);
     return rc;
 }
@@ -930,20 +975,147 @@ static int rocks_sweep(struct store *base, uint64_t now_ms, size_t max, size_t *
     return rc;
 }
 
-/* Every call completes before it returns: the generic asynchronous calls
- * (store.c) run these at once, with no per-loop state. */
+/* ---- sync mode: the asynchronous calls, group-committed ---- */
+
+/* The committer thread's sync: the WAL of every write so far, fsynced once.
+ * Not after a failed write: RocksDB's writer is in an error state then (see
+ * write_refused), and the calls waiting fail with the first failure. */
+static int sync_wal(void *arg, struct sc_error *err)
+{
+    struct rocks_store *st = arg;
+    char *msg = NULL;
+
+    if (atomic_load(&st->failed)) {
+        sc_error_set(err, "store: %s", st->failure);
+        return -EIO;
+    }
+    rocksdb_flush_wal(st->db, 1, &msg);
+    if (!msg)
+        return 0;
+    if (!atomic_exchange(&st->failed, true))
+        snprintf(st->failure, sizeof st->failure,
+                 "writes refused since a WAL sync failed: %s", msg);
+    sc_error_set(err, "store: WAL sync failed: %s", msg);
+    rocksdb_free(msg);
+    return -EIO;
+}
+
+/* The call, with k's stripe held; writes go out unsynced (wo_group). */
+static int run_locked(struct rocks_store *st, const struct record_key *k,
+                      struct store_call *c, enum store_op op,
+                      const struct store_args *a)
+{
+    struct store_record result;
+
+    switch (op) {
+    case STORE_OP_GET:
+        memset(&c->rec, 0, sizeof c->rec);
+        return load_live(st, k, a->now_ms, &c->rec, &c->err);
+    case STORE_OP_ACQUIRE:
+        memset(&c->acq, 0, sizeof c->acq);
+        return acquire_locked(st, k, a->fp, a->now_ms, a->lease_ms, a->ttl_ms,
+                              &c->acq, st->wo_group, &c->err);
+    case STORE_OP_COMPLETE:
+        result = borrowed_result(a->status, a->headers, a->n_headers, a->body,
+                                 a->body_len, a->body_omitted);
+        return complete_locked(st, k, a->now_ms, a->ttl_ms, &result,
+                               st->wo_group, &c->err);
+    case STORE_OP_RELEASE:
+        return release_locked(st, k, a->attempt, a->now_ms, a->ttl_ms,
+                              st->wo_group, &c->err);
+    default: /* STORE_OP_PAUSE_SET */
+        return pause_set_locked(st, k, a->now_ms, a->until_ms, st->wo_group,
+                                &c->err);
+    }
+}
+
+/* Results that rest on a record (written now, or read): the worker may act
+ * on them only once that record is durable. An absent key and a failure
+ * rest on nothing. */
+static bool rests_on_record(int rc)
+{
+    return rc == 0 || rc == -EALREADY || rc == -ESTALE;
+}
+
+/* Decides and writes at once under the key's stripe, as the blocking calls
+ * do, then waits for the sync that covers the stripe's last grouped write:
+ * its own, or the one behind a record it read (a record may be visible
+ * before it is durable). */
+static int rocks_start(struct store_loop *sl, struct store_call *c,
+                       enum store_op op, const struct store_args *a)
+{
+    struct rocks_store *st = rocks(sl->st);
+    struct gc_node *n;
+    struct record_key k;
+    uint64_t ticket;
+    size_t idx;
+    int rc;
+
+    if (op > STORE_OP_PAUSE_SET) {
+        sc_error_set(&c->err, "store rocksdb: no shared buckets or slots");
+        return -EOPNOTSUPP;
+    }
+    rc = op == STORE_OP_PAUSE_SET ? pause_key(&k, a->scope, &c->err)
+                                  : record_key_make(&k, a->scope, a->key, &c->err);
+    if (rc)
+        return rc;
+    if (!(n = group_commit_node_new())) {
+        sc_error_set(&c->err, "store: out of memory");
+        return -ENOMEM;
+    }
+    idx = stripe_index(k.buf, k.len);
+    pthread_mutex_lock(&st->stripes[idx]);
+    rc = run_locked(st, &k, c, op, a);
+    ticket = st->stripe_seq[idx];
+    pthread_mutex_unlock(&st->stripes[idx]);
+    if (!rests_on_record(rc))
+        ticket = 0; /* nothing to wait for: answered at once */
+    return group_commit_wait(sl, c, n, ticket, rc);
+}
+
+static int rocks_loop_new(struct store *base, struct event_base *ev,
+                          struct store_loop **out, struct sc_error *err)
+{
+    return group_commit_loop_new(rocks(base)->gc, base, ev, out, err);
+}
+
+void store_rocksdb_group_stats(struct store *base, uint64_t *syncs,
+                               uint64_t *calls)
+{
+    struct rocks_store *st = rocks(base);
+
+    *syncs = *calls = 0;
+    if (st->gc)
+        group_commit_stats(st->gc, syncs, calls);
+}
+
+#define ROCKS_BLOCKING_OPS \
+    .name = "rocksdb", \
+    .close = rocks_close, \
+    .get = rocks_get, \
+    .acquire = rocks_acquire, \
+    .complete = rocks_complete, \
+    .release = rocks_release, \
+    .forget = rocks_forget, \
+    .sweep = rocks_sweep, \
+    .pause_set = rocks_pause_set, \
+    .pause_get = rocks_pause_get, \
+    .pause_clear = rocks_pause_clear, \
+    .healthy = rocks_healthy, \
+    .count = rocks_count
+
+/* Without sync every call completes before it returns: the generic
+ * asynchronous calls (store.c) run these at once, with no per-loop state. */
 static const struct store_ops rocks_ops = {
-    .name = "rocksdb",
-    .close = rocks_close,
-    .get = rocks_get,
-    .acquire = rocks_acquire,
-    .complete = rocks_complete,
-    .release = rocks_release,
-    .forget = rocks_forget,
-    .sweep = rocks_sweep,
-    .pause_set = rocks_pause_set,
-    .pause_get = rocks_pause_get,
-    .pause_clear = rocks_pause_clear,
-    .healthy = rocks_healthy,
-    .count = rocks_count,
+    ROCKS_BLOCKING_OPS,
+};
+
+/* With sync the request path's calls complete after the group commit's
+ * sync; the blocking calls (admin, start-up, tests) still sync each write. */
+static const struct store_ops rocks_sync_ops = {
+    ROCKS_BLOCKING_OPS,
+    .loop_new = rocks_loop_new,
+    .loop_free = group_commit_loop_free,
+    .start = rocks_start,
+    .cancel = group_commit_cancel,
 };

@@ -7,7 +7,10 @@
 #     which each sidecar paces alone (the multiplied rate fleet mode removes);
 #  2. the cost: a policy far above the load, shared: redis against shared: local, so the
 #     difference is the Redis round trip per permit: latency (p50, p99), sluice CPU per
-#     request, Redis CPU and commands per request.
+#     request, Redis CPU and commands per request;
+#  3. the cost of a keyed request: the same policy with idempotency, every request a fresh
+#     Idempotency-Key (leased, forwarded, completed in Redis), shared: redis (its lookup,
+#     permit and lease one script) against shared: local (lookup, lease, completion).
 # Environment: SIDECARS (4), CLIENTS (64 per sidecar), RATE (500), BURST (20), DURATION (10 s),
 # BUILD_DIR (build-bench-fleet/), NO_BUILD=1, KEEP=1 (keep the temp dir).
 set -euo pipefail
@@ -50,7 +53,7 @@ stub() { curl -sf --max-time 10 -X "$1" "http://127.0.0.1:$STUB_PORT$2"; }
 
 SL_PIDS=()
 SL_PORTS=()
-start_fleet() {   # start_fleet SHARED RATE BURST
+start_fleet() {   # start_fleet SHARED RATE BURST [POLICY_EXTRA]
     local i p a
     SL_PIDS=()
     SL_PORTS=()
@@ -66,7 +69,7 @@ store: {backend: redis, url: "redis://127.0.0.1:$REDIS_PORT/0", fleet_size: $SID
 upstreams:
   stub: {url: "http://127.0.0.1:$STUB_PORT", max_connections: $CLIENTS}
 policies:
-  p: {rate: $2/s, burst: $3, max_wait: 1h, shared: $1}
+  p: {rate: $2/s, burst: $3, max_wait: 1h, shared: $1${4:-}}
 routes:
   - {prefix: /, upstream: stub, policy: p}
 EOF
@@ -80,9 +83,10 @@ stop_fleet() {
     for i in "${!SL_PIDS[@]}"; do stop_sluice "${SL_PIDS[$i]}" "$TMP/s$((i + 1))"; done
 }
 
-# run NAME: wrk against every sidecar at once; per-run files in $TMP/NAME
+# run NAME RATE BURST [keyed]: wrk against every sidecar at once (keyed: a fresh
+# Idempotency-Key per request); per-run files in $TMP/NAME
 run() {
-    local d=$TMP/$1 i before=() after=() rb ra cmds
+    local d=$TMP/$1 i before=() after=() rb ra cmds script=()
     mkdir -p "$d"
     stub POST /_stub/reset >/dev/null
     rcli CONFIG RESETSTAT >/dev/null
@@ -90,7 +94,9 @@ run() {
     rb=$(cpu_ns "$REDIS_PID")
     local wrks=()
     for i in "${!SL_PORTS[@]}"; do
-        wrk -t1 -c"$CLIENTS" -d"${SECONDS_RUN}s" --latency "http://127.0.0.1:${SL_PORTS[$i]}/x" \
+        [ "${4:-}" = keyed ] && script=(-s "$HERE/freshkey.lua")
+        wrk -t1 -c"$CLIENTS" -d"${SECONDS_RUN}s" --latency "${script[@]}" \
+            "http://127.0.0.1:${SL_PORTS[$i]}/x" ${script[@]:+-- "$1-s$i"} \
             >"$d/wrk$i.txt" 2>&1 &
         wrks+=($!)
     done
@@ -99,10 +105,11 @@ run() {
     for i in "${!SL_PIDS[@]}"; do after+=("$(cpu_ns "${SL_PIDS[$i]}")"); done
     stub GET /_stub/arrivals >"$d/arrivals.json"
     stub GET /_stub/stats >"$d/stats.json"
-    # Round trips: the scripts' EVALSHA calls (the commands a script runs inside count in
-    # total_commands_processed too, so that is Redis's work, not trips).
+    # Round trips: the scripts' EVALSHA calls and the lookups' GETs (the commands a script
+    # runs inside count in total_commands_processed too, so that is Redis's work, not trips).
     cmds=$(rcli INFO commandstats | tr -d '\r' |
-        awk -F'[:=,]' '/^cmdstat_/ { n += $3 } /^cmdstat_evalsha:/ { e = $3 } END { print e + 0, n + 0 }')
+        awk -F'[:=,]' '/^cmdstat_/ { n += $3 } /^cmdstat_(evalsha|get):/ { e += $3 }
+                       END { print e + 0, n + 0 }')
     local sl_cpu=0
     for i in "${!SL_PIDS[@]}"; do sl_cpu=$((sl_cpu + ${after[$i]} - ${before[$i]})); done
     python3 "$HERE/fleetstat.py" "$d" "$SIDECARS" "$2" "$3" "$sl_cpu" "$((ra - rb))" $cmds
@@ -122,4 +129,13 @@ run cost-redis 1000000 1000 | sed 's/^/shared: redis  /'
 stop_fleet
 start_fleet local 1000000 1000
 run cost-local 1000000 1000 | sed 's/^/shared: local  /'
+stop_fleet
+
+say "== 3. the cost of a keyed request: fresh Idempotency-Keys, records and leases in Redis"
+KEYED=", idempotency: {required: false}"
+start_fleet redis 1000000 1000 "$KEYED"
+run keyed-redis 1000000 1000 keyed | sed 's/^/shared: redis  /'
+stop_fleet
+start_fleet local 1000000 1000 "$KEYED"
+run keyed-local 1000000 1000 keyed | sed 's/^/shared: local  /'
 stop_fleet

@@ -10,6 +10,7 @@
   smstat.py perfshare FILE           share of samples in metric recording, from `perf report`
   smstat.py store-report DIR         store.sh's tables, from the files it wrote in DIR
   smstat.py metrics-report DIR       metrics.sh's tables, from the files it wrote in DIR
+  smstat.py gc-report DIR            groupcommit.sh's table, from the files it wrote in DIR
 """
 import os
 import re
@@ -364,6 +365,29 @@ def metrics_report(d):
               verdict(p99 < 5, f"p99 by {p99 - 5:.2f} ms" if m < 5 else f"median by {m - 5:.2f} ms"))
 
 
+def gc_report(d):
+    runs = read_runs(os.path.join(d, "runs.tsv"))
+    fwd = {}
+    for line in open(os.path.join(d, "forwarded.tsv")):
+        label, _, n = line.split()
+        fwd[label] = fwd.get(label, 0) + int(n)
+    print("\n#### Keyed completions per second (fresh keys, every request leased, forwarded "
+          "and completed)\n")
+    print("| build | store.sync | completions/s | p50 | p99 | sluice CPU/req | errors | "
+          "forwarded / requests | runs |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for label in ("before-sync-false", "before-sync-true", "after-sync-false", "after-sync-true"):
+        rows = runs.get(label)
+        if not rows:
+            continue
+        lo, hi = spread(rows, "rps")
+        build, sync = label.split("-sync-")
+        print(f"| {build} | {sync} | {med(rows, 'rps'):,.0f} ({lo:,.0f}–{hi:,.0f}) | "
+              f"{fmt_us(med(rows, 'p50'))} | {fmt_us(med(rows, 'p99'))} | "
+              f"{med(rows, 'cpu'):.1f} µs | {sum(r['errors'] for r in rows):.0f} | "
+              f"{fwd.get(label, 0):,} / {sum(r['reqs'] for r in rows):,.0f} | {len(rows)} |")
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "ports":
@@ -378,5 +402,7 @@ if __name__ == "__main__":
         store_report(sys.argv[2])
     elif cmd == "metrics-report" and len(sys.argv) == 3:
         metrics_report(sys.argv[2])
+    elif cmd == "gc-report" and len(sys.argv) == 3:
+        gc_report(sys.argv[2])
     else:
         sys.exit(__doc__)

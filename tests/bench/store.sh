@@ -58,7 +58,7 @@ say "compiling $BENCH"
 gcc -O2 -g -Wall -Wextra -Wno-unused-parameter -I"$REPO" -o "$BENCH" "$HERE/storebench.c" \
     "$BUILD_DIR/libsluice_store.a" "$BUILD_DIR/libsluice_policies.a" \
     "$BUILD_DIR/libsluice_config.a" "$BUILD_DIR/libsluice_util.a" \
-    -lrocksdb -lyaml -ljansson -lssl -lcrypto -lpthread -lm ||
+    -lrocksdb -levent -lyaml -ljansson -lssl -lcrypto -lpthread -lm ||
     die "cannot compile storebench.c"
 
 say "sluice store benchmark; source: $REPO ($(source_rev))"

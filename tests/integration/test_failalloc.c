@@ -5,6 +5,7 @@
  * lease is left held and no record is left in progress (except where the
  * failure hit the commit itself: then the lease stays until it expires, by
  * design, so that a duplicate cannot repeat a side effect that happened).
+ * The keyed walk runs again with store.sync (the group commit's queue).
  * In other builds the header is ignored and the test is skipped. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -24,15 +25,22 @@
 static struct h_stub stub;
 static struct h_sluice sl;
 
-static void start(void)
+/* sync: the store's writes go through its group commit (one queue entry
+ * per call, made before the write). */
+static void start_with(bool sync)
 {
-    char *cfg;
+    char *cfg, *store = NULL;
 
 #ifndef SLUICE_FAILALLOC_BUILD
     cr_skip_test("not a SLUICE_FAILALLOC build");
 #endif
+    sl.dir = tu_mkdtemp("failalloc");
+    cr_assert_not_null(sl.dir);
+    cr_assert(asprintf(&store, "store: {path: %s/data, sync: %s}\n", sl.dir,
+                       sync ? "true" : "false") > 0);
     cr_assert_eq(h_stub_start(&stub, NULL), 0);
     cr_assert(asprintf(&cfg,
+        "%s"
         "threads: 1\n"
         "log: {level: info, access: true}\n"
         "upstreams: {stub: {url: http://127.0.0.1:%d, timeout: 5s}}\n"
@@ -44,9 +52,20 @@ static void start(void)
         "    idempotency: {lease: 30s}\n"
         "routes:\n"
         "  - {prefix: /k, upstream: stub, policy: keyed}\n"
-        "  - {prefix: /, upstream: stub}\n", stub.port) > 0);
+        "  - {prefix: /, upstream: stub}\n", store, stub.port) > 0);
     cr_assert_eq(h_sluice_start(&sl, cfg), 0);
     free(cfg);
+    free(store);
+}
+
+static void start(void)
+{
+    start_with(false);
+}
+
+static void start_sync(void)
+{
+    start_with(true);
 }
 
 static void stop(void)
@@ -56,6 +75,7 @@ static void stop(void)
 }
 
 TestSuite(failalloc, .init = start, .fini = stop, .timeout = 280);
+TestSuite(failalloc_sync, .init = start_sync, .fini = stop, .timeout = 280);
 
 /* How many times the log says an armed allocation failed. */
 static int fired_count(void)
@@ -165,4 +185,9 @@ Test(failalloc, keyed_request)
 Test(failalloc, plain_request)
 {
     walk(false);
+}
+
+Test(failalloc_sync, keyed_request)
+{
+    walk(true);
 }
