@@ -342,13 +342,14 @@ int group_commit_wait(struct store_loop *sl, struct store_call *c,
 {
     struct gc_loop *gl = (struct gc_loop *)sl;
     struct group_commit *gc = gl->gc;
-    bool queued = false;
+    bool queued = false, broken = false;
 
     pthread_mutex_lock(&gc->mu);
     if (ticket <= gc->synced) {
-        /* durable already: rc stands */
+        /* durable already (or nothing to wait for): rc and its message
+         * stand, a failed write's included */
     } else if (gc->broken) {
-        rc = -EIO;
+        broken = true;
     } else {
         n->c = c;
         n->loop = gl;
@@ -364,7 +365,7 @@ int group_commit_wait(struct store_loop *sl, struct store_call *c,
         return -EINPROGRESS;
     free(n);
     /* gc->failure is written once, before broken is set under mu */
-    return rc == -EIO ? fail_call(c, rc, gc->failure) : rc;
+    return broken ? fail_call(c, -EIO, gc->failure) : rc;
 }
 
 void group_commit_cancel(struct store_call *c)
