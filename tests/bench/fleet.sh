@@ -12,7 +12,8 @@
 #     Idempotency-Key (leased, forwarded, completed in Redis), shared: redis (its lookup,
 #     permit and lease one script) against shared: local (lookup, lease, completion).
 # Environment: SIDECARS (4), CLIENTS (64 per sidecar), RATE (500), BURST (20), DURATION (10 s),
-# BUILD_DIR (build-bench-fleet/), NO_BUILD=1, KEEP=1 (keep the temp dir).
+# PHASES ("1 2 3": which of the above to run), BUILD_DIR (build-bench-fleet/), NO_BUILD=1,
+# KEEP=1 (keep the temp dir).
 set -euo pipefail
 
 SIDECARS=${SIDECARS:-4}
@@ -20,6 +21,8 @@ CLIENTS=${CLIENTS:-64}
 RATE=${RATE:-500}
 BURST=${BURST:-20}
 SECONDS_RUN=${DURATION:-10}
+PHASES=${PHASES:-1 2 3}
+phase() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -53,10 +56,12 @@ stub() { curl -sf --max-time 10 -X "$1" "http://127.0.0.1:$STUB_PORT$2"; }
 
 SL_PIDS=()
 SL_PORTS=()
+SL_ADMIN=()
 start_fleet() {   # start_fleet SHARED RATE BURST [POLICY_EXTRA]
     local i p a
     SL_PIDS=()
     SL_PORTS=()
+    SL_ADMIN=()
     for i in $(seq "$SIDECARS"); do
         read -r p a <<<"$(free_ports 2 | tr '\n' ' ')"
         mkdir -p "$TMP/s$i"
@@ -76,6 +81,7 @@ EOF
         start_sluice "$SLUICE" "$TMP/s$i" "$a"
         SL_PIDS+=("$SLUICE_PID")
         SL_PORTS+=("$p")
+        SL_ADMIN+=("$a")
     done
 }
 stop_fleet() {
@@ -105,37 +111,48 @@ run() {
     for i in "${!SL_PIDS[@]}"; do after+=("$(cpu_ns "${SL_PIDS[$i]}")"); done
     stub GET /_stub/arrivals >"$d/arrivals.json"
     stub GET /_stub/stats >"$d/stats.json"
-    # Round trips: the scripts' EVALSHA calls and the lookups' GETs (the commands a script
-    # runs inside count in total_commands_processed too, so that is Redis's work, not trips).
+    # Round trips: the store calls the sidecars' requests waited for (each fresh fleet's
+    # sluice_store_duration_seconds counts, summed); Redis's commands include what its
+    # scripts run inside (a GET in a script counts as a GET), so that is Redis's work.
+    local trips=0 a
+    for a in "${SL_ADMIN[@]}"; do
+        trips=$((trips + $(curl -sf --max-time 10 "http://127.0.0.1:$a/metrics" |
+            awk '/^sluice_store_duration_seconds_count/ { s += $2 } END { print s + 0 }')))
+    done
     cmds=$(rcli INFO commandstats | tr -d '\r' |
-        awk -F'[:=,]' '/^cmdstat_/ { n += $3 } /^cmdstat_(evalsha|get):/ { e += $3 }
-                       END { print e + 0, n + 0 }')
+        awk -F'[:=,]' '/^cmdstat_/ { n += $3 } END { print n + 0 }')
     local sl_cpu=0
     for i in "${!SL_PIDS[@]}"; do sl_cpu=$((sl_cpu + ${after[$i]} - ${before[$i]})); done
-    python3 "$HERE/fleetstat.py" "$d" "$SIDECARS" "$2" "$3" "$sl_cpu" "$((ra - rb))" $cmds
+    python3 "$HERE/fleetstat.py" "$d" "$SIDECARS" "$2" "$3" "$sl_cpu" "$((ra - rb))" "$trips" "$cmds"
 }
 
-say "== 1. the fleet's rate: $SIDECARS sidecars x $CLIENTS clients, policy $RATE/s burst $BURST"
-start_fleet redis "$RATE" "$BURST"
-run rate-redis "$RATE" "$BURST" | sed 's/^/shared: redis  /'
-stop_fleet
-start_fleet local "$RATE" "$BURST"
-run rate-local "$RATE" "$BURST" | sed 's/^/shared: local  /'
-stop_fleet
+if phase 1; then
+    say "== 1. the fleet's rate: $SIDECARS sidecars x $CLIENTS clients, policy $RATE/s burst $BURST"
+    start_fleet redis "$RATE" "$BURST"
+    run rate-redis "$RATE" "$BURST" | sed 's/^/shared: redis  /'
+    stop_fleet
+    start_fleet local "$RATE" "$BURST"
+    run rate-local "$RATE" "$BURST" | sed 's/^/shared: local  /'
+    stop_fleet
+fi
 
-say "== 2. the cost of a Redis permit: a policy far above the load"
-start_fleet redis 1000000 1000
-run cost-redis 1000000 1000 | sed 's/^/shared: redis  /'
-stop_fleet
-start_fleet local 1000000 1000
-run cost-local 1000000 1000 | sed 's/^/shared: local  /'
-stop_fleet
+if phase 2; then
+    say "== 2. the cost of a Redis permit: a policy far above the load"
+    start_fleet redis 1000000 1000
+    run cost-redis 1000000 1000 | sed 's/^/shared: redis  /'
+    stop_fleet
+    start_fleet local 1000000 1000
+    run cost-local 1000000 1000 | sed 's/^/shared: local  /'
+    stop_fleet
+fi
 
-say "== 3. the cost of a keyed request: fresh Idempotency-Keys, records and leases in Redis"
-KEYED=", idempotency: {required: false}"
-start_fleet redis 1000000 1000 "$KEYED"
-run keyed-redis 1000000 1000 keyed | sed 's/^/shared: redis  /'
-stop_fleet
-start_fleet local 1000000 1000 "$KEYED"
-run keyed-local 1000000 1000 keyed | sed 's/^/shared: local  /'
-stop_fleet
+if phase 3; then
+    say "== 3. the cost of a keyed request: fresh Idempotency-Keys, records and leases in Redis"
+    KEYED=", idempotency: {required: false}"
+    start_fleet redis 1000000 1000 "$KEYED"
+    run keyed-redis 1000000 1000 keyed | sed 's/^/shared: redis  /'
+    stop_fleet
+    start_fleet local 1000000 1000 "$KEYED"
+    run keyed-local 1000000 1000 keyed | sed 's/^/shared: local  /'
+    stop_fleet
+fi
