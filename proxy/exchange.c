@@ -499,11 +499,24 @@ static bool read_attempt(struct exchange *ex)
     return true;
 }
 
-/* The body is in: from here the connection stays suspended until an answer
- * is ready, whichever stage produces it. */
+/* The answer decided: queued, unless the worker left meanwhile. */
+static enum MHD_Result answer_ready(struct exchange *ex)
+{
+    if (ex->outcome == OUT_ABANDONED) {
+        ex_set_answered(ex); /* logged and counted, nothing sent */
+        return MHD_NO;
+    }
+    return answer(ex);
+}
+
+/* The body is in: the stages run. An answer they decide at once goes out
+ * in this call; otherwise the connection stays suspended until one is
+ * ready, whichever stage produces it, and MHD calls again. */
 static enum MHD_Result forward(struct exchange *ex)
 {
     ex_start(ex);
+    if (ex->state == EX_READY && !ex->suspended)
+        return answer_ready(ex);
     return MHD_YES;
 }
 
@@ -598,11 +611,7 @@ enum MHD_Result exchange_access(void *cls, struct MHD_Connection *c,
             return answer(ex);
         return forward(ex);
     case EX_READY:
-        if (ex->outcome == OUT_ABANDONED) {
-            ex_set_answered(ex); /* logged and counted, nothing sent */
-            return MHD_NO;
-        }
-        return answer(ex);
+        return answer_ready(ex);
     default:
         return MHD_NO;
     }
