@@ -164,6 +164,16 @@ static bool request_id_usable(const char *v)
     return true;
 }
 
+/* 16 lower-case hex digits of v at out (no NUL): snprintf's "%016llx"
+ * twice cost about 2,000 instructions per request. */
+static void hex16(char *out, uint64_t v)
+{
+    static const char digits[] = "0123456789abcdef";
+
+    for (int i = 15; i >= 0; i--, v >>= 4)
+        out[i] = digits[v & 0xf];
+}
+
 const char *ex_request_id(struct exchange *ex)
 {
     const char *v;
@@ -174,9 +184,12 @@ const char *ex_request_id(struct exchange *ex)
                : NULL;
     if (request_id_usable(v))
         snprintf(ex->request_id, sizeof ex->request_id, "%s", v);
-    else
-        snprintf(ex->request_id, sizeof ex->request_id, "%016llx%016llx",
-                 (unsigned long long)rand_u64(), (unsigned long long)rand_u64());
+    else {
+        _Static_assert(EX_REQUEST_ID_MAX >= 32, "a made id takes 32 digits");
+        hex16(ex->request_id, rand_u64());
+        hex16(ex->request_id + 16, rand_u64());
+        ex->request_id[32] = '\0';
+    }
     return ex->request_id;
 }
 
