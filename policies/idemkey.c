@@ -1,6 +1,7 @@
 #include "policies/idemkey.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -79,6 +80,24 @@ static void part(EVP_MD_CTX *ctx, const void *p, size_t len)
         EVP_DigestUpdate(ctx, p, len);
 }
 
+/* SHA-256 fetched once: with OpenSSL 3, EVP_sha256() in every
+ * EVP_DigestInit_ex looks the algorithm up in the provider each time
+ * (about half of a fingerprint's 10k instructions). Kept for the process;
+ * EVP_sha256() is the fallback when the fetch fails. */
+static EVP_MD *sha256_md;
+static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
+
+static void sha256_fetch(void)
+{
+    sha256_md = EVP_MD_fetch(NULL, "SHA2-256", NULL);
+}
+
+static const EVP_MD *sha256(void)
+{
+    pthread_once(&sha256_once, sha256_fetch);
+    return sha256_md ? sha256_md : EVP_sha256();
+}
+
 void idem_fingerprint(unsigned parts, const char *method, const char *target,
                       const void *body, size_t body_len, uint8_t out[32])
 {
@@ -89,7 +108,7 @@ void idem_fingerprint(unsigned parts, const char *method, const char *target,
         memset(out, 0, 32);
         return;
     }
-    EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
+    EVP_DigestInit_ex(ctx, sha256(), NULL);
     if (parts & SC_FP_METHOD)
         part(ctx, method, strlen(method));
     if (parts & SC_FP_PATH)

@@ -38,7 +38,8 @@ enum ex_state {
     EX_HEADERS = 0, /* first call: headers are in, body not yet */
     EX_BODY,        /* collecting the body */
     EX_REFUSED,     /* answer decided, body discarded */
-    /* the driver's stages, in order; the connection is suspended */
+    /* the driver's stages, in order; the connection is suspended while
+     * one waits */
     EX_KEY,         /* idempotency on arrival: the key and its fingerprint */
     EX_LOOKUP,      /* the store read: replay, 422, lease_held; then a claim */
     EX_PERMIT,      /* the bucket's permit */
@@ -174,7 +175,9 @@ void ex_instruct(struct exchange *ex, enum outcome o, enum reason r,
 void ex_record_upstream(const struct exchange *ex);
 
 /* exchange_driver.c */
-/* The body is in: the connection is suspended and the stages run. */
+/* The body is in: the stages run, the connection suspended at the first
+ * wait. Returns with ex->state EX_READY and not suspended when the answer
+ * was decided without waiting: the caller queues it at once. */
 void ex_start(struct exchange *ex);
 /* An event the current wait may be for (a slot granted, the upstream's
  * head, body or end): the stage runs again, or, once the answer is out,

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -119,6 +120,8 @@ void conn_free(struct up_conn *c)
     c->pool->n_conns--;
     if (c->connect_timer)
         event_free(c->connect_timer);
+    if (c->rd)
+        event_free(c->rd);
     if (c->bev)
         bufferevent_free(c->bev);
     free(c);
@@ -191,7 +194,7 @@ void conn_fail(struct up_conn *c, enum up_result r, const char *detail)
 static void conn_done_ok(struct up_conn *c)
 {
     struct up_request *req = c->req;
-    bool keep = up_parse_keep_alive(&c->parse) &&
+    bool keep = up_parse_keep_alive(&c->parse) && !c->leftover &&
                 evbuffer_get_length(bufferevent_get_input(c->bev)) == 0;
 
     if (keep)
@@ -223,8 +226,46 @@ static void report_progress(struct up_conn *c, size_t before)
     if (!c->parse.complete && req->hold_max &&
         evbuffer_get_length(body) >= req->hold_max) {
         c->paused = true;
-        bufferevent_disable(c->bev, EV_READ);
+        if (c->rd)
+            event_del(c->rd);
+        else
+            bufferevent_disable(c->bev, EV_READ);
     }
+}
+
+/* Bytes that are not a response we can pass on: the connection goes. */
+static void parse_failed(struct up_conn *c)
+{
+    char why[160];
+
+    if (c->parse.proxy_refused) {
+        conn_fail(c, UP_CONNECT_ERROR, "egress proxy answered 407 "
+                  "(Proxy Authentication Required)");
+        return;
+    }
+    if (c->req->resp.head_too_big)
+        snprintf(why, sizeof why, "response head over %d bytes or %d "
+                 "headers", UP_MAX_HEAD_BYTES, UP_MAX_HEADERS);
+    else
+        snprintf(why, sizeof why, "invalid response from upstream: %s",
+                 up_parse_error(&c->parse));
+    conn_fail(c, UP_CONNECTION_LOST, why);
+}
+
+/* What one read brought, parsed; then progress, or the end. */
+static void parse_bytes(struct up_conn *c, const char *at, size_t len)
+{
+    size_t before = evbuffer_get_length(c->req->resp.body);
+    size_t n = up_parse_feed(&c->parse, at, len);
+
+    if (up_parse_failed(&c->parse)) {
+        parse_failed(c);
+        return;
+    }
+    c->leftover = n < len;
+    report_progress(c, before);
+    if (c->parse.complete)
+        conn_done_ok(c);
 }
 
 static void parse_input(struct up_conn *c)
@@ -241,25 +282,64 @@ static void parse_input(struct up_conn *c)
         n = up_parse_feed(&c->parse, v.iov_base, v.iov_len);
         evbuffer_drain(in, c->parse.complete ? n : v.iov_len);
         if (up_parse_failed(&c->parse)) {
-            char why[160];
-            if (c->parse.proxy_refused) {
-                conn_fail(c, UP_CONNECT_ERROR, "egress proxy answered 407 "
-                          "(Proxy Authentication Required)");
-                return;
-            }
-            if (c->req->resp.head_too_big)
-                snprintf(why, sizeof why, "response head over %d bytes or %d "
-                         "headers", UP_MAX_HEAD_BYTES, UP_MAX_HEADERS);
-            else
-                snprintf(why, sizeof why, "invalid response from upstream: %s",
-                         up_parse_error(&c->parse));
-            conn_fail(c, UP_CONNECTION_LOST, why);
+            parse_failed(c);
             return;
         }
     }
     report_progress(c, before);
     if (c->parse.complete)
         conn_done_ok(c);
+}
+
+/* One read of a plain connection's socket, straight into the parser.
+ * libevent's own reads ask FIONREAD first and take at most 4 KiB each: an
+ * ioctl per read, and two reads for a 4 KiB body with its head. Level-
+ * triggered, so what does not fit comes at the next loop pass. */
+static void conn_read_direct(evutil_socket_t fd, short what, void *arg)
+{
+    struct up_conn *c = arg;
+    char buf[UP_READ_BYTES];
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return;
+    if (n <= 0) {
+        conn_on_event(c->bev, BEV_EVENT_READING |
+                      (n == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), c);
+        return;
+    }
+    if (!c->req) {
+        conn_free(c); /* bytes on an idle connection answer nothing we asked */
+        return;
+    }
+    c->answered = true;
+    parse_bytes(c, buf, (size_t)n);
+}
+
+/* A plain, established connection with nothing buffered is read directly
+ * from here on: the event stays registered between requests, as the
+ * bufferevent's did. True when c is read that way. */
+static bool read_direct(struct up_conn *c)
+{
+    evutil_socket_t fd;
+
+    if (c->rd)
+        return true;
+    if (c->pool->ssl_ctx || c->tunnelling || !c->connected ||
+        evbuffer_get_length(bufferevent_get_input(c->bev)) != 0 ||
+        (fd = bufferevent_getfd(c->bev)) < 0)
+        return false;
+    c->rd = event_new(c->pool->base, fd, EV_READ | EV_PERSIST,
+                      conn_read_direct, c);
+    if (!c->rd)
+        return false;
+    if (event_add(c->rd, NULL) != 0) {
+        event_free(c->rd);
+        c->rd = NULL;
+        return false;
+    }
+    bufferevent_disable(c->bev, EV_READ);
+    return true;
 }
 
 void up_request_read_more(struct up_request *req)
@@ -270,7 +350,7 @@ void up_request_read_more(struct up_request *req)
         evbuffer_get_length(req->resp.body) >= req->hold_max / 2)
         return;
     c->paused = false;
-    if (bufferevent_enable(c->bev, EV_READ) != 0)
+    if (c->rd ? event_add(c->rd, NULL) != 0 : bufferevent_enable(c->bev, EV_READ) != 0)
         conn_fail(c, UP_CONNECTION_LOST, "cannot read from the upstream");
 }
 
@@ -462,6 +542,7 @@ static int conn_start(struct up_conn *c, struct up_request *req)
     c->head_told = false;
     c->paused = false;
     c->answered = false;
+    c->leftover = false;
     req->conn = c;
     /* Plain http through a proxy: a 407 is the proxy's, not the partner's. */
     up_parse_start(&c->parse, req, c->pool->proxy && !c->pool->ssl_ctx);
@@ -474,12 +555,13 @@ static int conn_start(struct up_conn *c, struct up_request *req)
 int conn_write_request(struct up_conn *c)
 {
     struct up_request *req = c->req;
+    short bev_read = read_direct(c) ? 0 : EV_READ;
 
     write_now(c, req->wire);
     if (c->sent)
-        return bufferevent_enable(c->bev, EV_READ) != 0 ? -EIO : 0;
+        return bev_read && bufferevent_enable(c->bev, EV_READ) != 0 ? -EIO : 0;
     if (bufferevent_write_buffer(c->bev, req->wire) != 0 ||
-        bufferevent_enable(c->bev, EV_READ | EV_WRITE) != 0)
+        bufferevent_enable(c->bev, bev_read | EV_WRITE) != 0)
         return -ENOMEM;
     return 0;
 }

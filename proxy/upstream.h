@@ -31,7 +31,8 @@ enum up_result {
 };
 
 struct up_header {
-    char *name, *value;     /* owned */
+    char *name, *value;     /* into the response's head arena */
+    uint32_t name_at, value_at; /* their offsets there while parsing */
 };
 
 /* Most headers one response may carry, and the most bytes of its head
@@ -46,6 +47,9 @@ struct up_response {
     int status;             /* 0 when no status line was received */
     struct up_header *headers;
     size_t n_headers, cap_headers;
+    char *arena;            /* every name and value, NUL-terminated: one
+                             * allocation per head instead of two per field */
+    size_t arena_len, arena_cap;
     struct evbuffer *body;  /* owned; may be stolen by the caller (set NULL) */
     bool head_too_big;      /* over UP_MAX_HEAD_BYTES or UP_MAX_HEADERS */
     char detail[192];       /* why it failed, for logs and problem bodies */

@@ -14,6 +14,7 @@
 #include <sys/queue.h>
 
 #include <http_parser.h>
+#include <event2/event.h>
 #include <openssl/ssl.h>
 
 #include "proxy/upstream.h"
@@ -37,6 +38,10 @@ struct up_conn {
     bool tunnelling;        /* the proxy's CONNECT is not answered yet: the
                              * request waits, bev is the plain socket */
     bool answered;          /* a response byte arrived for the request */
+    bool leftover;          /* bytes came after the response: not reusable */
+    struct event *rd;       /* plain and established: sluice reads the
+                             * socket itself (conn_read_direct), not the
+                             * bufferevent */
     TAILQ_ENTRY(up_conn) link;
 };
 

@@ -10,13 +10,13 @@
 
 /* ---- responses ---------------------------------------------------------- */
 
+/* A header's value offset before its first value byte. */
+#define NO_VALUE UINT32_MAX
+
 void up_response_clear(struct up_response *resp)
 {
-    for (size_t i = 0; i < resp->n_headers; i++) {
-        free(resp->headers[i].name);
-        free(resp->headers[i].value);
-    }
     free(resp->headers);
+    free(resp->arena);
     if (resp->body)
         evbuffer_free(resp->body);
     memset(resp, 0, sizeof *resp);
@@ -65,24 +65,33 @@ size_t up_response_end_to_end(const struct up_response *resp,
 /* Interim 1xx heads are forgotten when the final head comes. */
 static void response_reset_headers(struct up_response *resp)
 {
-    for (size_t i = 0; i < resp->n_headers; i++) {
-        free(resp->headers[i].name);
-        free(resp->headers[i].value);
-    }
     resp->n_headers = 0;
+    resp->arena_len = 0;
 }
 
-/* Appends to a growing string (name or value split across reads). */
-static int str_append(char **s, const char *at, size_t len)
+/* Appends a string to the arena, NUL-terminated; with cont, it continues
+ * the last one (a name or value split across reads is always the last
+ * thing appended: http-parser reports a head in order). The arena is
+ * bounded by UP_MAX_HEAD_BYTES, which counts more than the NULs take. */
+static int arena_append(struct up_response *r, const char *at, size_t len,
+                        bool cont)
 {
-    size_t old = *s ? strlen(*s) : 0;
-    char *n = realloc(*s, old + len + 1);
+    size_t start = cont && r->arena_len ? r->arena_len - 1 : r->arena_len;
 
-    if (!n)
-        return -ENOMEM;
-    memcpy(n + old, at, len);
-    n[old + len] = '\0';
-    *s = n;
+    if (start + len + 1 > r->arena_cap) {
+        size_t cap = r->arena_cap ? r->arena_cap : 512;
+        char *n;
+
+        while (cap < start + len + 1)
+            cap *= 2;
+        if (!(n = realloc(r->arena, cap)))
+            return -ENOMEM;
+        r->arena = n;
+        r->arena_cap = cap;
+    }
+    memcpy(r->arena + start, at, len);
+    r->arena[start + len] = '\0';
+    r->arena_len = start + len + 1;
     return 0;
 }
 
@@ -121,11 +130,14 @@ static int on_header_field(http_parser *p, const char *at, size_t len)
         }
         r->headers[r->n_headers].name = NULL;
         r->headers[r->n_headers].value = NULL;
+        r->headers[r->n_headers].name_at = (uint32_t)r->arena_len;
+        r->headers[r->n_headers].value_at = NO_VALUE;
         r->n_headers++;
         ps->header_bytes += 4; /* ": " and CRLF, as the worker will get it */
         ps->in_value = false;
+        return arena_append(r, at, len, false) ? 1 : 0;
     }
-    return str_append(&r->headers[r->n_headers - 1].name, at, len) ? 1 : 0;
+    return arena_append(r, at, len, true) ? 1 : 0;
 }
 
 static int on_header_value(http_parser *p, const char *at, size_t len)
@@ -146,7 +158,11 @@ static int on_header_value(http_parser *p, const char *at, size_t len)
     if (memchr(at, '\r', len) || memchr(at, '\n', len) || memchr(at, '\0', len))
         return 1;
     ps->in_value = true;
-    return str_append(&r->headers[r->n_headers - 1].value, at, len) ? 1 : 0;
+    if (r->headers[r->n_headers - 1].value_at == NO_VALUE) {
+        r->headers[r->n_headers - 1].value_at = (uint32_t)r->arena_len;
+        return arena_append(r, at, len, false) ? 1 : 0;
+    }
+    return arena_append(r, at, len, true) ? 1 : 0;
 }
 
 /* Header fields whose name is not an RFC 9110 token are dropped, as nginx
@@ -157,15 +173,24 @@ static void drop_invalid_names(struct up_response *r)
 {
     size_t kept = 0;
 
-    for (size_t i = 0; i < r->n_headers; i++) {
-        if (hdr_valid_name(r->headers[i].name)) {
+    for (size_t i = 0; i < r->n_headers; i++)
+        if (hdr_valid_name(r->headers[i].name))
             r->headers[kept++] = r->headers[i];
-            continue;
-        }
-        free(r->headers[i].name);
-        free(r->headers[i].value);
-    }
     r->n_headers = kept;
+}
+
+/* The fields point into the arena as it is now (it may move while a head
+ * is parsed); a field still without a value has an empty one. */
+static void point_into_arena(struct up_response *r)
+{
+    static char empty[1];
+
+    for (size_t i = 0; i < r->n_headers; i++) {
+        struct up_header *h = &r->headers[i];
+
+        h->name = r->arena + h->name_at;
+        h->value = h->value_at == NO_VALUE ? empty : r->arena + h->value_at;
+    }
 }
 
 static int on_headers_complete(http_parser *p)
@@ -173,10 +198,7 @@ static int on_headers_complete(http_parser *p)
     struct up_parse *ps = p->data;
     struct up_response *r = &ps->req->resp;
 
-    /* A header without a value (e.g. "X-Empty:") still needs a string. */
-    for (size_t i = 0; i < r->n_headers; i++)
-        if (!r->headers[i].value && str_append(&r->headers[i].value, "", 0))
-            return -1;
+    point_into_arena(r); /* the head is whole: the arena stops moving */
     drop_invalid_names(r);
     /* Only a proxy asks for proxy credentials: the request stopped there. */
     if (ps->via_proxy && p->status_code == 407) {
@@ -250,7 +272,13 @@ void up_parse_start(struct up_parse *ps, struct up_request *req, bool via_proxy)
 
 size_t up_parse_feed(struct up_parse *ps, const char *at, size_t len)
 {
-    return http_parser_execute(&ps->parser, &parser_settings, at, len);
+    size_t n = http_parser_execute(&ps->parser, &parser_settings, at, len);
+
+    /* A head cut short (a failure, a timeout, more to come) still has
+     * readable fields. */
+    if (!ps->head)
+        point_into_arena(&ps->req->resp);
+    return n;
 }
 
 void up_parse_eof(struct up_parse *ps)

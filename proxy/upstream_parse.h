@@ -19,6 +19,9 @@
 /* Upper bound on what an upstream may make us hold for one response body
  * that is not streamed. */
 #define UP_MAX_BODY_BYTES ((size_t)256 * 1024 * 1024)
+/* One read from a plain upstream socket: a small response, head and body,
+ * in one recv. */
+#define UP_READ_BYTES ((size_t)16 * 1024)
 
 struct up_parse {
     http_parser parser;

@@ -17,6 +17,11 @@ void store_record_clear(struct store_record *rec)
 {
     if (!rec)
         return;
+    if (rec->block) {
+        free(rec->block);
+        memset(rec, 0, sizeof *rec);
+        return;
+    }
     for (size_t i = 0; i < rec->n_headers; i++) {
         free(rec->headers[i].name);
         free(rec->headers[i].value);
@@ -212,6 +217,7 @@ int record_encode(const struct store_record *rec, uint8_t **out,
 struct rd {
     const uint8_t *p;
     size_t left;
+    uint8_t *tail;      /* where the next decoded string or body goes */
 };
 
 static bool get_le(struct rd *r, int bytes, uint64_t *v)
@@ -281,8 +287,9 @@ static int read_fixed(struct rd *r, unsigned version, struct store_record *rec,
     return 0;
 }
 
-/* A stored header name or value as a C string: NUL inside means corruption,
- * since the caller would silently see a shorter string. */
+/* A stored header name or value as a C string in the record's block: NUL
+ * inside means corruption, since the caller would silently see a shorter
+ * string. */
 static int read_string(struct rd *r, char **out, struct sc_error *err)
 {
     const uint8_t *b;
@@ -292,13 +299,10 @@ static int read_string(struct rd *r, char **out, struct sc_error *err)
         return bad(err, "truncated header");
     if (memchr(b, '\0', n))
         return bad(err, "NUL in a header");
-    *out = malloc(n + 1);
-    if (!*out) {
-        sc_error_set(err, "out of memory decoding a record");
-        return -ENOMEM;
-    }
+    *out = (char *)r->tail;
     memcpy(*out, b, n);
     (*out)[n] = '\0';
+    r->tail += n + 1;
     return 0;
 }
 
@@ -315,11 +319,18 @@ static int read_headers(struct rd *r, struct store_record *rec,
     /* Bound the count by the bytes left before allocating for it. */
     if (n > r->left / HEADER_MIN)
         return bad(err, "header count exceeds the value");
-    rec->headers = calloc((size_t)n, sizeof *rec->headers);
-    if (!rec->headers) {
+    /* One block for the array, the strings and the body (a replay costs one
+     * allocation, not two per header): each string takes its bytes and a
+     * NUL where the value spent a 4-byte length, so what is left of the
+     * value bounds the rest. */
+    rec->block = malloc((size_t)n * sizeof *rec->headers + r->left);
+    if (!rec->block) {
         sc_error_set(err, "out of memory decoding a record");
         return -ENOMEM;
     }
+    rec->headers = rec->block;
+    memset(rec->headers, 0, (size_t)n * sizeof *rec->headers);
+    r->tail = (uint8_t *)(rec->headers + n);
     for (size_t i = 0; i < n; i++) {
         struct store_header *h = &rec->headers[i];
 
@@ -346,7 +357,7 @@ static int read_body(struct rd *r, struct store_record *rec,
         return bad(err, "trailing bytes");
     if (n == 0)
         return 0;
-    rec->body = malloc(n);
+    rec->body = rec->block ? r->tail : malloc(n);
     if (!rec->body) {
         sc_error_set(err, "out of memory decoding a record");
         return -ENOMEM;
@@ -374,7 +385,7 @@ static int read_version(struct rd *r, unsigned *version, struct sc_error *err)
 int record_decode(const uint8_t *buf, size_t len, struct store_record *rec,
                   struct sc_error *err)
 {
-    struct rd r = {buf, len};
+    struct rd r = {.p = buf, .left = len};
     unsigned version;
     int rc;
 
@@ -392,7 +403,7 @@ fail:
 
 int record_peek_expiry(const uint8_t *buf, size_t len, uint64_t *expires_ms)
 {
-    struct rd r = {buf, len};
+    struct rd r = {.p = buf, .left = len};
     unsigned version;
     uint64_t skip;
 

@@ -49,6 +49,9 @@ struct store_record {
     uint8_t *body;
     size_t body_len;
     bool body_omitted;          /* over max_stored_body: status + headers only */
+    void *block;                /* set by a decode: headers, their strings and
+                                 * the body in this one allocation (else each
+                                 * is allocated on its own) */
 };
 
 /* Frees what the record owns and zeroes it. */

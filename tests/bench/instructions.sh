@@ -4,10 +4,13 @@
 # valgrind --tool=callgrind in front of the stub, FEW then MANY sequential keep-alive requests
 # (curl), and (Ir(MANY) - Ir(FEW)) / (MANY - FEW), so start-up and shutdown cancel out.
 # Usage: bash tests/bench/instructions.sh [BUILD_DIR]   (default build-bench/, RelWithDebInfo)
-# Environment: SIZE (response body bytes, 4096), FEW (500), MANY (2500), NO_BUILD=1, KEEP=1.
+# Environment: SIZE (response body bytes, 4096), FEW (500), MANY (2500), NO_BUILD=1, KEEP=1,
+# REPLAY=1 (replays instead: a route with idempotency, one priming POST, then the same POST with
+# the same Idempotency-Key FEW or MANY times, each answered from the store).
 set -euo pipefail
 
 SIZE=${SIZE:-4096}
+REPLAY=${REPLAY:-0}
 FEW=${FEW:-500}
 MANY=${MANY:-2500}
 
@@ -42,19 +45,32 @@ threads: 1
 store: {path: $TMP/data$n}
 log: {level: error, access: false}
 upstreams: {stub: {url: "http://127.0.0.1:$STUB_PORT"}}
-routes: [{prefix: /, upstream: stub}]
+routes: [{prefix: /, upstream: stub$(if [ "$REPLAY" = 1 ]; then echo ", policy: idem"; fi)}]
 EOF
+    if [ "$REPLAY" = 1 ]; then
+        echo "policies: {idem: {idempotency: {required: false}}}" >>"$TMP/c$n.yaml"
+    fi
     valgrind --tool=callgrind --callgrind-out-file="$TMP/cg$n.out" \
         "$BUILD_DIR/sluice" -c "$TMP/c$n.yaml" >"$TMP/sl$n.log" 2>&1 &
     pid=$!
     PIDS="$PIDS $pid"
     wait_http "http://127.0.0.1:$a/readyz" "$pid"
-    curl -s -o /dev/null "http://127.0.0.1:$p/x?[1-$n]"
+    if [ "$REPLAY" = 1 ]; then
+        # The fragment is curl's counter only: it is not sent, so every request is the same.
+        curl -s -o /dev/null -X POST -H 'Idempotency-Key: bench-replay' -d '{}' \
+            "http://127.0.0.1:$p/x"
+        curl -s -o /dev/null -X POST -H 'Idempotency-Key: bench-replay' -d '{}' \
+            "http://127.0.0.1:$p/x#[1-$n]"
+    else
+        curl -s -o /dev/null "http://127.0.0.1:$p/x?[1-$n]"
+    fi
     stop_pid "$pid"
     awk '/^(summary|totals):/ { print $2; exit }' "$TMP/cg$n.out"
 }
 
 few=$(instructions "$FEW")
 many=$(instructions "$MANY")
-echo "$(( (many - few) / (MANY - FEW) )) instructions per request ($SIZE-byte body;" \
+what=""
+if [ "$REPLAY" = 1 ]; then what="replay, "; fi
+echo "$(( (many - few) / (MANY - FEW) )) instructions per request (${what}$SIZE-byte body;" \
     "$FEW requests: $few, $MANY requests: $many)"

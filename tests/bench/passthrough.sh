@@ -2,7 +2,9 @@
 # Pass-through benchmark: wrk -> {stub | nginx -> stub | sluice -> stub}.
 # See tests/bench/README.md. Environment: DURATION (s, default 10), REPS (default 3),
 # CONNECTIONS (default 64), SIZES (default "2 4096"), WARMUP (s per target, default 1),
-# BUILD_DIR (default build-bench/), KEEP=1 keeps the temp dir (configs, logs, raw wrk output).
+# BUILD_DIR (default build-bench/), KEEP=1 keeps the temp dir (configs, logs, raw wrk output),
+# NO_BUILD=1 uses the binaries in BUILD_DIR as they are, REPLAY=1 adds a fourth target: sluice
+# answering replays (POST with one Idempotency-Key, primed once, then answered from the store).
 set -euo pipefail
 
 DURATION=${DURATION:-10}
@@ -10,6 +12,7 @@ REPS=${REPS:-3}
 CONNECTIONS=${CONNECTIONS:-64}
 SIZES=${SIZES:-"2 4096"}
 WARMUP=${WARMUP:-1}
+REPLAY=${REPLAY:-0}
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -27,10 +30,12 @@ NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 [ -x "$NGINX" ] || die "nginx not found after scripts/deps.sh --bench"
 command -v curl >/dev/null || die "curl not found"
 
-say "building sluice and sluice-stub in $BUILD_DIR"
-cmake -S "$REPO" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_TESTS=OFF >/dev/null
-cmake --build "$BUILD_DIR" -j"$(nproc)" --target sluice sluice-stub >"$BUILD_DIR/bench-build.log" 2>&1 ||
-    die "build failed, see $BUILD_DIR/bench-build.log"
+if [ "${NO_BUILD:-0}" != 1 ]; then
+    say "building sluice and sluice-stub in $BUILD_DIR"
+    cmake -S "$REPO" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_TESTS=OFF >/dev/null
+    cmake --build "$BUILD_DIR" -j"$(nproc)" --target sluice sluice-stub >"$BUILD_DIR/bench-build.log" 2>&1 ||
+        die "build failed, see $BUILD_DIR/bench-build.log"
+fi
 SLUICE=$BUILD_DIR/sluice
 STUB=$BUILD_DIR/sluice-stub
 
@@ -157,7 +162,10 @@ log: {level: warn, access: false}
 store: {path: $d/data}
 upstreams:
   stub: {url: "http://127.0.0.1:$STUB_PORT", max_connections: 64}
+policies:
+  replay: {idempotency: {required: false}}
 routes:
+  - {prefix: /replay/, upstream: stub, policy: replay}
   - {prefix: /, upstream: stub}
 EOF
     "$SLUICE" -c "$d/sluice.yaml" >"$d/stdout" 2>"$d/stderr" &
@@ -173,9 +181,26 @@ RSS=$TMP/rss.tsv
 : >"$RUNS"
 : >"$RSS"
 
-run_wrk() {   # run_wrk PORT SECONDS OUTFILE
-    timeout $(( $2 + 30 )) wrk -t1 -c"$CONNECTIONS" -d"$2"s --latency \
-        "http://127.0.0.1:$1/bench" >"$3" 2>&1 || die "wrk failed: $(cat "$3")"
+REPLAY_KEY=bench-replay
+REPLAY_LUA=$TMP/replay.lua
+cat >"$REPLAY_LUA" <<EOF
+wrk.method = "POST"
+wrk.body = "{}"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Idempotency-Key"] = "$REPLAY_KEY"
+EOF
+
+run_wrk() {   # run_wrk PORT SECONDS OUTFILE [replay]
+    local url="http://127.0.0.1:$1/bench" script=()
+    if [ "${4:-}" = replay ]; then url="http://127.0.0.1:$1/replay/bench" script=(-s "$REPLAY_LUA"); fi
+    timeout $(( $2 + 30 )) wrk -t1 -c"$CONNECTIONS" -d"$2"s --latency "${script[@]}" \
+        "$url" >"$3" 2>&1 || die "wrk failed: $(cat "$3")"
+}
+
+prime_replay() {   # prime_replay PORT: the one request that reaches the stub and is stored
+    curl -sf -o /dev/null -X POST -H "Idempotency-Key: $REPLAY_KEY" \
+        -H 'Content-Type: application/json' -d '{}' "http://127.0.0.1:$1/replay/bench" ||
+        die "the priming request for replays failed"
 }
 
 sys_ticks() {   # "busy total" jiffies of the machine; busy leaves out irq and softirq time,
@@ -196,7 +221,7 @@ measure() {   # measure SIZE TARGET REP PORT PROXY_PID
     s0=$(cpu_ticks "$STUB_PID")
     m0=$(sys_ticks)
     times >"$TMP/times0"   # a builtin: no fork, so only wrk is reaped in between
-    run_wrk "$4" "$DURATION" "$out"
+    run_wrk "$4" "$DURATION" "$out" "$2"
     times >"$TMP/times1"
     m1=$(sys_ticks)
     [ "$5" = - ] || p1=$(cpu_ticks "$5")
@@ -238,10 +263,15 @@ for size in $SIZES; do
             run_wrk "$p" "$WARMUP" "$TMP/warmup.txt"
         done
     fi
+    if [ "$REPLAY" = 1 ]; then
+        prime_replay "$SLUICE_PORT"
+        if [ "$WARMUP" -gt 0 ]; then run_wrk "$SLUICE_PORT" "$WARMUP" "$TMP/warmup.txt" replay; fi
+    fi
     for rep in $(seq "$REPS"); do
         measure "$size" direct "$rep" "$STUB_PORT" -
         measure "$size" nginx "$rep" "$NGINX_PORT" "$NGINX_WORKER"
         measure "$size" sluice "$rep" "$SLUICE_PORT" "$SLUICE_PID"
+        if [ "$REPLAY" = 1 ]; then measure "$size" replay "$rep" "$SLUICE_PORT" "$SLUICE_PID"; fi
     done
 
     # size who idle_rss idle_anon peak_rss after_rss after_anon (kB)
