@@ -21,6 +21,7 @@
 #include <event2/bufferevent_ssl.h>
 #include <event2/dns.h>
 #include <event2/event.h>
+#include <http_parser.h>
 #include <openssl/evp.h>
 
 /* The most a proxy's answer to CONNECT may take before its blank line. */
@@ -152,14 +153,37 @@ static void tunnel_wrap(struct up_conn *c)
         tunnel_fail(c, "%s", "cannot write to the egress proxy's tunnel");
 }
 
-/* The proxy's status from "HTTP/1.x NNN ...", 0 when it is not one. */
-static int answer_status(const char *line, size_t len)
+/* The proxy's answer to CONNECT is read by http-parser like any response
+ * (upstream_parse.c reads the partner's): only its status matters, and it
+ * has no body (RFC 9110 §9.3.6), which the parser cannot know without the
+ * request's method, so it is told so. */
+static int connect_head_done(http_parser *p)
 {
-    if (len < 12 || memcmp(line, "HTTP/1.", 7) != 0 || line[8] != ' ' ||
-        line[9] < '1' || line[9] > '5' || line[10] < '0' || line[10] > '9' ||
-        line[11] < '0' || line[11] > '9')
+    *(int *)p->data = p->status_code;
+    return 1; /* no body */
+}
+
+static const http_parser_settings connect_answer_settings = {
+    .on_headers_complete = connect_head_done,
+};
+
+/* The status of the whole head at the front of in (head_len bytes, its
+ * blank line included); 0 when it is not a well-formed response head. */
+static int connect_answer_status(struct evbuffer *in, size_t head_len)
+{
+    const char *head = (const char *)evbuffer_pullup(in, (ev_ssize_t)head_len);
+    http_parser parser;
+    int status = 0;
+    size_t n;
+
+    if (!head)
         return 0;
-    return (line[9] - '0') * 100 + (line[10] - '0') * 10 + (line[11] - '0');
+    http_parser_init(&parser, HTTP_RESPONSE);
+    parser.data = &status;
+    n = http_parser_execute(&parser, &connect_answer_settings, head, head_len);
+    if (HTTP_PARSER_ERRNO(&parser) != HPE_OK || n != head_len)
+        return 0;
+    return status;
 }
 
 static void tunnel_on_read(struct bufferevent *bev, void *arg)
@@ -177,8 +201,8 @@ static void tunnel_on_read(struct bufferevent *bev, void *arg)
         return;
     }
     evbuffer_copyout(in, line, sizeof line - 1);
-    line[strcspn(line, "\r\n")] = '\0';
-    status = answer_status(line, strlen(line));
+    line[strcspn(line, "\r\n")] = '\0'; /* for messages */
+    status = connect_answer_status(in, (size_t)end.pos + 4);
     evbuffer_drain(in, (size_t)end.pos + 4);
     /* The partner speaks first only after our ClientHello: anything here
      * would be read as TLS. A body (a 2xx to CONNECT has none) is no tunnel. */

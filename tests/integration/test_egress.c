@@ -2,15 +2,20 @@
  * requires a client certificate (CAs made by the openssl command at test
  * time), the egress proxy (tests/stub/fwdproxy.c) for https through a
  * CONNECT tunnel and http in absolute form, with its credentials and its
- * failures, a route's own timeout, and the access log's upstream_status,
- * bytes_in and bytes_out. */
+ * failures, what else a proxy may answer to CONNECT, a route's own
+ * timeout, and the access log's upstream_status, bytes_in and bytes_out. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
+#include <arpa/inet.h>
 #include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -262,6 +267,125 @@ Test(proxy, wrong_credentials_are_connect_error)
 Test(proxy, refused_proxy_is_connect_error)
 {
     expect("/deadproxy/a", 502, "\"reason\":\"connect_error\"");
+}
+
+/* ---- what else a proxy may answer to CONNECT -------------------------------- */
+
+/* A proxy that answers each CONNECT with the next of these, then closes: a
+ * refusal with a head and a body, something that is not HTTP at all, and a
+ * 2xx followed by bytes the partner cannot have sent yet (no tunnel). Every
+ * one is a connect_error: nothing reached the partner. */
+static const char *const odd_answers[] = {
+    "HTTP/1.1 403 Forbidden\r\nContent-Length: 9\r\n\r\nforbidden",
+    "SSH-2.0-OpenSSH_9.2\r\n\r\n",
+    "HTTP/1.1 200 Connection established\r\n\r\nearly",
+};
+#define N_ODD (sizeof odd_answers / sizeof odd_answers[0])
+#define ODD_WAIT_MS 10000 /* the longest the proxy waits for anything */
+
+static int odd_fd = -1;
+static pthread_t odd_thread;
+static bool odd_running;
+
+static bool readable(int fd)
+{
+    struct pollfd p = {fd, POLLIN, 0};
+
+    return poll(&p, 1, ODD_WAIT_MS) == 1;
+}
+
+/* Reads the CONNECT head (bounded), answers, and waits for sluice to
+ * close. */
+static void odd_answer(int c, const char *answer)
+{
+    char buf[2048];
+    size_t got = 0;
+    ssize_t n;
+
+    while (got < sizeof buf - 1 && readable(c) &&
+           (n = recv(c, buf + got, sizeof buf - 1 - got, 0)) > 0) {
+        got += (size_t)n;
+        buf[got] = '\0';
+        if (strstr(buf, "\r\n\r\n"))
+            break;
+    }
+    if (send(c, answer, strlen(answer), MSG_NOSIGNAL) < 0)
+        return;
+    while (readable(c) && recv(c, buf, sizeof buf, 0) > 0)
+        ;
+}
+
+static void *odd_proxy(void *arg)
+{
+    for (size_t i = 0; i < N_ODD && readable(odd_fd); i++) {
+        int c = accept(odd_fd, NULL, NULL);
+
+        if (c < 0)
+            break;
+        odd_answer(c, odd_answers[i]);
+        close(c);
+    }
+    return NULL;
+}
+
+static int odd_listen(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+
+    odd_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert_geq(odd_fd, 0);
+    cr_assert_eq(bind(odd_fd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(odd_fd, 8), 0);
+    cr_assert_eq(getsockname(odd_fd, (struct sockaddr *)&a, &len), 0);
+    return ntohs(a.sin_port);
+}
+
+static void start_odd_suite(void)
+{
+    char *cfg;
+    int port = odd_listen();
+
+    make_pki();
+    start_tls_stub(false);
+    cr_assert_eq(pthread_create(&odd_thread, NULL, odd_proxy, NULL), 0);
+    odd_running = true;
+    cr_assert(asprintf(&cfg,
+        "threads: 1\n"
+        "upstreams:\n"
+        "  odd: {url: https://localhost:%d, tls: {ca_file: %s/server-ca.pem},\n"
+        "        proxy: \"http://127.0.0.1:%d\", connect_timeout: 5s}\n"
+        "policies:\n"
+        "  noretry: {retry: {on: [429]}}\n"
+        "routes:\n"
+        "  - {prefix: /odd, upstream: odd, policy: noretry}\n",
+        tls_stub.port, pki, port) > 0);
+    cr_assert_eq(h_sluice_start(&sl, cfg), 0, "sluice did not start");
+    free(cfg);
+}
+
+static void stop_odd_suite(void)
+{
+    h_sluice_cleanup(&sl); /* sluice gone: the proxy's reads end */
+    if (odd_running)
+        pthread_join(odd_thread, NULL);
+    odd_running = false;
+    if (odd_fd >= 0)
+        close(odd_fd);
+    odd_fd = -1;
+    stop_all();
+}
+
+TestSuite(connect_answer, .init = start_odd_suite, .fini = stop_odd_suite, .timeout = 60);
+
+Test(connect_answer, anything_but_a_bare_2xx_is_connect_error)
+{
+    for (size_t i = 0; i < N_ODD; i++)
+        expect("/odd/a", 502, "\"reason\":\"connect_error\"");
+    cr_expect(h_file_contains(sl.log_path, "egress proxy refused the tunnel: HTTP/1.1 403 "
+                                           "Forbidden"), "the proxy's status line is logged");
+    cr_expect(h_file_contains(sl.log_path, "egress proxy refused the tunnel: SSH-2.0"),
+              "an answer that is not HTTP is a refusal");
 }
 
 /* The credentials are never shown: not in GET /config, not in the log. */
