@@ -175,7 +175,8 @@ class Sluice:
         self.procs, self.bin, self.name = procs, bin_, name
         self.port, self.admin = free_port(), free_port()
         self.cfg = os.path.join(d, "sidecar.yaml" if name == "sluice" else name + ".yaml")
-        store = store or "{path: %s}" % os.path.join(d, "store")
+        store = store or "{path: %s%s}" % (os.path.join(d, "store"),
+                                           ", sync: true" if args.store_sync else "")
         with open(self.cfg, "w") as f:
             f.write(SLUICE_YAML.format(port=self.port, admin=self.admin, stub=stub,
                                        store=store, threads=threads,
@@ -505,6 +506,8 @@ def parser(description=__doc__.split("\n")[0]):
     ap.add_argument("--burst-ms", type=int, default=1000, help="length of the 429 burst")
     ap.add_argument("--outage-ms", type=int, default=2000, help="length of the 503 outage")
     ap.add_argument("--max-wait-ms", type=int, default=2000, help="sluice's max_wait")
+    ap.add_argument("--store-sync", action="store_true",
+                    help="store.sync: true on the RocksDB store (every write fsynced, grouped)")
     ap.add_argument("--breaker", action=argparse.BooleanOptionalAction, default=True,
                     help="sluice's breaker block (pause the policy during an outage)")
     ap.add_argument("--after-call-ms", type=int, default=20, help="work after the API call")
