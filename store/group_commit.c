@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/queue.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -22,7 +23,7 @@ struct gc_loop;
 
 /* A call waiting for its ticket, on the queue, then on its loop's list. */
 struct gc_node {
-    struct gc_node *prev, *next;
+    TAILQ_ENTRY(gc_node) link;
     struct store_call *c;
     struct gc_loop *loop;
     uint64_t ticket;
@@ -31,9 +32,7 @@ struct gc_node {
     bool failed;    /* the sync that was to cover it failed */
 };
 
-struct gc_list {
-    struct gc_node *head, *tail;
-};
+TAILQ_HEAD(gc_list, gc_node);
 
 struct gc_loop {
     struct store_loop base; /* first: what callers hold */
@@ -61,30 +60,6 @@ struct group_commit {
 
 /* ---- lists (under mu) ---- */
 
-static void list_push(struct gc_list *l, struct gc_node *n)
-{
-    n->next = NULL;
-    n->prev = l->tail;
-    if (l->tail)
-        l->tail->next = n;
-    else
-        l->head = n;
-    l->tail = n;
-}
-
-static void list_unlink(struct gc_list *l, struct gc_node *n)
-{
-    if (n->prev)
-        n->prev->next = n->next;
-    else
-        l->head = n->next;
-    if (n->next)
-        n->next->prev = n->prev;
-    else
-        l->tail = n->prev;
-    n->prev = n->next = NULL;
-}
-
 static struct gc_list *list_of(struct gc_node *n)
 {
     return n->ready ? &n->loop->ready : &n->loop->gc->queue;
@@ -98,12 +73,12 @@ static void hand_over(struct group_commit *gc, struct gc_node *n, bool failed)
 {
     struct gc_loop *gl = n->loop;
     uint64_t one = 1;
-    bool was_empty = gl->ready.head == NULL;
+    bool was_empty = TAILQ_EMPTY(&gl->ready);
 
-    list_unlink(&gc->queue, n);
+    TAILQ_REMOVE(&gc->queue, n, link);
     n->ready = true;
     n->failed = failed;
-    list_push(&gl->ready, n);
+    TAILQ_INSERT_TAIL(&gl->ready, n, link);
     if (was_empty && write(gl->efd, &one, sizeof one) < 0) {
         /* Only EAGAIN is possible (the counter near its limit): the loop
          * has a wake-up pending already. */
@@ -114,10 +89,10 @@ static void hand_over(struct group_commit *gc, struct gc_node *n, bool failed)
  * every waiting call fails. */
 static void settle(struct group_commit *gc)
 {
-    struct gc_node *n = gc->queue.head, *next;
+    struct gc_node *n = TAILQ_FIRST(&gc->queue), *next;
 
     for (; n; n = next) {
-        next = n->next;
+        next = TAILQ_NEXT(n, link);
         if (gc->broken || n->ticket <= gc->synced)
             hand_over(gc, n, gc->broken && n->ticket > gc->synced);
     }
@@ -169,6 +144,7 @@ int group_commit_open(group_commit_sync_fn sync, void *arg,
     gc->sync = sync;
     gc->arg = arg;
     pthread_mutex_init(&gc->mu, NULL);
+    TAILQ_INIT(&gc->queue);
     pthread_cond_init(&gc->cv, NULL);
     if (pthread_create(&gc->thread, NULL, committer, gc) != 0) {
         sc_error_set(err, "store: cannot start the group commit thread");
@@ -194,8 +170,8 @@ void group_commit_close(struct group_commit *gc)
         pthread_join(gc->thread, NULL);
     }
     /* Empty when every loop was freed first, as it must be. */
-    while ((n = gc->queue.head) != NULL) {
-        list_unlink(&gc->queue, n);
+    while ((n = TAILQ_FIRST(&gc->queue)) != NULL) {
+        TAILQ_REMOVE(&gc->queue, n, link);
         n->c->pending = NULL;
         free(n);
     }
@@ -257,8 +233,8 @@ static void on_ready(evutil_socket_t fd, short what, void *arg)
     }
     for (;;) {
         pthread_mutex_lock(&gc->mu);
-        if ((n = gl->ready.head) != NULL) {
-            list_unlink(&gl->ready, n);
+        if ((n = TAILQ_FIRST(&gl->ready)) != NULL) {
+            TAILQ_REMOVE(&gl->ready, n, link);
             gc->n_calls++;
         }
         pthread_mutex_unlock(&gc->mu);
@@ -282,6 +258,7 @@ int group_commit_loop_new(struct group_commit *gc, struct store *st,
     gl->base.st = st;
     gl->base.base = base;
     gl->gc = gc;
+    TAILQ_INIT(&gl->ready);
     gl->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (gl->efd < 0)
         goto fail;
@@ -299,13 +276,13 @@ fail:
 /* Drops this loop's nodes from l; the calls stay the callers'. */
 static void drop_nodes(struct gc_list *l, struct gc_loop *gl)
 {
-    struct gc_node *n = l->head, *next;
+    struct gc_node *n = TAILQ_FIRST(l), *next;
 
     for (; n; n = next) {
-        next = n->next;
+        next = TAILQ_NEXT(n, link);
         if (n->loop != gl)
             continue;
-        list_unlink(l, n);
+        TAILQ_REMOVE(l, n, link);
         n->c->pending = NULL;
         free(n);
     }
@@ -355,7 +332,7 @@ int group_commit_wait(struct store_loop *sl, struct store_call *c,
         n->loop = gl;
         n->ticket = ticket;
         n->rc = rc;
-        list_push(&gc->queue, n);
+        TAILQ_INSERT_TAIL(&gc->queue, n, link);
         c->pending = n;
         pthread_cond_signal(&gc->cv);
         queued = true;
@@ -374,7 +351,7 @@ void group_commit_cancel(struct store_call *c)
     struct group_commit *gc = n->loop->gc;
 
     pthread_mutex_lock(&gc->mu);
-    list_unlink(list_of(n), n);
+    TAILQ_REMOVE(list_of(n), n, link);
     pthread_mutex_unlock(&gc->mu);
     free(n);
 }
