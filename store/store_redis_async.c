@@ -47,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/queue.h>
 
 #include <event2/event.h>
 #include <hiredis/async.h>
@@ -90,7 +91,7 @@ struct rconn {
     unsigned backoff_ms;        /* before the next attempt */
     struct event *retry;        /* the next connection attempt */
     struct event *watchdog;     /* replies and connects that take too long */
-    struct req *head, *tail;    /* in flight, oldest first */
+    TAILQ_HEAD(, req) reqs;     /* in flight, oldest first */
     int down_rc;                /* what calls lost with the connection get */
     char why[200];              /* why it is down */
 };
@@ -107,7 +108,7 @@ struct rloop {
 struct req {
     struct rconn *cn;
     struct store_call *call;    /* NULL once cancelled */
-    struct req *prev, *next;
+    TAILQ_ENTRY(req) link;
     struct rcmd_info info;
     uint64_t deadline_ns;       /* its call gets -ETIMEDOUT then */
     uint64_t drop_ns;           /* the connection is given up then */
@@ -134,38 +135,14 @@ static uint64_t timeout_ns(const struct rconn *cn)
     return cn->st->timeout_ms * NS_PER_MS;
 }
 
-/* ---- the in-flight list (for the watchdog) ---- */
-
-static void link_req(struct rconn *cn, struct req *q)
-{
-    q->prev = cn->tail;
-    if (cn->tail)
-        cn->tail->next = q;
-    else
-        cn->head = q;
-    cn->tail = q;
-}
-
-static void unlink_req(struct rconn *cn, struct req *q)
-{
-    if (q->prev)
-        q->prev->next = q->next;
-    else
-        cn->head = q->next;
-    if (q->next)
-        q->next->prev = q->prev;
-    else
-        cn->tail = q->prev;
-}
-
 /* The oldest call not yet timed out (calls are issued, hence due, in list
  * order; the timed-out ones wait at the front for their replies). */
 static struct req *first_due(const struct rconn *cn)
 {
-    struct req *q = cn->head;
+    struct req *q = TAILQ_FIRST(&cn->reqs);
 
     while (q && q->timed_out)
-        q = q->next;
+        q = TAILQ_NEXT(q, link);
     return q;
 }
 
@@ -181,8 +158,8 @@ static void arm_watchdog(struct rconn *cn)
         due = cn->ready_by_ns;
     if (q && q->deadline_ns < due)
         due = q->deadline_ns;
-    if (cn->head && cn->head->drop_ns < due)
-        due = cn->head->drop_ns;
+    if (!TAILQ_EMPTY(&cn->reqs) && TAILQ_FIRST(&cn->reqs)->drop_ns < due)
+        due = TAILQ_FIRST(&cn->reqs)->drop_ns;
     if (due == UINT64_MAX) {
         evtimer_del(cn->watchdog);
         return;
@@ -291,7 +268,8 @@ static void on_watchdog(evutil_socket_t fd, short what, void *arg)
         snprintf(why, sizeof why, "no answer within %llu ms of connecting",
                  (unsigned long long)cn->st->timeout_ms);
         conn_drop(cn, -ETIMEDOUT, why);
-    } else if (cn->ac && cn->head && now >= cn->head->drop_ns) {
+    } else if (cn->ac && !TAILQ_EMPTY(&cn->reqs) &&
+               now >= TAILQ_FIRST(&cn->reqs)->drop_ns) {
         snprintf(why, sizeof why, "no reply within %llu ms",
                  (unsigned long long)cn->st->timeout_ms * DROP_TIMEOUTS);
         conn_drop(cn, -ETIMEDOUT, why);
@@ -299,7 +277,7 @@ static void on_watchdog(evutil_socket_t fd, short what, void *arg)
         /* A done may add calls (behind, not yet due); none leaves the
          * list before its reply. */
         for (q = first_due(cn); q && q->deadline_ns <= now; q = next) {
-            next = q->next;
+            next = TAILQ_NEXT(q, link);
             time_out(cn, q);
         }
     }
@@ -433,7 +411,7 @@ static bool settle(struct req *q)
     struct rconn *cn = q->cn;
     struct store_call *c = q->call;
 
-    unlink_req(cn, q);
+    TAILQ_REMOVE(&cn->reqs, q, link);
     req_free(q);
     if (c)
         c->pending = NULL;
@@ -471,10 +449,10 @@ static void finish_wait(struct req *q, const redisReply *r)
 static void settle_waiters(struct rconn *cn, const redisAsyncContext *ac,
                            uint64_t seq, const redisReply *r)
 {
-    struct req *q = cn->head, *next;
+    struct req *q = TAILQ_FIRST(&cn->reqs), *next;
 
     for (; q; q = next) {
-        next = q->next;
+        next = TAILQ_NEXT(q, link);
         if (q->ac == ac && q->filled && q->wait_seq && q->wait_seq <= seq)
             finish_wait(q, r);
     }
@@ -749,7 +727,7 @@ int redis_start(struct store_loop *sl, struct store_call *c, enum store_op op,
     set_deadline(cn, q);
     q->call = c;
     c->pending = q;
-    link_req(cn, q);
+    TAILQ_INSERT_TAIL(&cn->reqs, q, link);
     if (first_due(cn) == q) /* the earliest deadline now */
         arm_watchdog(cn);
     return -EINPROGRESS;
@@ -770,6 +748,7 @@ static int conn_init(struct rloop *rl, struct rconn *cn)
 
     cn->loop = rl;
     cn->st = (struct redis_store *)rl->base.st;
+    TAILQ_INIT(&cn->reqs);
     cn->backoff_ms = BACKOFF_MIN_MS;
     cn->retry = evtimer_new(base, on_retry, cn);
     cn->watchdog = evtimer_new(base, on_watchdog, cn);
@@ -812,8 +791,8 @@ static void conn_free(struct rconn *cn)
         redisAsyncFree(ac); /* runs every callback, with NULL replies */
     if (cn->old)
         redisAsyncFree(cn->old);
-    while (cn->head)
-        finish(cn->head, NULL);
+    while (!TAILQ_EMPTY(&cn->reqs))
+        finish(TAILQ_FIRST(&cn->reqs), NULL);
     if (cn->retry)
         event_free(cn->retry);
     if (cn->watchdog)
