@@ -14,6 +14,7 @@ Everything runs on loopback and stops by itself; processes are stopped by pid.
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -38,10 +39,38 @@ PY = "/usr/bin/python3"
 
 # ---- processes -----------------------------------------------------------------------------
 
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+# Listening ports come from below the kernel's ephemeral range: a port the kernel handed out
+# (bind to 0) and released could be taken by one of the run's outgoing connections (a
+# sluice's to the stub, a worker's to Redis) before the process meant to listen on it binds
+# it ("Address already in use"). Each port is handed out once per run; its own generator, so
+# a test seeding `random` does not make two runs pick alike.
+_PORT_LOW = 10000
+_PORT_HIGH = max(_ephemeral_low() - 1, _PORT_LOW + 1000)  # a tiny range: overlap rather than fail
+_ports_given = set()
+_port_rng = random.Random()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    for _ in range(1000):
+        port = _port_rng.randint(_PORT_LOW, _PORT_HIGH)
+        if port in _ports_given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _ports_given.add(port)
+        return port
+    raise RuntimeError(f"no free port in {_PORT_LOW}-{_PORT_HIGH}")
 
 
 def http(url, method="GET", data=None, timeout=5):
