@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,20 +31,54 @@ static const char *env_or(const char *name, const char *def)
     return v && *v ? v : def;
 }
 
+/* The low end of the kernel's ephemeral range, from which it picks the
+ * local ports of outgoing connections. */
+static int ephemeral_low(void)
+{
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    int low = 32768;
+
+    if (f) {
+        if (fscanf(f, "%d", &low) != 1)
+            low = 32768;
+        fclose(f);
+    }
+    return low;
+}
+
+/* A port from below the ephemeral range, bound once to see it is free, and
+ * handed out once per process: a port the kernel picked for us (bind to 0)
+ * lies in the ephemeral range, where an outgoing connection of any test can
+ * take it between this check and sluice's bind ("Address already in use"). */
 int h_free_port(void)
 {
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
+    enum { LOW = 10000 };
+    static unsigned char given[65536 / 8];
+    static unsigned seed;
+    int high = ephemeral_low() - 1;
 
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0)
-        return -1;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
+    if (high < LOW + 1000)
+        high = LOW + 1000; /* a tiny range: overlap rather than fail */
+    if (!seed)
+        seed = (unsigned)getpid() ^ (unsigned)time(NULL);
+    for (int tries = 0; tries < 1000; tries++) {
+        int port = LOW + (int)(rand_r(&seed) % (unsigned)(high - LOW + 1));
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        int fd, ok;
+
+        if (given[port / 8] & (1u << (port % 8)))
+            continue;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if ((fd = socket(AF_INET, SOCK_STREAM, 0)) < 0)
+            return -1;
+        ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        close(fd);
+        if (ok) {
+            given[port / 8] |= (unsigned char)(1u << (port % 8));
+            return port;
+        }
+    }
+    return -1;
 }
 
 static long now_ms(void)
