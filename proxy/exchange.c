@@ -98,7 +98,7 @@ void *exchange_uri_log(void *cls, const char *uri, struct MHD_Connection *c)
     /* First: MHD's completion notice follows every call here, and the
      * connection's count of open requests must see both. */
     conn_head_begun(c);
-    ex = calloc(1, sizeof *ex);
+    ex = freelist_take(&w->spare_ex);
     if (!ex)
         return NULL;
     ex->loop = w;
@@ -122,7 +122,7 @@ static void exchange_free(struct exchange *ex)
     if (ex->slot.granted_ev)
         event_free(ex->slot.granted_ev);
     store_record_clear(&ex->replay);
-    free(ex->scall);
+    freelist_give(&ex->loop->spare_call, ex->scall);
     up_response_clear(&ex->ureq.resp);
     if (ex->ureq.wire)
         evbuffer_free(ex->ureq.wire);
@@ -131,7 +131,23 @@ static void exchange_free(struct exchange *ex)
     atomic_fetch_sub(&ex->loop->app->inflight, 1);
     runtime_put(ex->rt);
     free(ex->target);
-    free(ex);
+    freelist_give(&ex->loop->spare_ex, ex);
+}
+
+/* Enough for the requests a loop starts and ends between two passes of a
+ * busy loop; a burst beyond it allocates as before. */
+#define EX_SPARES 64
+
+void exchange_loop_init(struct loop *w)
+{
+    freelist_init(&w->spare_ex, sizeof (struct exchange), EX_SPARES);
+    freelist_init(&w->spare_call, sizeof (struct store_call), EX_SPARES);
+}
+
+void exchange_loop_clear(struct loop *w)
+{
+    freelist_clear(&w->spare_ex);
+    freelist_clear(&w->spare_call);
 }
 
 /* ---- answers ------------------------------------------------------------ */

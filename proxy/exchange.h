@@ -24,6 +24,11 @@ enum MHD_Result exchange_access(void *cls, struct MHD_Connection *c,
 void exchange_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                         enum MHD_RequestTerminationCode toe);
 
+/* The loop's spare exchanges and store calls (util/freelist.h): set up
+ * before its first request, freed after its last. */
+void exchange_loop_init(struct loop *w);
+void exchange_loop_clear(struct loop *w);
+
 /* Answers every exchange still waiting on the upstream with requeue /
  * connection_lost (the drain deadline passed) and resumes it. */
 void exchange_abort_all(struct loop *w);

@@ -46,7 +46,7 @@ enum ex_verdict ex_store_wait(struct exchange *ex, uint64_t now,
     uint64_t timeout_ms = f->store_timeout_ms *
         (op == ST_COMPLETE && f->replicas_ack ? STORE_WAIT_TIMEOUTS : 1);
 
-    if (first && !ex->scall && !(ex->scall = calloc(1, sizeof *ex->scall))) {
+    if (first && !ex->scall && !(ex->scall = freelist_take(&ex->loop->spare_call))) {
         ex_refuse(ex, 500, OUT_REJECTED, R_INTERNAL, "out of memory");
         return EXV_ANSWER;
     }

@@ -578,6 +578,7 @@ int loop_init(struct loop *w, struct app *app, unsigned idx,
                 int listen_fd, struct sc_error *err)
 {
     memset(w, 0, sizeof *w);
+    exchange_loop_init(w);
     w->statsd.fd = -1;
     w->idx = idx;
     w->app = app;
@@ -691,4 +692,5 @@ void loop_stop(struct loop *w)
     if (w->base)
         event_base_free(w->base);
     w->base = NULL;
+    exchange_loop_clear(w); /* after the daemon and the store: nothing left */
 }

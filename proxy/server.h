@@ -17,6 +17,7 @@
 #include "obs/statsd.h"
 #include "policies/problem.h"
 #include "util/error.h"
+#include "util/freelist.h"
 
 struct app;
 struct exchange;
@@ -52,6 +53,8 @@ struct loop {
     pthread_t tid;
     uint64_t mhd_runs;          /* MHD_run calls so far */
     uint64_t mhd_error_run;     /* the run in which MHD last answered an error itself */
+    struct freelist spare_ex;   /* freed exchanges, for the next requests */
+    struct freelist spare_call; /* and their store calls */
     struct conn *head_conn;     /* the connection whose request line came last */
     unsigned heads_open;        /* connections between request line and head's end */
     bool started;
