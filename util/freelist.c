@@ -33,6 +33,10 @@ void *freelist_take(struct freelist *fl)
 {
     void *p = fl->head;
 
+    /* Never initialised (all zero): no block rather than one too small,
+     * so the caller's out-of-memory path shows the mistake. */
+    if (!fl->size)
+        return NULL;
     if (!p)
         return calloc(1, fl->size);
     FL_UNPOISON(p, fl->size);

@@ -19,7 +19,8 @@ struct freelist {
 
 /* An empty list of blocks of size bytes keeping at most max. */
 void freelist_init(struct freelist *fl, size_t size, unsigned max);
-/* A zeroed block of fl->size bytes, kept or new; NULL when out of memory. */
+/* A zeroed block of fl->size bytes, kept or new; NULL when out of memory
+ * or when fl was never initialised. */
 void *freelist_take(struct freelist *fl);
 /* p (from freelist_take, or NULL) kept for the next take, or freed. */
 void freelist_give(struct freelist *fl, void *p);

@@ -11,6 +11,7 @@
 
 #include "config/config.h"
 #include "proxy/app.h"
+#include "proxy/exchange.h"
 #include "proxy/exchange_internal.h"
 #include "store/store.h"
 #include "support/testutil.h"
@@ -46,6 +47,7 @@ static void setup(void)
     cr_assert_eq(metrics_init(&app.metrics, 1), 0);
     cr_assert_eq(metrics_ids_build(&app.metrics, cfg, &rt.ids), 0);
     memset(&lp, 0, sizeof lp);
+    exchange_loop_init(&lp); /* as loop_init does: the spare store calls */
     lp.app = &app;
     cr_assert_eq(store_loop_new(app.store, NULL, &lp.store, &err), 0, "%s", err.text);
 }
@@ -54,6 +56,7 @@ static void teardown(void)
 {
     claims_free(&app.claims);
     store_loop_free(lp.store);
+    exchange_loop_clear(&lp);
     store_close(app.store);
     metrics_ids_free(&rt.ids);
     metrics_free(&app.metrics);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "config/config.h"
+#include "proxy/exchange.h"
 #include "proxy/exchange_internal.h"
 #include "proxy/runtime.h"
 #include "proxy/server.h"
@@ -42,6 +43,7 @@ static void setup(void)
     rt.cfg = cfg;
     cr_assert_eq(pacing_init(&rt.pacing, cfg, NULL), 0);
     memset(&w, 0, sizeof w);
+    exchange_loop_init(&w); /* as loop_init does */
     w.base = event_base_new();
     cr_assert_not_null(w.base);
 }
@@ -51,6 +53,7 @@ static void teardown(void)
     pacing_free(&rt.pacing);
     config_free(cfg);
     event_base_free(w.base);
+    exchange_loop_clear(&w);
 }
 
 TestSuite(pace, .init = setup, .fini = teardown);

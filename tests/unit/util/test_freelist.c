@@ -71,6 +71,13 @@ Test(freelist, nothing_kept_with_max_zero_and_null_is_ignored)
     cr_assert_null(fl.head);
 }
 
+Test(freelist, an_uninitialised_list_gives_nothing)
+{
+    struct freelist fl = {0};
+
+    cr_assert_null(freelist_take(&fl), "not a block of 0 bytes");
+}
+
 Test(freelist, a_block_holds_at_least_its_link)
 {
     struct freelist fl;
