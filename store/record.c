@@ -331,15 +331,15 @@ static int read_headers(struct rd *r, struct store_record *rec,
     rec->headers = rec->block;
     memset(rec->headers, 0, (size_t)n * sizeof *rec->headers);
     r->tail = (uint8_t *)(rec->headers + n);
+    /* A failure below leaves nothing but the block to free. */
     for (size_t i = 0; i < n; i++) {
         struct store_header *h = &rec->headers[i];
 
-        /* Counted before filling so a failure frees what was made. */
-        rec->n_headers = i + 1;
         if ((rc = read_string(r, &h->name, err)) != 0 ||
             (rc = read_string(r, &h->value, err)) != 0)
             return rc;
     }
+    rec->n_headers = n;
     return 0;
 }
 
