@@ -344,7 +344,8 @@ enum ex_verdict stage_slot(struct exchange *ex, uint64_t now)
 }
 
 /* Gives a fleet slot back without waiting; also when its grant may be in
- * flight (a holder that was never granted is a no-op to remove). */
+ * flight (a holder that was never granted is a no-op to remove). Its local
+ * count goes back with has_slot, like a local slot's: once. */
 static void give_shared_slot(struct exchange *ex)
 {
     struct store_call c = {0};
@@ -354,8 +355,6 @@ static void give_shared_slot(struct exchange *ex)
     ex_store_detach(&c, store_slot_give_async(ex->loop->store, &c,
                                               ex->pol->name, ex->holder));
     ex->holder[0] = '\0';
-    if (ex->shared_slot)
-        atomic_fetch_sub(&ex->ps->inflight, 1);
     ex->shared_slot = false;
 }
 

@@ -251,6 +251,11 @@ Test(fleet, concurrency_is_counted_across_the_fleet)
     cr_expect_leq(h_stub_stat(&stub, "in_flight_max"), 2,
                   "concurrency 2 for the fleet, not per sidecar");
     cr_expect_geq(h_stub_stat(&stub, "in_flight_max"), 2);
+    /* every slot came back, counted back once (twice, the gauge wrapped below 0) */
+    usleep(100000);
+    for (int i = 0; i < FLEET; i++)
+        cr_expect(body_has(sl[i].admin_port, "/metrics", "sluice_inflight{policy=\"slots\"} 0\n"),
+                  "sidecar %d: the in-flight count did not come back to 0", i);
 }
 
 
