@@ -178,7 +178,7 @@ static void policy_gauges(FILE *f, struct runtime *rt, bool store_up)
                     !store_up || atomic_load(&pc->pol[i]->fallback) ? 1 : 0);
     gauge_head(f, "sluice_cooldown_seconds", "Seconds left of the cooldown an upstream imposed.");
     for (size_t i = 0; i < cfg->n_policies; i++) {
-        uint64_t until = atomic_load(&pc->pol[i]->bucket.cooldown_until);
+        uint64_t until = bucket_cooldown(&pc->pol[i]->bucket);
         if (pc->pol[i]->has_bucket)
             fprintf(f, "sluice_cooldown_seconds{policy=\"%s\"} %.3f\n", cfg->policies[i].name,
                     until > now ? (double)(until - now) / 1e9 : 0.0);
