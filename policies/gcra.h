@@ -13,10 +13,15 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* A TAT no clock reaches: the bucket was handed over (gcra_hand_over) and
+ * every call goes on to `next`. */
+#define GCRA_MOVED UINT64_MAX
+
 struct gcra {
-    _Atomic uint64_t tat;   /* ns; 0 = full bucket */
+    _Atomic uint64_t tat;   /* ns; 0 = full bucket; GCRA_MOVED: see next */
     uint64_t t_ns;          /* emission interval T = 1e9 / rate */
     uint64_t tau_ns;        /* tolerance (burst - 1) * T */
+    struct gcra *next;      /* set before tat becomes GCRA_MOVED */
 };
 
 /* Sets up a full bucket. rate > 0, burst >= 1. */
@@ -47,5 +52,23 @@ uint32_t gcra_available(const struct gcra *g, uint64_t now, uint64_t *next_ns);
 
 /* Puts the state of an evicted or new partition: empty, never full. */
 void gcra_set_empty(struct gcra *g, uint64_t now);
+
+/* The TAT `tat` of a bucket with from's numbers, in to's numbers, at now:
+ * the tokens it holds are kept, clamped to to's burst and never raised; a
+ * debt beyond the bucket (starts reserved ahead) keeps its count of starts,
+ * and no new start comes before T' after the last of them.
+ * A pause running until paused_until (> now) keeps its end, and the bucket
+ * still resumes empty then. Pure: nothing is read but the arguments. */
+uint64_t gcra_rerate(uint64_t tat, const struct gcra *from,
+                     const struct gcra *to, uint64_t now, uint64_t paused_until);
+
+/* Hands g over to `to` (its numbers set, and not reachable by any other
+ * thread yet), once: to's TAT becomes g's, re-rated (gcra_rerate, with the
+ * pause *paused_until, which may be NULL, as it reads at that moment), and
+ * every later call on g goes on to `to`.
+ * Reservations made on g while this runs are either carried or made on
+ * `to`: none is lost, so the bound holds across the change. */
+void gcra_hand_over(struct gcra *g, struct gcra *to, uint64_t now,
+                    const _Atomic uint64_t *paused_until);
 
 #endif

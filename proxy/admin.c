@@ -151,7 +151,7 @@ static void gauge_head(FILE *f, const char *name, const char *help)
 }
 
 /* Gauges are read at scrape time from the live state, not recorded. */
-static void policy_gauges(FILE *f, struct runtime *rt)
+static void policy_gauges(FILE *f, struct runtime *rt, bool store_up)
 {
     const struct sc_config *cfg = rt->cfg;
     struct pacing *pc = &rt->pacing;
@@ -168,15 +168,17 @@ static void policy_gauges(FILE *f, struct runtime *rt)
         fprintf(f, "sluice_inflight{policy=\"%s\"} %u\n",
                 i < cfg->n_policies ? cfg->policies[i].name : "default", pacing_inflight(ps));
     }
+    /* Redis down is every shared policy's fallback at once, whether or not a
+     * request has met it yet: an alert on this gauge must not wait for one. */
     gauge_head(f, "sluice_bucket_fallback",
                "1 while a shared policy paces locally because Redis does not answer.");
     for (size_t i = 0; i < cfg->n_policies; i++)
         if (pc->pol[i]->shared)
             fprintf(f, "sluice_bucket_fallback{policy=\"%s\"} %d\n", cfg->policies[i].name,
-                    atomic_load(&pc->pol[i]->fallback) ? 1 : 0);
+                    !store_up || atomic_load(&pc->pol[i]->fallback) ? 1 : 0);
     gauge_head(f, "sluice_cooldown_seconds", "Seconds left of the cooldown an upstream imposed.");
     for (size_t i = 0; i < cfg->n_policies; i++) {
-        uint64_t until = atomic_load(&pc->pol[i]->bucket.cooldown_until);
+        uint64_t until = bucket_cooldown(&pc->pol[i]->bucket);
         if (pc->pol[i]->has_bucket)
             fprintf(f, "sluice_cooldown_seconds{policy=\"%s\"} %.3f\n", cfg->policies[i].name,
                     until > now ? (double)(until - now) / 1e9 : 0.0);
@@ -207,25 +209,28 @@ static char *gauges(struct app *app)
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
+    bool store_up;
 
     if (!f)
         return NULL;
+    /* Read once: every gauge of one scrape tells the same story. */
+    store_up = store_healthy(app->store);
     build_info(f);
     process_families(f);
     rt = runtime_acquire(app);
-    policy_gauges(f, rt);
+    policy_gauges(f, rt, store_up);
     runtime_put(rt);
     gauge_head(f, "sluice_leases_active", "Durable idempotency leases held by requests in flight.");
     fprintf(f, "sluice_leases_active %ld\n", atomic_load(&app->leases_active));
     gauge_head(f, "sluice_store_up", "1 while the idempotency store answers and accepts writes.");
-    fprintf(f, "sluice_store_up %d\n", store_healthy(app->store) ? 1 : 0);
+    fprintf(f, "sluice_store_up %d\n", store_up ? 1 : 0);
     gauge_head(f, "sluice_store_records", "Records in the idempotency store (estimate).");
     fprintf(f, "sluice_store_records %llu\n", (unsigned long long)store_count(app->store));
     gauge_head(f, "sluice_connections", "Open worker connections.");
     fprintf(f, "sluice_connections %ld\n", atomic_load(&app->conns));
     gauge_head(f, "sluice_ready", "1 when /readyz answers 200.");
     fprintf(f, "sluice_ready %d\n", atomic_load(&app->ready) && !atomic_load(&app->draining) &&
-                                     store_healthy(app->store));
+                                     store_up);
     if (fclose(f) != 0) {
         free(buf);
         return NULL;

@@ -327,10 +327,11 @@ static void print_errors(FILE *out, const struct sc_errors *errs)
     }
 }
 
-/* Cooldowns a partner imposed still hold after a restart, and for a policy
- * whose new numbers gave it a fresh bucket on reload: each policy's pause kept
- * in the store is put back on its bucket (a bucket already paused is left as
- * it is: it is empty, and the later moment wins). */
+/* Cooldowns a partner imposed still hold after a restart: each policy's
+ * pause kept in the store is put back on its bucket (a bucket already paused
+ * is left as it is: it is empty, and the later moment wins). On a reload the
+ * new states have taken the running pauses over already (pacing_commit),
+ * so the kept one changes nothing there (the later moment wins). */
 static void restore_pauses(struct app *app, struct runtime *rt)
 {
     struct pacing *pc = &rt->pacing;

@@ -105,6 +105,8 @@ static void release(struct exchange *ex, bool all)
         pace_release_slot(ex);
     idem_release_lease(ex);
     idem_unclaim(ex);
+    if (all)
+        pace_release_bucket(ex);
 }
 
 void ex_release_all(struct exchange *ex)

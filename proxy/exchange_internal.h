@@ -233,6 +233,9 @@ bool pace_fuses_lease(struct exchange *ex);
 void pace_drain_answer(struct exchange *ex, uint64_t now);
 /* Gives back the slot: a wait cancelled, or a held slot released. */
 void pace_release_slot(struct exchange *ex);
+/* Gives back the bucket (a partition is held until the exchange's end: a
+ * 429 met late still pauses it, and the answer's RateLimit reads it). */
+void pace_release_bucket(struct exchange *ex);
 /* RateLimit-Policy / RateLimit header values for the exchange's policy. */
 void ex_rate_headers(const struct exchange *ex, char *policy, size_t plen,
                      char *state, size_t slen);

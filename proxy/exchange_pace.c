@@ -51,7 +51,7 @@ static enum ex_verdict refuse_wait(struct exchange *ex, enum reason r,
 static enum ex_verdict refuse_rate(struct exchange *ex, uint64_t start_ns,
                                    uint64_t now)
 {
-    uint64_t cd = ex->bucket ? atomic_load(&ex->bucket->cooldown_until) : 0;
+    uint64_t cd = ex->bucket ? bucket_cooldown(ex->bucket) : 0;
     enum reason r = cd > now ? R_UPSTREAM_COOLDOWN : R_RATE_LIMITED;
 
     return refuse_wait(ex, r, (start_ns - now + NS_PER_MS - 1) / NS_PER_MS);
@@ -66,7 +66,7 @@ bool pace_shared(const struct exchange *ex)
 
 const char *pace_partition(const struct exchange *ex)
 {
-    return ex->bucket != &ex->ps->bucket ? ex->partition : NULL;
+    return ex->bucket && ex->bucket->partition ? ex->partition : NULL;
 }
 
 bool pace_fuses_lease(struct exchange *ex)
@@ -179,12 +179,22 @@ static enum ex_verdict local_permit(struct exchange *ex, uint64_t now)
     return EXV_WAIT;
 }
 
+/* Every partition of the policy is held by a request in flight or paused,
+ * and the table is full: a new value has no bucket to pace on. As for a
+ * slot, when one comes free is unknown: back after about a round trip. */
+static enum ex_verdict no_partition(struct exchange *ex)
+{
+    ex_instruct(ex, OUT_REQUEUE, R_RATE_LIMITED, SLOT_RETRY_MS, attempts_so_far(ex), 0);
+    return EXV_ANSWER;
+}
+
 static enum ex_verdict first_permit(struct exchange *ex, uint64_t now)
 {
     ex->ps = pacing_policy(&ex->rt->pacing, ex->route->policy);
     ex->wait_start_ns = now;
     ex->wait_deadline_ns = now + ex->pol->max_wait_ms * NS_PER_MS;
-    ex->bucket = pacing_bucket(ex->ps, ex->partition, now);
+    if (pacing_bucket(ex->ps, ex->partition, now, &ex->bucket) != 0)
+        return no_partition(ex);
     if (!ex->bucket)
         return EXV_NEXT;
     if (ex->pol->mode == SC_MODE_SHADOW) {
@@ -204,7 +214,7 @@ static enum ex_verdict first_permit(struct exchange *ex, uint64_t now)
  * reservation: it waits again, after the cooldown, if max_wait allows. */
 static enum ex_verdict permit_due(struct exchange *ex, uint64_t now)
 {
-    uint64_t until = atomic_load(&ex->bucket->cooldown_until), start;
+    uint64_t until = bucket_cooldown(ex->bucket), start;
     uint64_t left = ex->wait_deadline_ns > now ? ex->wait_deadline_ns - now : 0;
 
     if (now < ex->permit_at) {
@@ -293,7 +303,7 @@ static enum ex_verdict shared_slot(struct exchange *ex, uint64_t now, bool first
     }
     if (ex->scall->slot.granted) {
         ex->shared_slot = true;
-        atomic_fetch_add(&ex->ps->inflight, 1);
+        pacing_slot_count(ex->ps);
         return got_slot(ex, now);
     }
     if (now >= ex->wait_deadline_ns)
@@ -305,13 +315,17 @@ static enum ex_verdict shared_slot(struct exchange *ex, uint64_t now, bool first
 
 static enum ex_verdict first_slot(struct exchange *ex, uint64_t now)
 {
-    if (ex->pol->mode == SC_MODE_SHADOW || ex->pol->concurrency == 0) {
+    if (ex->pol->mode == SC_MODE_SHADOW) {
         /* Counted for the gauge, never waited on. */
         if (ex->pol->concurrency && pacing_inflight(ex->ps) >= ex->pol->concurrency)
             ex->shadow = ex->shadow ? ex->shadow : SHADOW_CONCURRENCY;
-        atomic_fetch_add(&ex->ps->inflight, 1);
+        pacing_slot_count(ex->ps);
         return got_slot(ex, now);
     }
+    /* No limit in this config: counted without a lock, unless a reload has
+     * given the policy one since; then it waits like the new config's. */
+    if (ex->pol->concurrency == 0)
+        return pacing_slot_take(ex->ps) ? got_slot(ex, now) : local_slot(ex, now);
     if (pace_shared(ex)) {
         snprintf(ex->holder, sizeof ex->holder, "%016llx%016llx",
                  (unsigned long long)rand_u64(), (unsigned long long)rand_u64());
@@ -344,7 +358,8 @@ enum ex_verdict stage_slot(struct exchange *ex, uint64_t now)
 }
 
 /* Gives a fleet slot back without waiting; also when its grant may be in
- * flight (a holder that was never granted is a no-op to remove). */
+ * flight (a holder that was never granted is a no-op to remove). Its local
+ * count goes back with has_slot, like a local slot's: once. */
 static void give_shared_slot(struct exchange *ex)
 {
     struct store_call c = {0};
@@ -354,8 +369,6 @@ static void give_shared_slot(struct exchange *ex)
     ex_store_detach(&c, store_slot_give_async(ex->loop->store, &c,
                                               ex->pol->name, ex->holder));
     ex->holder[0] = '\0';
-    if (ex->shared_slot)
-        atomic_fetch_sub(&ex->ps->inflight, 1);
     ex->shared_slot = false;
 }
 
@@ -373,6 +386,12 @@ void pace_release_slot(struct exchange *ex)
         ex->has_slot = false;
         pacing_slot_release(ex->ps);
     }
+}
+
+void pace_release_bucket(struct exchange *ex)
+{
+    pacing_bucket_put(ex->bucket);
+    ex->bucket = NULL;
 }
 
 /* ---- the moment of sending ---------------------------------------------- */

@@ -138,7 +138,7 @@ static void persist_pause(struct exchange *ex, uint64_t hint_ms)
     uint64_t now = clock_wall_ms();
     int rc;
 
-    if (!ex->ps || ex->bucket != &ex->ps->bucket)
+    if (!ex->ps || !ex->bucket || ex->bucket->partition)
         return;
     rc = store_pause_set_async(ex->loop->store, &c, ex->pol->name, now,
                                now + hint_ms);
@@ -195,15 +195,15 @@ static void note_breaker(struct exchange *ex, bool failed)
 
     if (!ex->pol->breaker.enabled || !ex->bucket || !ex->ps)
         return;
-    pause_ms = breaker_note(&ex->pol->breaker, &ex->ps->breaker, failed,
-                            atomic_load(&ex->bucket->cooldown_until) > now);
+    pause_ms = breaker_note(&ex->pol->breaker, pacing_breaker(ex->ps), failed,
+                            bucket_cooldown(ex->bucket) > now);
     if (!pause_ms)
         return;
     bucket_pause(ex->bucket, now, now + pause_ms * NS_PER_MS, PAUSE_BREAKER);
     persist_pause(ex, pause_ms);
     tell_fleet(ex, pause_ms);
     log_warn("policy %s: %u failures in a row from upstream %s: paused for %llu ms",
-             ex->pol->name, (unsigned)atomic_load(&ex->ps->breaker.fail_streak),
+             ex->pol->name, (unsigned)atomic_load(&pacing_breaker(ex->ps)->fail_streak),
              ex->up->name, (unsigned long long)pause_ms);
 }
 

@@ -9,6 +9,7 @@
 #include "proxy/app.h"
 #include "proxy/server.h"
 #include "proxy/upstream.h"
+#include "util/clock.h"
 
 /* prev's context made from the same source, with a reference taken, or
  * NULL. */
@@ -133,6 +134,8 @@ int runtime_new(struct app *app, struct sc_config *cfg,
     }
     if ((rc = pools_init(rt, err)) != 0)
         goto fail;
+    /* Nothing fails from here: the old states can be taken over. */
+    pacing_commit(&rt->pacing, clock_mono_ns());
     *out = rt;
     return 0;
 fail:

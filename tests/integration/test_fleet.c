@@ -251,6 +251,11 @@ Test(fleet, concurrency_is_counted_across_the_fleet)
     cr_expect_leq(h_stub_stat(&stub, "in_flight_max"), 2,
                   "concurrency 2 for the fleet, not per sidecar");
     cr_expect_geq(h_stub_stat(&stub, "in_flight_max"), 2);
+    /* every slot came back, counted back once (twice, the gauge wrapped below 0) */
+    usleep(100000);
+    for (int i = 0; i < FLEET; i++)
+        cr_expect(body_has(sl[i].admin_port, "/metrics", "sluice_inflight{policy=\"slots\"} 0\n"),
+                  "sidecar %d: the in-flight count did not come back to 0", i);
 }
 
 
@@ -289,6 +294,41 @@ Test(fleet, redis_down_is_visible_and_safe_and_its_return_is_followed)
     cr_expect_eq(r.status, 200, "no recovery within 10 s");
     h_resp_free(&r);
     cr_expect(body_has(sl[0].admin_port, "/readyz", "\"ready\": true"), "ready again");
+}
+
+/* Redis down is every shared policy's fallback at once: with sluice_store_up
+ * at 0, each shared policy's sluice_bucket_fallback says 1 in the same
+ * scrape, though no request has used a bucket since (an alert on it is how
+ * an operator learns that the fleet's bound is now per pod). */
+Test(fleet, redis_down_shows_every_shared_policy_on_its_fallback_at_once)
+{
+    static const char *const shared[] = {"fleet", "slots", "gated"};
+    struct h_resp r = {0};
+    bool down = false;
+
+    cr_expect(body_has(sl[2].admin_port, "/metrics", "sluice_bucket_fallback{policy=\"fleet\"} 0"),
+              "on its fallback before Redis went");
+    redis_server_stop(&rs);
+    /* No request: only scrapes, until one sees the store down (each asks
+     * Redis; the first may still trust the open connection). */
+    for (int i = 0; i < 50 && !down; i++) {
+        cr_assert_eq(h_http(sl[2].admin_port, "GET", "/metrics", NULL, NULL, 0, &r), 0);
+        down = r.body && strstr(r.body, "\nsluice_store_up 0\n");
+        if (!down) {
+            h_resp_free(&r);
+            usleep(100 * 1000);
+        }
+    }
+    cr_assert(down, "sluice_store_up stayed 1 for 5 s with Redis stopped");
+    for (size_t i = 0; i < sizeof shared / sizeof shared[0]; i++) {
+        char line[96];
+
+        snprintf(line, sizeof line, "sluice_bucket_fallback{policy=\"%s\"} 1\n", shared[i]);
+        cr_expect(strstr(r.body, line) != NULL, "not shown: %s", line);
+    }
+    cr_expect(strstr(r.body, "sluice_bucket_fallback{policy=\"solo\"}") == NULL,
+              "a policy of its own has no fallback");
+    h_resp_free(&r);
 }
 
 /* kill -9 of the sidecar holding a key's lease: the others answer

@@ -672,6 +672,123 @@ Test(pacing, partitions_are_isolated_and_evicted_come_back_empty, .fini = stop, 
     cr_expect_eq(get_status("a"), 429, "a comes back empty, not full");
 }
 
+/* GET /cooldowns: whether a pause of policy t is listed for `partition`. */
+static bool partition_paused(const char *partition)
+{
+    struct h_resp r;
+    json_t *j, *arr, *o;
+    size_t i;
+    bool found = false;
+
+    cr_assert_eq(h_http(sl.admin_port, "GET", "/cooldowns", NULL, NULL, 0, &r), 0);
+    j = body_json(&r);
+    arr = json_object_get(j, "cooldowns");
+    json_array_foreach(arr, i, o)
+        found |= !strcmp(jstr(o, "policy"), "t") && !strcmp(jstr(o, "partition"), partition);
+    json_decref(j);
+    h_resp_free(&r);
+    return found;
+}
+
+/* The reason of a request of tenant `tenant` with extra headers, or its
+ * status when it is not an instruction ("200"). */
+static void tenant_says(const char *tenant, const char *headers, char *out, size_t len)
+{
+    struct h_resp r;
+    char hdr[256];
+    json_t *j;
+
+    snprintf(hdr, sizeof hdr, "X-Tenant: %s\r\n%s", tenant, headers ? headers : "");
+    cr_assert_eq(h_http(sl.port, "GET", "/t", hdr, NULL, 0, &r), 0);
+    j = r.status == 200 ? NULL : json_loads(r.body ? r.body : "", 0, NULL);
+    snprintf(out, len, "%s", j ? jstr(j, "reason") : r.status == 200 ? "200" : "?");
+    json_decref(j);
+    h_resp_free(&r);
+}
+
+static const char partitioned_cool[] =
+    "  t: {rate: 100/s, burst: 10, max_wait: 200ms, retry: {on: [429]},\n"
+    "      partition: {header: X-Tenant, max: 2}}\n";
+
+/* Contract §4 cooldown, §5 partition: A's pause outlives the arrival of
+ * more tenants than `max` (they take the free partitions, empty: each waits
+ * a T for its permit), and A is not sent to before the moment its partner
+ * named. */
+Test(pacing, a_paused_partition_is_not_evicted, .fini = stop, .timeout = 30)
+{
+    char why[64];
+
+    start(partitioned_cool, "  - {prefix: /t, upstream: stub, policy: t}\n");
+    tenant_says("a", "X-Stub-Status: 429\r\nX-Stub-Retry-After: 30\r\n", why, sizeof why);
+    cr_expect_str_eq(why, "upstream_429");
+    tenant_says("b", NULL, why, sizeof why);
+    cr_expect_str_eq(why, "200");
+    usleep(50000); /* b's request is over (its completion ran): b is free */
+    tenant_says("c", NULL, why, sizeof why);
+    cr_expect_str_eq(why, "200", "c takes b's partition, not paused a's");
+    tenant_says("a", NULL, why, sizeof why);
+    cr_expect_str_eq(why, "upstream_cooldown", "a's pause was lost to an eviction");
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 3, "a was sent to inside its cooldown");
+    cr_expect(partition_paused("a"));
+    cr_expect_not(partition_paused("c"));
+}
+
+static void *late_429(void *arg)
+{
+    tenant_says("a", "X-Stub-Delay-Ms: 700\r\nX-Stub-Status: 429\r\n"
+                     "X-Stub-Retry-After: 30\r\n", arg, 64);
+    return NULL;
+}
+
+/* A request in flight holds its partition: others arriving meanwhile take
+ * free ones, and its late 429 pauses the tenant it was sent for, never one
+ * that got the partition's memory since. */
+Test(pacing, a_late_429_pauses_the_partition_it_was_sent_for, .fini = stop,
+     .timeout = 30)
+{
+    char late[64] = "", why[64];
+    pthread_t t;
+
+    start(partitioned_cool, "  - {prefix: /t, upstream: stub, policy: t}\n");
+    pthread_create(&t, NULL, late_429, late);
+    usleep(200000);
+    tenant_says("b", NULL, why, sizeof why);
+    cr_expect_str_eq(why, "200");
+    usleep(50000);
+    tenant_says("c", NULL, why, sizeof why);
+    cr_expect_str_eq(why, "200");
+    pthread_join(t, NULL);
+    cr_expect_str_eq(late, "upstream_429");
+    cr_expect(partition_paused("a"), "the 429 did not pause a");
+    cr_expect_not(partition_paused("c"), "a's 429 paused c");
+    tenant_says("c", NULL, why, sizeof why);
+    cr_expect_str_eq(why, "200", "c was paused by a's partner");
+    tenant_says("a", NULL, why, sizeof why);
+    cr_expect_str_eq(why, "upstream_cooldown");
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 4);
+}
+
+/* Every partition held or paused and none free: a new tenant is requeued
+ * (rate_limited), sent nothing, and the table keeps its max; logged once. */
+Test(pacing, no_free_partition_requeues_a_new_tenant, .fini = stop, .timeout = 30)
+{
+    char why[64];
+
+    start(partitioned_cool, "  - {prefix: /t, upstream: stub, policy: t}\n");
+    tenant_says("a", "X-Stub-Status: 429\r\nX-Stub-Retry-After: 30\r\n", why, sizeof why);
+    tenant_says("b", "X-Stub-Status: 429\r\nX-Stub-Retry-After: 30\r\n", why, sizeof why);
+    cr_expect_str_eq(why, "upstream_429");
+    tenant_says("c", NULL, why, sizeof why);
+    cr_expect_str_eq(why, "rate_limited");
+    tenant_says("d", NULL, why, sizeof why);
+    cr_expect_str_eq(why, "rate_limited");
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 2);
+    cr_expect(partition_paused("a") && partition_paused("b"));
+    usleep(100000);
+    cr_expect(h_file_contains(sl.log_path, "all 2 partitions are held by requests in flight "
+                                           "or paused"));
+}
+
 Test(pacing, shadow_forwards_everything_and_says_what_enforce_would_do,
      .fini = stop, .timeout = 30)
 {

@@ -15,7 +15,14 @@
  * effective rate exceeds the configured one by a factor of at most about
  * 0.5 / T: one extra start in about 10 years at 3/s, but one per second at
  * 99999/s (T = 10000 for 10000.1 ns) and 11 % at 3e8/s (T = 3 for 3.33 ns).
- * The brute-force check below uses that worst-case eps. */
+ * The brute-force check below uses that worst-case eps.
+ *
+ * A change of numbers (a reload) re-rates the TAT keeping the tokens,
+ * clamped to the new burst and never raised, and hands the bucket over:
+ * checked on cases, against gcra_available at random, by brute force across
+ * the change (windows after it keep the new bound where max_wait is 0, as
+ * at the send check; windows across it keep max(b, b') + max(r, r') t), and
+ * with threads reserving while the hand-over runs. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
@@ -53,6 +60,7 @@ static void gcra_copy(struct gcra *dst, struct gcra *src)
 {
     dst->t_ns = src->t_ns;
     dst->tau_ns = src->tau_ns;
+    dst->next = NULL;
     atomic_store(&dst->tat, atomic_load(&src->tat));
 }
 
@@ -546,6 +554,244 @@ Test(gcra, fractional_rates)
     cr_expect_eq(must_refuse(&g, NOW0, 9 * SEC), NOW0 + 10 * SEC);
 }
 
+/* ---- a change of numbers -------------------------------------------------- */
+
+/* g's state carried into a bucket of `rate`, `burst` at now, as the reload
+ * does (paused_until 0: none). */
+static void rerated(struct gcra *to, struct gcra *g, double rate, uint32_t burst,
+                    uint64_t now, uint64_t paused_until)
+{
+    gcra_init(to, rate, burst);
+    atomic_store(&to->tat, gcra_rerate(tat(g), g, to, now, paused_until));
+}
+
+Test(gcra, rerate_keeps_tokens_clamped_never_raised)
+{
+    struct gcra g, h;
+    uint64_t next;
+
+    /* full: the new burst if smaller, the old one if larger (then it fills
+     * at the new rate, one per T') */
+    gcra_init(&g, 10, 10);
+    rerated(&h, &g, 10, 3, NOW0, 0);
+    cr_expect_eq(gcra_available(&h, NOW0, NULL), 3);
+    gcra_init(&g, 10, 3);
+    rerated(&h, &g, 20, 10, NOW0, 0);
+    cr_expect_eq(gcra_available(&h, NOW0, NULL), 3, "a reload granted a burst");
+    cr_expect_eq(gcra_available(&h, NOW0 + 50000000ull, NULL), 4);
+    cr_expect_eq(gcra_available(&h, NOW0 + 60 * SEC, NULL), 10);
+    /* partly used: 3 of 5 left at 10/s; at 20/s still 3; burst 2: 2 */
+    gcra_init(&g, 10, 5);
+    for (int i = 0; i < 2; i++)
+        must_start(&g, NOW0, 0);
+    rerated(&h, &g, 20, 5, NOW0, 0);
+    cr_expect_eq(gcra_available(&h, NOW0, NULL), 3);
+    rerated(&h, &g, 10, 2, NOW0, 0);
+    cr_expect_eq(gcra_available(&h, NOW0, NULL), 2);
+    /* the issue's numbers: 5/s burst 10 spent, a 429 (empty), 4/s: nothing
+     * now, the next start one T' = 250 ms later */
+    gcra_init(&g, 5, 10);
+    for (int i = 0; i < 10; i++)
+        must_start(&g, NOW0, 0);
+    gcra_empty(&g, NOW0);
+    rerated(&h, &g, 4, 10, NOW0, 0);
+    cr_expect_eq(gcra_available(&h, NOW0, &next), 0);
+    cr_expect_eq(next, 250000000ull);
+    cr_expect_eq(must_refuse(&h, NOW0 + 10, 0), NOW0 + 250000000ull);
+    /* the same numbers: the same state */
+    rerated(&h, &g, 5, 10, NOW0, 0);
+    cr_expect_eq(tat(&h), tat(&g));
+}
+
+/* Starts reserved beyond the bucket (requests waiting for their permit)
+ * keep their count: the next one comes after them, at the new spacing. */
+Test(gcra, rerate_keeps_reservations_ahead)
+{
+    struct gcra g, h;
+
+    gcra_init(&g, 10, 2);
+    must_start(&g, NOW0, 0);
+    must_start(&g, NOW0, 0);
+    for (int i = 1; i <= 4; i++)
+        cr_assert_eq(must_start(&g, NOW0, SEC), NOW0 + (uint64_t)i * 100000000ull);
+    /* 6 starts used of a burst of 2: -4 tokens, the next free start when 5
+     * have come back, 5 T = 500 ms. At 1/s burst 2: 5 s. */
+    cr_expect_eq(must_refuse(&g, NOW0, 0), NOW0 + 500000000ull);
+    rerated(&h, &g, 1, 2, NOW0, 0);
+    cr_expect_eq(must_refuse(&h, NOW0, 0), NOW0 + 5 * SEC);
+    /* At 100/s that would be 50 ms, before the reserved ones (the last at
+     * 400 ms) have started: the next is a T' after that one. */
+    rerated(&h, &g, 100, 2, NOW0, 0);
+    cr_expect_eq(must_refuse(&h, NOW0, 0), NOW0 + 410000000ull);
+}
+
+/* A running pause keeps its end whatever the rate, the bucket resumes
+ * empty then (one start), and starts reserved after it keep their count. */
+Test(gcra, rerate_keeps_a_pause_to_its_end)
+{
+    const uint64_t until = NOW0 + 10 * SEC;
+    struct gcra g, h;
+
+    gcra_init(&g, 10, 5);
+    gcra_empty(&g, NOW0);
+    gcra_pause_until(&g, until);
+    rerated(&h, &g, 1, 3, NOW0, until);
+    cr_expect_eq(must_refuse(&h, NOW0 + SEC, 0), until);
+    cr_expect_eq(gcra_available(&h, until, NULL), 1);
+    rerated(&h, &g, 1000, 50, NOW0, until);
+    cr_expect_eq(must_refuse(&h, NOW0 + SEC, 0), until, "a faster rate shortened the pause");
+    cr_expect_eq(gcra_available(&h, until, NULL), 1);
+    /* two reserved after the pause: at 1/s, the next after them */
+    must_start(&g, NOW0, 20 * SEC);
+    must_start(&g, NOW0, 20 * SEC);
+    rerated(&h, &g, 1, 3, NOW0, until);
+    cr_expect_eq(must_refuse(&h, NOW0, 0), until + 2 * SEC);
+    /* a pause over is no pause */
+    rerated(&h, &g, 1, 3, until + 60 * SEC, until);
+    cr_expect_eq(gcra_available(&h, until + 60 * SEC, NULL), 3);
+}
+
+/* At random: the tokens after a change are never more than before nor
+ * more than the new burst, and never fewer than both allow by more than
+ * the rounding of one token. */
+Test(gcra, rerate_never_raises_tokens_at_random)
+{
+    static const double rates[] = {0.5, 3, 7, 10, 1000, 123456.7};
+    uint64_t seed = 7;
+
+    for (int i = 0; i < 5000; i++) {
+        struct gcra g, h;
+        double r = rates[below(&seed, 6)], r2 = rates[below(&seed, 6)];
+        uint32_t b = 1 + (uint32_t)below(&seed, 20), b2 = 1 + (uint32_t)below(&seed, 20);
+        uint64_t now = NOW0, start, before, after, want;
+
+        gcra_init(&g, r, b);
+        for (uint64_t n = below(&seed, 3 * b); n > 0; n--) {
+            now += below(&seed, g.t_ns);
+            gcra_reserve(&g, now, below(&seed, 2 * b * g.t_ns), &start);
+        }
+        rerated(&h, &g, r2, b2, now, 0);
+        before = gcra_available(&g, now, NULL);
+        after = gcra_available(&h, now, NULL);
+        want = before < b2 ? before : b2;
+        cr_assert_leq(after, want, "%g/%u -> %g/%u: %llu tokens became %llu", r, b, r2,
+                      b2, (unsigned long long)before, (unsigned long long)after);
+        cr_assert_geq(after + 1, want, "%g/%u -> %g/%u: %llu tokens became %llu", r, b,
+                      r2, b2, (unsigned long long)before, (unsigned long long)after);
+    }
+}
+
+Test(gcra, rerate_saturates_below_moved)
+{
+    struct gcra g, h;
+
+    gcra_init(&g, 1e9, 1);
+    atomic_store(&g.tat, NOW0 + 3600 * SEC);
+    rerated(&h, &g, 1e-6, 1, NOW0, 0);
+    cr_expect_eq(tat(&h), GCRA_MOVED - 1);
+}
+
+/* After the hand-over every call on the old bucket is the new one's. */
+Test(gcra, hand_over_forwards_every_call)
+{
+    struct gcra g, h, h2;
+    uint64_t next;
+
+    gcra_init(&g, 10, 3);
+    must_start(&g, NOW0, 0);
+    gcra_init(&h, 4, 3);
+    gcra_hand_over(&g, &h, NOW0, NULL);
+    cr_expect_eq(tat(&g), GCRA_MOVED);
+    cr_expect_eq(gcra_available(&g, NOW0, NULL), 2, "read through the old bucket");
+    must_start(&g, NOW0, 0);
+    must_start(&g, NOW0, 0);
+    cr_expect_eq(gcra_available(&h, NOW0, &next), 0, "reserved on the new one");
+    cr_expect_eq(next, 250000000ull, "in its numbers");
+    gcra_empty(&g, NOW0 + SEC);
+    cr_expect_eq(tat(&h), NOW0 + SEC + h.t_ns + h.tau_ns);
+    gcra_pause_until(&g, NOW0 + 5 * SEC);
+    cr_expect_eq(tat(&h), NOW0 + 5 * SEC + h.tau_ns);
+    gcra_resume(&g, NOW0 + 2 * SEC);
+    cr_expect_eq(tat(&h), NOW0 + 2 * SEC + h.tau_ns);
+    /* a chain: handed over again, the first still reaches the last */
+    gcra_init(&h2, 1, 1);
+    gcra_hand_over(&h, &h2, NOW0 + 2 * SEC, NULL);
+    cr_expect_eq(must_start(&g, NOW0 + 2 * SEC, 10 * SEC), NOW0 + 2 * SEC);
+    cr_expect_eq(must_refuse(&g, NOW0 + 2 * SEC, 0), NOW0 + 3 * SEC);
+    cr_expect_eq(tat(&h2), NOW0 + 3 * SEC);
+}
+
+/* The pause is read when the hand-over lands: one kept elsewhere (the
+ * bucket's cooldown) keeps its end. */
+Test(gcra, hand_over_reads_the_pause)
+{
+    _Atomic uint64_t until = NOW0 + 10 * SEC;
+    struct gcra g, h;
+
+    gcra_init(&g, 10, 5);
+    gcra_pause_until(&g, NOW0 + 10 * SEC);
+    gcra_init(&h, 1000, 5);
+    gcra_hand_over(&g, &h, NOW0, &until);
+    cr_expect_eq(must_refuse(&g, NOW0, 0), NOW0 + 10 * SEC);
+}
+
+/* Random arrivals on one bucket, its numbers changed midway: windows after
+ * the change keep its bound when every reservation is at now (max_wait 0,
+ * as the send check reserves); every window keeps max(b, b') + max(r, r') t
+ * whatever the max_wait (the old reservations count and keep their times). */
+static void drive_across(double r1, uint32_t b1, double r2, uint32_t b2,
+                         uint64_t seed, bool waits)
+{
+    enum { N = 3000 };
+    static uint64_t s[N];
+    struct gcra g, h;
+    uint64_t clock = NOW0, change = 0;
+    size_t m = 0, first_after = 0;
+    double rmax = r1 > r2 ? r1 : r2, bmax = b1 > b2 ? b1 : b2;
+
+    gcra_init(&g, r1, b1);
+    gcra_init(&h, r2, b2);
+    for (size_t k = 0; k < N; k++) {
+        uint64_t T = k < N / 2 ? g.t_ns : h.t_ns, start;
+        uint64_t max_wait = waits ? below(&seed, 4 * T * (b1 + b2)) : 0;
+
+        if (k == N / 2) {
+            change = clock;
+            gcra_hand_over(&g, &h, clock, NULL);
+            first_after = m;
+        }
+        clock += below(&seed, 12) == 0 ? below(&seed, 3 * T * bmax) : below(&seed, T / 3 + 1);
+        if (gcra_reserve(&g, clock, max_wait, &start))
+            s[m++] = start;
+    }
+    qsort(s, m, sizeof *s, cmp_u64);
+    for (size_t i = 0; i < m; i++)
+        for (size_t j = i; j < m && j < i + 300; j++) {
+            double d = (double)(s[j] - s[i]) / 1e9, count = (double)(j - i + 1);
+
+            cr_assert_leq(count, bmax + rmax * d * (1 + 1e-6) + 1e-6,
+                          "%g/%u -> %g/%u: %.0f starts in %.9f s", r1, b1, r2, b2, count, d);
+            if (!waits && i >= first_after && s[i] >= change)
+                cr_assert_leq(count, b2 + r2 * d * (1 + 1e-6) + 1e-6,
+                              "after %g/%u -> %g/%u: %.0f starts in %.9f s", r1, b1, r2,
+                              b2, count, d);
+        }
+    cr_expect_gt(m, 500);
+}
+
+Test(gcra, bound_holds_across_a_change_of_numbers)
+{
+    static const struct { double r1; uint32_t b1; double r2; uint32_t b2; } c[] = {
+        {5, 10, 4, 10}, {10, 1, 1, 1}, {1, 1, 10, 1}, {10, 3, 10, 20}, {10, 20, 10, 3},
+        {1000, 50, 7, 3}, {7, 3, 1000, 50},
+    };
+
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        drive_across(c[i].r1, c[i].b1, c[i].r2, c[i].b2, 300 + i, false);
+        drive_across(c[i].r1, c[i].b1, c[i].r2, c[i].b2, 400 + i, true);
+    }
+}
+
 /* ---- threads -------------------------------------------------------------- */
 
 #define N_THREADS 8
@@ -647,4 +893,64 @@ Test(gcra_threads, refusals_under_contention_leave_no_holes)
 {
     for (int i = 0; i < ROUNDS; i++)
         race_on_one_bucket(true);
+}
+
+/* A hand-over to the same numbers while threads reserve: every start is
+ * on one bucket or the other, and together they are the one sequence, no
+ * start lost or given twice. */
+struct mover {
+    struct gcra *g, *to;
+    pthread_barrier_t *go;
+};
+
+static void *move_midway(void *arg)
+{
+    struct mover *mv = arg;
+
+    pthread_barrier_wait(mv->go);
+    while (tat(mv->g) < NOW0 + (uint64_t)N_THREADS * PER_THREAD / 2 * mv->g->t_ns)
+        ;
+    gcra_hand_over(mv->g, mv->to, NOW0, NULL);
+    return NULL;
+}
+
+Test(gcra_threads, hand_over_under_contention_loses_nothing)
+{
+    static struct racer r[N_THREADS];
+    pthread_t th[N_THREADS + 1];
+    pthread_barrier_t go;
+    struct gcra g, to;
+    struct mover mv = {&g, &to, &go};
+    uint64_t *all, total = 0;
+
+    for (int round = 0; round < ROUNDS; round++) {
+        gcra_init(&g, 1000, 1);
+        gcra_init(&to, 1000, 1);
+        atomic_store(&g.tat, NOW0); /* so the mover can tell progress */
+        pthread_barrier_init(&go, NULL, N_THREADS + 1);
+        for (int i = 0; i < N_THREADS; i++) {
+            memset(&r[i], 0, sizeof r[i]);
+            r[i] = (struct racer){.g = &g, .go = &go, .now = NOW0};
+            cr_assert_eq(pthread_create(&th[i], NULL, race, &r[i]), 0);
+        }
+        cr_assert_eq(pthread_create(&th[N_THREADS], NULL, move_midway, &mv), 0);
+        total = 0;
+        for (int i = 0; i <= N_THREADS; i++)
+            pthread_join(th[i], NULL);
+        pthread_barrier_destroy(&go);
+        cr_assert_eq(tat(&g), GCRA_MOVED);
+        all = malloc((size_t)N_THREADS * PER_THREAD * sizeof *all);
+        cr_assert_not_null(all);
+        for (int i = 0; i < N_THREADS; i++) {
+            memcpy(all + total, r[i].starts, r[i].n * sizeof *all);
+            total += r[i].n;
+        }
+        cr_assert_eq(total, (uint64_t)N_THREADS * PER_THREAD);
+        qsort(all, total, sizeof *all, cmp_u64);
+        for (uint64_t k = 0; k < total; k++)
+            cr_assert_eq(all[k], NOW0 + k * g.t_ns, "round %d: start %llu", round,
+                         (unsigned long long)k);
+        cr_expect_eq(tat(&to), NOW0 + total * g.t_ns);
+        free(all);
+    }
 }

@@ -23,10 +23,12 @@ static const char yaml[] =
     "  slow: { rate: 1/s, burst: 1, max_wait: 5s }\n"
     "  short: { rate: 1/s, burst: 1, max_wait: 1500ms }\n"
     "  one: { concurrency: 1, max_wait: 2s }\n"
+    "  tenant: { rate: 1/s, burst: 1, max_wait: 5s, partition: { header: X-T, max: 1 } }\n"
     "routes:\n"
     "  - { prefix: /slow, upstream: up, policy: slow }\n"
     "  - { prefix: /short, upstream: up, policy: short }\n"
-    "  - { prefix: /one, upstream: up, policy: one }\n";
+    "  - { prefix: /one, upstream: up, policy: one }\n"
+    "  - { prefix: /t, upstream: up, policy: tenant }\n";
 
 static struct sc_config *cfg;
 static struct runtime rt;
@@ -234,6 +236,33 @@ Test(pace, send_check_holds_late_timers_to_the_rate)
     c.bucket = b.bucket;
     cr_expect_eq(run(stage_send_check, &c, WOKE_FIRST, T0 + 1200 * MS), EXV_WAIT);
     cr_expect_eq(c.wake_at, T0 + 2000 * MS);
+}
+
+/* The permit holds the request's partition until the exchange's end (a 429
+ * met late still pauses it): the only one is not another tenant's while
+ * held, a new tenant is requeued meanwhile, and takes it once it is back. */
+Test(pace, a_partition_is_held_until_the_exchange_ends)
+{
+    struct exchange a, b;
+
+    fake(&a, 3);
+    fake(&b, 3);
+    a.partition = "acme";
+    b.partition = "globex";
+    cr_assert_eq(run(stage_permit, &a, WOKE_FIRST, T0), EXV_NEXT);
+    cr_expect(a.bucket->partition);
+    cr_expect_str_eq(pace_partition(&a), "acme");
+    cr_assert_eq(run(stage_permit, &b, WOKE_FIRST, T0), EXV_ANSWER);
+    cr_expect_eq(b.outcome, OUT_REQUEUE);
+    cr_expect_eq(b.reason, R_RATE_LIMITED);
+    cr_expect_null(b.bucket);
+    pace_release_bucket(&b); /* holds nothing: a no-op */
+    pace_release_bucket(&a);
+    cr_expect_null(a.bucket);
+    fake(&b, 3);
+    b.partition = "globex";
+    cr_expect_eq(run(stage_permit, &b, WOKE_FIRST, T0), EXV_WAIT, "evicted: starts empty");
+    pace_release_bucket(&b);
 }
 
 Test(pace, drain_answer_is_requeue_without_an_attempt)

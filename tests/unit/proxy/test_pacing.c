@@ -1,11 +1,15 @@
 /* proxy/pacing.c: the runtime state of policies (docs/contract.md §5).
  * Partitions: one bucket per header value, created full while there is
  * room and empty once creating one costs an eviction, at most `max` live,
- * the least recently used evicted and coming back empty (never full),
- * pointers that stay valid memory. Concurrency slots: FIFO waiters, hand-over by
- * event_active (also from another thread), cancel before and after grant,
- * the lock-free count of policies without a limit. */
+ * the least recently used that is neither held nor paused evicted and coming
+ * back empty (never full), pointers that stay valid memory. Concurrency
+ * slots: FIFO waiters, hand-over by event_active (also from another thread),
+ * cancel before and after grant, the lock-free count of policies without a
+ * limit. A reload that changes a policy's numbers: the new state takes the
+ * old one's over (levels, pauses, partitions, streak, slots, waiters). */
+#define _GNU_SOURCE
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <pthread.h>
@@ -79,6 +83,25 @@ static bool try_now(struct bucket *b, uint64_t now)
     return gcra_reserve(&b->g, now, 0, &start);
 }
 
+/* The bucket a request of partition `name` holds (until pacing_bucket_put). */
+static struct bucket *hold_bucket(struct policy_state *ps, const char *name, uint64_t now)
+{
+    struct bucket *b = (struct bucket *)1;
+
+    cr_assert_eq(pacing_bucket(ps, name, now, &b), 0, "no bucket for %s", name ? name : "-");
+    return b;
+}
+
+/* The same for a request that is over at once: the pointer stays valid
+ * memory, but no longer keeps the partition from eviction. */
+static struct bucket *touch(struct policy_state *ps, const char *name, uint64_t now)
+{
+    struct bucket *b = hold_bucket(ps, name, now);
+
+    pacing_bucket_put(b);
+    return b;
+}
+
 /* ---- partitions -------------------------------------------------------------- */
 
 Test(pacing_partitions, policies_and_the_default)
@@ -90,37 +113,40 @@ Test(pacing_partitions, policies_and_the_default)
     cr_expect_eq(pacing_policy(&pc, 1000), pc.dflt);
     cr_expect_str_eq(ps->name, "shared");
     /* no rate: no bucket, partition or not */
-    cr_expect_null(pacing_bucket(pacing_policy(&pc, -1), NULL, NOW0));
-    cr_expect_null(pacing_bucket(policy("slots"), "x", NOW0));
-    cr_expect_null(pacing_bucket(policy("free"), NULL, NOW0));
+    cr_expect_null(touch(pacing_policy(&pc, -1), NULL, NOW0));
+    cr_expect_null(touch(policy("slots"), "x", NOW0));
+    cr_expect_null(touch(policy("free"), NULL, NOW0));
     /* an unpartitioned policy has one bucket, whatever the header, and it
      * starts full */
-    cr_expect_eq(pacing_bucket(ps, NULL, NOW0), &ps->bucket);
-    cr_expect_eq(pacing_bucket(ps, "a", NOW0), &ps->bucket);
+    cr_expect_eq(touch(ps, NULL, NOW0), &ps->bucket);
+    cr_expect_eq(touch(ps, "a", NOW0), &ps->bucket);
+    cr_expect_not(ps->bucket.partition);
     for (int i = 0; i < 3; i++)
         cr_expect(try_now(&ps->bucket, NOW0), "burst start %d", i);
     cr_expect_not(try_now(&ps->bucket, NOW0));
     /* a partitioned policy without the header uses the policy's bucket */
-    cr_expect_eq(pacing_bucket(policy("tenant"), NULL, NOW0), &policy("tenant")->bucket);
+    cr_expect_eq(touch(policy("tenant"), NULL, NOW0), &policy("tenant")->bucket);
+    pacing_bucket_put(NULL); /* nothing held: nothing to do */
 }
 
 Test(pacing_partitions, one_bucket_per_value)
 {
     struct policy_state *ps = policy("wide");
-    struct bucket *a = pacing_bucket(ps, "acme", NOW0);
-    struct bucket *b = pacing_bucket(ps, "globex", NOW0);
+    struct bucket *a = touch(ps, "acme", NOW0);
+    struct bucket *b = touch(ps, "globex", NOW0);
 
     cr_assert_not_null(a);
     cr_assert_not_null(b);
     cr_expect_neq(a, b);
     cr_expect_neq(a, &ps->bucket);
-    cr_expect_eq(pacing_bucket(ps, "acme", NOW0 + 5), a);
-    cr_expect_eq(pacing_bucket(ps, "globex", NOW0 + 5), b);
+    cr_expect(a->partition);
+    cr_expect_eq(touch(ps, "acme", NOW0 + 5), a);
+    cr_expect_eq(touch(ps, "globex", NOW0 + 5), b);
     /* values are compared exactly */
-    cr_expect_neq(pacing_bucket(ps, "Acme", NOW0), a);
-    cr_expect_neq(pacing_bucket(ps, "acme ", NOW0), a);
-    cr_expect_neq(pacing_bucket(ps, "", NOW0), a);
-    cr_expect_eq(pacing_bucket(ps, "", NOW0), pacing_bucket(ps, "", NOW0));
+    cr_expect_neq(touch(ps, "Acme", NOW0), a);
+    cr_expect_neq(touch(ps, "acme ", NOW0), a);
+    cr_expect_neq(touch(ps, "", NOW0), a);
+    cr_expect_eq(touch(ps, "", NOW0), touch(ps, "", NOW0));
     /* the buckets are independent: draining one leaves the other alone */
     for (int i = 0; i < 3; i++)
         cr_expect(try_now(a, NOW0));
@@ -138,7 +164,7 @@ Test(pacing_partitions, many_values_with_colliding_chains)
     /* 200 values in a table of a few hundred slots: chains form */
     for (int i = 0; i < 200; i++) {
         snprintf(name, sizeof name, "tenant-%d", i);
-        seen[i] = pacing_bucket(ps, name, NOW0);
+        seen[i] = touch(ps, name, NOW0);
         cr_assert_not_null(seen[i]);
         for (int k = 0; k < i; k++)
             cr_assert_neq(seen[i], seen[k], "%s shares a bucket with tenant-%d", name, k);
@@ -146,13 +172,13 @@ Test(pacing_partitions, many_values_with_colliding_chains)
     cr_expect_eq(ps->n_parts, 200);
     for (int i = 199; i >= 0; i--) {
         snprintf(name, sizeof name, "tenant-%d", i);
-        cr_assert_eq(pacing_bucket(ps, name, NOW0), seen[i], "%s moved", name);
+        cr_assert_eq(touch(ps, name, NOW0), seen[i], "%s moved", name);
     }
     cr_expect_eq(ps->n_parts, 200);
 }
 
 /* pacing.h: "created full while there is room; beyond `max` the least
- * recently used is evicted and the new one starts empty". */
+ * recently used ... is recycled, and the new one starts empty". */
 Test(pacing_partitions, new_partitions_start_full_while_there_is_room)
 {
     struct policy_state *ps = policy("tenant"); /* burst 3, max 3 */
@@ -161,7 +187,7 @@ Test(pacing_partitions, new_partitions_start_full_while_there_is_room)
     uint64_t start = 0, next = 0;
 
     for (int i = 0; i < 3; i++) {
-        struct bucket *b = pacing_bucket(ps, names[i], NOW0);
+        struct bucket *b = touch(ps, names[i], NOW0);
 
         cr_assert_not_null(b);
         cr_expect_eq(atomic_load(&b->cooldown_until), 0);
@@ -172,7 +198,7 @@ Test(pacing_partitions, new_partitions_start_full_while_there_is_room)
     }
     /* The table is full: the next new one costs an eviction and starts
      * empty, so its first reservation with max_wait 0 fails. */
-    d = pacing_bucket(ps, "d", NOW0);
+    d = touch(ps, "d", NOW0);
     cr_assert_not_null(d);
     cr_expect_not(gcra_reserve(&d->g, NOW0, 0, &start), "a partition made by eviction was full");
     cr_expect_eq(start, NOW0 + T_10);
@@ -185,19 +211,115 @@ Test(pacing_partitions, new_partitions_start_full_while_there_is_room)
     cr_expect_eq(gcra_available(&d->g, NOW0 + 60 * SEC, NULL), 3);
 }
 
-/* A cooldown does not survive eviction into the next holder of the struct. */
+/* A pause that is over leaves nothing behind in the next tenant of the
+ * recycled memory. */
 Test(pacing_partitions, recycled_partition_has_no_cooldown)
 {
     struct policy_state *ps = policy("tenant");
-    struct bucket *a = pacing_bucket(ps, "a", NOW0), *d;
+    struct bucket *a = touch(ps, "a", NOW0), *d;
 
-    pacing_bucket(ps, "b", NOW0);
-    pacing_bucket(ps, "c", NOW0);
-    atomic_store(&a->cooldown_until, NOW0 + 3600 * SEC);
-    gcra_pause_until(&a->g, NOW0 + 3600 * SEC);
-    d = pacing_bucket(ps, "d", NOW0 + SEC); /* evicts a */
+    touch(ps, "b", NOW0);
+    touch(ps, "c", NOW0);
+    bucket_pause(a, NOW0, NOW0 + SEC, PAUSE_UPSTREAM_429);
+    d = touch(ps, "d", NOW0 + 2 * SEC); /* a's pause is over: a goes */
+    cr_expect_eq(d, a, "the least recently used was not the one recycled");
     cr_expect_eq(atomic_load(&d->cooldown_until), 0);
-    cr_expect(try_now(d, NOW0 + SEC + T_10), "the evicted one's pause leaked into d");
+    cr_expect(try_now(d, NOW0 + 2 * SEC + T_10), "the evicted one's pause leaked into d");
+}
+
+/* Finding: a tenant's 429 Retry-After was lost when more tenants than max
+ * came, and its recycled memory paused whoever got it next. A paused
+ * partition is kept until its pause ends; the others take free ones. */
+Test(pacing_partitions, paused_partitions_are_never_evicted)
+{
+    struct policy_state *ps = policy("tenant"); /* max 3 */
+    struct bucket *a = touch(ps, "a", NOW0), *b, *d;
+    char name[16];
+
+    bucket_pause(a, NOW0, NOW0 + 30 * SEC, PAUSE_UPSTREAM_429);
+    b = touch(ps, "b", NOW0);
+    touch(ps, "c", NOW0);
+    /* a is the least recently used, but paused: b goes, then c, then d... */
+    d = touch(ps, "d", NOW0 + SEC);
+    cr_expect_eq(d, b);
+    for (int i = 0; i < 50; i++) {
+        snprintf(name, sizeof name, "n-%d", i);
+        cr_assert_neq(touch(ps, name, NOW0 + SEC), a, "%s took paused a's memory", name);
+    }
+    cr_expect_eq(ps->n_parts, 3);
+    cr_expect_eq(touch(ps, "a", NOW0 + 2 * SEC), a, "a is still a");
+    cr_expect_eq(bucket_cooldown(a), NOW0 + 30 * SEC);
+    cr_expect_not(try_now(a, NOW0 + 2 * SEC));
+    /* its pause over, a is a partition like any other */
+    for (int i = 0; i < 3; i++) {
+        snprintf(name, sizeof name, "m-%d", i);
+        touch(ps, name, NOW0 + 31 * SEC);
+    }
+    cr_expect_eq(touch(ps, "m-2", NOW0 + 31 * SEC), a, "a, free again, was not evicted in its turn");
+    cr_expect_eq(bucket_cooldown(a), 0);
+    cr_expect_eq(ps->n_parts, 3);
+}
+
+/* A request holding a partition (in flight, or waiting for its permit)
+ * keeps it from eviction: its pointer always names its own tenant. */
+Test(pacing_partitions, held_partitions_are_never_evicted)
+{
+    struct policy_state *ps = policy("tenant"); /* max 3 */
+    struct bucket *a = hold_bucket(ps, "a", NOW0), *a2, *b;
+    char name[16];
+
+    touch(ps, "b", NOW0);
+    touch(ps, "c", NOW0);
+    for (int i = 0; i < 20; i++) {
+        snprintf(name, sizeof name, "n-%d", i);
+        cr_assert_neq(touch(ps, name, NOW0 + (uint64_t)i), a, "%s took held a's memory", name);
+    }
+    /* a second request of a holds it too: one put is not enough */
+    a2 = hold_bucket(ps, "a", NOW0 + 100);
+    cr_expect_eq(a2, a);
+    cr_expect_eq(atomic_load(&a->holders), 2);
+    pacing_bucket_put(a);
+    for (int i = 20; i < 40; i++) {
+        snprintf(name, sizeof name, "n-%d", i);
+        cr_assert_neq(touch(ps, name, NOW0 + 200), a, "%s took held a's memory", name);
+    }
+    pacing_bucket_put(a2);
+    cr_expect_eq(atomic_load(&a->holders), 0);
+    /* free now: the next new names evict it in its turn */
+    b = NULL;
+    for (int i = 40; i < 43 && b != a; i++) {
+        snprintf(name, sizeof name, "n-%d", i);
+        b = touch(ps, name, NOW0 + 300);
+    }
+    cr_expect_eq(b, a, "a free partition was never evicted");
+}
+
+/* Every partition held or paused and the table full: no bucket (-EBUSY),
+ * and no partition changes hands; room comes back as they end. */
+Test(pacing_partitions, none_free_is_busy_until_one_is)
+{
+    struct policy_state *ps = policy("tenant"); /* max 3 */
+    struct bucket *a = hold_bucket(ps, "a", NOW0), *b = hold_bucket(ps, "b", NOW0);
+    struct bucket *c = touch(ps, "c", NOW0), *x = (struct bucket *)1;
+
+    bucket_pause(c, NOW0, NOW0 + 5 * SEC, PAUSE_BREAKER);
+    cr_expect_eq(pacing_bucket(ps, "x", NOW0 + SEC, &x), -EBUSY);
+    cr_expect_null(x);
+    cr_expect(ps->parts_full);
+    cr_expect_eq(pacing_bucket(ps, "y", NOW0 + SEC, &x), -EBUSY);
+    cr_expect_eq(ps->n_parts, 3);
+    /* those it has still work */
+    cr_expect_eq(touch(ps, "a", NOW0 + SEC), a);
+    cr_expect_eq(touch(ps, "c", NOW0 + SEC), c);
+    /* the pause ends: c is free, and x's request holds it */
+    x = hold_bucket(ps, "x", NOW0 + 6 * SEC);
+    cr_expect_eq(x, c);
+    cr_expect_not(ps->parts_full);
+    cr_expect_eq(pacing_bucket(ps, "y", NOW0 + 6 * SEC, &x), -EBUSY, "a, b, x held");
+    pacing_bucket_put(b);
+    cr_expect_eq(touch(ps, "y", NOW0 + 6 * SEC), b);
+    pacing_bucket_put(a);
+    pacing_bucket_put(c);
 }
 
 Test(pacing_partitions, lru_eviction_and_evicted_come_back_empty)
@@ -206,39 +328,39 @@ Test(pacing_partitions, lru_eviction_and_evicted_come_back_empty)
     struct bucket *a, *b, *c, *d, *b2;
     const uint64_t later = NOW0 + 60 * SEC;
 
-    a = pacing_bucket(ps, "a", NOW0);
-    b = pacing_bucket(ps, "b", NOW0);
-    c = pacing_bucket(ps, "c", NOW0);
+    a = touch(ps, "a", NOW0);
+    b = touch(ps, "b", NOW0);
+    c = touch(ps, "c", NOW0);
     cr_expect_eq(ps->n_parts, 3);
     /* a minute later all three have refilled to burst */
     cr_expect_eq(gcra_available(&b->g, later, NULL), 3);
     /* a and c are used again: b is the least recently used */
-    cr_expect_eq(pacing_bucket(ps, "a", later), a);
-    cr_expect_eq(pacing_bucket(ps, "c", later), c);
+    cr_expect_eq(touch(ps, "a", later), a);
+    cr_expect_eq(touch(ps, "c", later), c);
     cr_expect(try_now(a, later));                 /* a: 2 tokens left */
-    d = pacing_bucket(ps, "d", later);
+    d = touch(ps, "d", later);
     cr_expect_eq(ps->n_parts, 3, "at most max live partitions");
     /* a and c survived with their state */
-    cr_expect_eq(pacing_bucket(ps, "a", later), a);
-    cr_expect_eq(pacing_bucket(ps, "c", later), c);
+    cr_expect_eq(touch(ps, "a", later), a);
+    cr_expect_eq(touch(ps, "c", later), c);
     cr_expect_eq(gcra_available(&a->g, later, NULL), 2);
     cr_expect_eq(gcra_available(&c->g, later, NULL), 3);
     /* d is new: empty */
     cr_expect_not(try_now(d, later));
     /* b comes back (evicting d, now the least recently used): empty, not the
      * full bucket it was when it left */
-    b2 = pacing_bucket(ps, "b", later);
+    b2 = touch(ps, "b", later);
     cr_expect_eq(ps->n_parts, 3);
     cr_expect_eq(gcra_available(&b2->g, later, NULL), 0, "an evicted partition came back full");
     cr_expect_not(try_now(b2, later));
     cr_expect(try_now(b2, later + T_10));
     /* d was evicted by b: it too comes back empty */
-    cr_expect_eq(pacing_bucket(ps, "a", later), a);
-    cr_expect_eq(pacing_bucket(ps, "c", later), c);
-    d = pacing_bucket(ps, "d", later + 120 * SEC);
+    cr_expect_eq(touch(ps, "a", later), a);
+    cr_expect_eq(touch(ps, "c", later), c);
+    d = touch(ps, "d", later + 120 * SEC);
     cr_expect_not(try_now(d, later + 120 * SEC));
     /* and b, back once more (evicting a this time), is empty again */
-    cr_expect_eq(gcra_available(&pacing_bucket(ps, "b", later + 120 * SEC)->g,
+    cr_expect_eq(gcra_available(&touch(ps, "b", later + 120 * SEC)->g,
                                 later + 120 * SEC, NULL), 0);
 }
 
@@ -251,26 +373,24 @@ Test(pacing_partitions, evicted_pointers_stay_valid_memory)
 
     for (int i = 0; i < 3; i++) {
         snprintf(name, sizeof name, "old-%d", i);
-        old[i] = pacing_bucket(ps, name, NOW0);
+        old[i] = touch(ps, name, NOW0);
     }
     /* churn through many more values than max */
     for (int i = 0; i < 100; i++) {
         snprintf(name, sizeof name, "new-%d", i);
-        cr_assert_not_null(pacing_bucket(ps, name, NOW0 + (uint64_t)i));
+        cr_assert_not_null(touch(ps, name, NOW0 + (uint64_t)i));
         cr_assert_leq(ps->n_parts, 3);
     }
     for (int i = 0; i < 3; i++) {
         snprintf(name, sizeof name, "new-%d", 97 + i);
-        live[i] = pacing_bucket(ps, name, NOW0 + 200);
+        live[i] = touch(ps, name, NOW0 + 200);
     }
-    /* A request still holding an evicted pointer reads and writes valid
-     * memory (ASan would say otherwise): evicted partitions are recycled,
-     * so the pointer is one of the live buckets. */
+    /* A pointer kept past its put still reads and writes valid memory (ASan
+     * would say otherwise): evicted partitions are recycled, never freed. */
     for (int i = 0; i < 3; i++) {
         bool found = false;
 
         gcra_reserve(&old[i]->g, NOW0 + 300, 10 * SEC, &start);
-        atomic_store(&old[i]->cooldown_until, 0);
         for (int k = 0; k < 3; k++)
             found |= old[i] == live[k];
         cr_expect(found, "old-%d's bucket is neither live nor a recycled one", i);
@@ -523,7 +643,7 @@ struct loop {
     int granted_late;
 };
 
-static void hold(struct loop *wk)
+static void hold_slot(struct loop *wk)
 {
     int h = atomic_fetch_add(&holders, 1) + 1, m = atomic_load(&max_holders);
 
@@ -542,11 +662,11 @@ static void *work(void *arg)
     w.granted_ev = event_new(base, -1, 0, on_guard, &(bool){false});
     for (int i = 0; i < ROUNDS; i++) {
         if (pacing_slot_acquire(wk->ps, &w)) {
-            hold(wk);
+            hold_slot(wk);
         } else if (!pacing_slot_cancel(wk->ps, &w)) {
             /* granted between the two calls: the slot is ours */
             wk->granted_late++;
-            hold(wk);
+            hold_slot(wk);
         }
     }
     event_free(w.granted_ev);
@@ -575,7 +695,8 @@ Test(pacing_slots, threads_never_exceed_the_limit)
 }
 
 /* A reload keeps the state of a policy whose numbers did not change, and
- * starts afresh the one whose numbers did. */
+ * makes a new one for the policy whose numbers did (which takes the old one
+ * over at pacing_commit: the pacing_reload suite). */
 Test(pacing_partitions, reload_carries_unchanged_policies_over)
 {
     struct pacing next;
@@ -625,7 +746,7 @@ TestSuite(pacing_pauses, .init = setup, .fini = teardown);
 Test(pacing_pauses, running_pauses_are_listed_with_their_cause)
 {
     struct policy_state *ps = policy("tenant");
-    struct bucket *a = pacing_bucket(ps, "a", NOW0), *b = pacing_bucket(ps, "b", NOW0);
+    struct bucket *a = touch(ps, "a", NOW0), *b = touch(ps, "b", NOW0);
     struct seen s = {0};
 
     bucket_pause(&ps->bucket, NOW0, NOW0 + 5 * SEC, PAUSE_UPSTREAM_429);
@@ -652,7 +773,7 @@ Test(pacing_pauses, running_pauses_are_listed_with_their_cause)
 Test(pacing_pauses, resume_ends_them_and_the_bucket_restarts_empty)
 {
     struct policy_state *ps = policy("tenant"); /* 10/s burst 3 */
-    struct bucket *a = pacing_bucket(ps, "a", NOW0);
+    struct bucket *a = touch(ps, "a", NOW0);
     struct seen s = {0};
 
     bucket_pause(&ps->bucket, NOW0, NOW0 + 60 * SEC, PAUSE_UPSTREAM_429);
@@ -669,4 +790,292 @@ Test(pacing_pauses, resume_ends_them_and_the_bucket_restarts_empty)
     cr_expect(try_now(a, NOW0 + SEC));
     cr_expect_eq(pacing_resume(ps, NOW0 + 2 * SEC), 0, "nothing left to end");
     cr_expect_eq(pacing_resume(policy("slots"), NOW0), 0, "no bucket, no pause");
+}
+
+/* ---- a reload that changes the numbers --------------------------------------- */
+
+static struct sc_config *cfg2;
+static struct pacing next;
+
+static void reload_fini(void)
+{
+    pacing_free(&next);
+    config_free(cfg2);
+    cfg2 = NULL;
+    teardown();
+}
+
+TestSuite(pacing_reload, .init = setup, .fini = reload_fini);
+
+/* A config of `policies` going into service at now after pc's, as
+ * runtime_new does it: its states made, then pc's taken over. */
+static void reload_to(struct pacing *out, struct sc_config **c, const struct pacing *prev,
+                      const char *policies, uint64_t now)
+{
+    struct sc_errors errs = {0};
+    char *y;
+
+    cr_assert(asprintf(&y, "upstreams: {u: {url: http://127.0.0.1:1}}\npolicies:\n%s"
+                           "routes: [{prefix: /, upstream: u}]\n", policies) > 0);
+    cr_assert_eq(config_load_string("t2.yaml", y, strlen(y), c, &errs), 0, "%s", y);
+    sc_errors_free(&errs);
+    free(y);
+    cr_assert_eq(pacing_init(out, *c, prev), 0);
+    pacing_commit(out, now);
+}
+
+static struct policy_state *policy2(const char *name)
+{
+    long i = config_policy_index(cfg2, name);
+
+    cr_assert_geq(i, 0, "no policy %s", name);
+    return pacing_policy(&next, i);
+}
+
+/* Finding: 10 forwarded, a 429, a reload to new numbers, and 10 more went
+ * at once. The tokens carry over, clamped, never raised; and what requests
+ * of the old config do afterwards lands on the new bucket. */
+Test(pacing_reload, the_bucket_keeps_its_tokens_and_the_old_one_forwards)
+{
+    struct policy_state *old = policy("shared"), *ps; /* 10/s burst 3 */
+
+    cr_assert(try_now(&old->bucket, NOW0));
+    cr_assert(try_now(&old->bucket, NOW0));
+    reload_to(&next, &cfg2, &pc, "  shared: {rate: 20/s, burst: 10}\n", NOW0);
+    ps = policy2("shared");
+    cr_assert_neq(ps, old);
+    cr_expect_eq(pacing_live(old), ps);
+    cr_expect_eq(gcra_available(&ps->bucket.g, NOW0, NULL), 1, "a reload raised tokens");
+    /* a request of the old config reserves through its own pointer */
+    cr_expect(try_now(&old->bucket, NOW0));
+    cr_expect_eq(gcra_available(&ps->bucket.g, NOW0, NULL), 0, "the old bucket is apart");
+    cr_expect_not(try_now(&ps->bucket, NOW0));
+    cr_expect_eq(gcra_available(&old->bucket.g, NOW0, NULL), 0);
+    /* the send-side bucket too: two sends so far, one token left of 3 */
+    cr_expect_eq(gcra_available(&ps->bucket.sent, NOW0, NULL), 3);
+    /* then the new rate: 20/s */
+    cr_expect(try_now(&ps->bucket, NOW0 + SEC / 20));
+}
+
+Test(pacing_reload, pauses_and_the_breaker_streak_carry_over)
+{
+    struct policy_state *old = policy("shared"), *ps;
+    struct seen s = {0};
+
+    bucket_pause(&old->bucket, NOW0, NOW0 + 30 * SEC, PAUSE_UPSTREAM_429);
+    atomic_store(&old->breaker.fail_streak, 2);
+    reload_to(&next, &cfg2, &pc, "  shared: {rate: 100/s, burst: 50}\n", NOW0 + SEC);
+    ps = policy2("shared");
+    cr_expect_eq(bucket_cooldown(&ps->bucket), NOW0 + 30 * SEC);
+    cr_expect_eq(bucket_cooldown(&old->bucket), NOW0 + 30 * SEC);
+    cr_expect_not(try_now(&ps->bucket, NOW0 + 29 * SEC), "sent inside the pause");
+    cr_expect_eq(gcra_available(&ps->bucket.g, NOW0 + 30 * SEC, NULL), 1, "resumes empty");
+    cr_expect_eq(atomic_load(&pacing_breaker(old)->fail_streak), 2);
+    cr_expect_eq(pacing_breaker(old), &ps->breaker);
+    /* a late 429 of the old config pauses the new bucket */
+    bucket_pause(&old->bucket, NOW0 + 2 * SEC, NOW0 + 60 * SEC, PAUSE_BREAKER);
+    cr_expect_eq(bucket_cooldown(&ps->bucket), NOW0 + 60 * SEC);
+    cr_expect_not(try_now(&ps->bucket, NOW0 + 59 * SEC));
+    pacing_pauses(old, NOW0 + 2 * SEC, note_pause, &s);
+    cr_assert_eq(s.n, 1);
+    cr_expect_eq(s.why[0], PAUSE_BREAKER);
+    /* and an operator's end of it, asked of either, ends it */
+    cr_expect_eq(pacing_resume(old, NOW0 + 3 * SEC), 1);
+    cr_expect_eq(bucket_cooldown(&ps->bucket), 0);
+    cr_expect(try_now(&ps->bucket, NOW0 + 3 * SEC));
+}
+
+/* Partitions go over with their levels, pauses and holders; a partition's
+ * old pointer forwards like the policy's bucket. */
+Test(pacing_reload, partitions_carry_over_with_levels_pauses_and_holders)
+{
+    struct policy_state *old = policy("tenant"), *ps; /* 10/s burst 3 max 3 */
+    struct bucket *a = touch(old, "a", NOW0), *b = touch(old, "b", NOW0);
+    struct bucket *c = hold_bucket(old, "c", NOW0), *a2, *b2, *c2;
+
+    bucket_pause(a, NOW0, NOW0 + 30 * SEC, PAUSE_UPSTREAM_429);
+    for (int i = 0; i < 3; i++)
+        cr_assert(try_now(b, NOW0));
+    reload_to(&next, &cfg2, &pc,
+              "  tenant: {rate: 5/s, burst: 3, partition: {header: X-Tenant, max: 3}}\n",
+              NOW0 + 1);
+    ps = policy2("tenant");
+    cr_expect_eq(ps->n_parts, 3);
+    a2 = touch(ps, "a", NOW0 + 1);
+    b2 = touch(ps, "b", NOW0 + 1);
+    cr_expect_eq(bucket_cooldown(a2), NOW0 + 30 * SEC, "a's pause was lost");
+    cr_expect_eq(gcra_available(&b2->g, NOW0 + 1, NULL), 0, "b was refilled");
+    c2 = touch(ps, "c", NOW0 + 1);
+    cr_expect_eq(atomic_load(&c2->holders), 1, "c's request no longer holds it");
+    /* the old pointers reach the new partitions */
+    cr_expect_not(try_now(a, NOW0 + 2));
+    bucket_pause(c, NOW0 + 2, NOW0 + 10 * SEC, PAUSE_UPSTREAM_429);
+    cr_expect_eq(bucket_cooldown(c2), NOW0 + 10 * SEC);
+    pacing_bucket_put(c);
+    cr_expect_eq(atomic_load(&c2->holders), 0);
+    /* a request of the old config asking for a partition gets the new one */
+    cr_expect_eq(touch(old, "b", NOW0 + 3), b2);
+}
+
+/* A lower max keeps every partition held or paused (beyond max, for now);
+ * the others left behind come back empty, never full. */
+Test(pacing_reload, a_lower_max_keeps_what_is_held_or_paused)
+{
+    struct policy_state *old = policy("tenant"), *ps;
+    struct bucket *a = touch(old, "a", NOW0), *c, *b2;
+
+    touch(old, "b", NOW0);
+    c = hold_bucket(old, "c", NOW0);
+    bucket_pause(a, NOW0, NOW0 + 30 * SEC, PAUSE_UPSTREAM_429);
+    reload_to(&next, &cfg2, &pc,
+              "  tenant: {rate: 10/s, burst: 3, partition: {header: X-Tenant, max: 1}}\n",
+              NOW0);
+    ps = policy2("tenant");
+    cr_expect_eq(ps->n_parts, 2, "c (held) and a (paused)");
+    cr_expect_eq(bucket_cooldown(touch(ps, "a", NOW0)), NOW0 + 30 * SEC);
+    /* b, full when it was left behind, comes back empty: the table is full */
+    cr_expect_eq(pacing_bucket(ps, "b", NOW0, &b2), -EBUSY, "a paused, c held");
+    pacing_bucket_put(c);
+    b2 = touch(ps, "b", NOW0);
+    cr_expect_eq(gcra_available(&b2->g, NOW0, NULL), 0, "a left-behind partition came back full");
+    cr_expect_eq(ps->n_parts, 2);
+}
+
+struct waiter_set {
+    struct event_base *base;
+    struct waiter w[4];
+    int counter;
+};
+
+static void waiters_init(struct waiter_set *ws)
+{
+    ws->base = event_base_new();
+    cr_assert_not_null(ws->base);
+    ws->counter = 0;
+    for (int i = 0; i < 4; i++)
+        waiter_init(&ws->w[i], ws->base, &ws->counter);
+}
+
+static void waiters_free(struct waiter_set *ws)
+{
+    for (int i = 0; i < 4; i++)
+        event_free(ws->w[i].w.granted_ev);
+    event_base_free(ws->base);
+}
+
+/* Finding: concurrency 2 with 2 in flight, a reload to 3, and 5 were in
+ * flight. The count carries over; waiters move, in order, and the new
+ * limit grants them as it allows. */
+Test(pacing_reload, slots_in_flight_count_and_waiters_are_granted_by_the_new_limit)
+{
+    struct policy_state *old = policy("slots"), *ps; /* concurrency 2 */
+    struct waiter_set ws;
+
+    waiters_init(&ws);
+    cr_assert(pacing_slot_acquire(old, &ws.w[0].w));
+    cr_assert(pacing_slot_acquire(old, &ws.w[1].w));
+    cr_assert_not(pacing_slot_acquire(old, &ws.w[2].w));
+    cr_assert_not(pacing_slot_acquire(old, &ws.w[3].w));
+    reload_to(&next, &cfg2, &pc, "  slots: {concurrency: 3}\n", NOW0);
+    ps = policy2("slots");
+    run_pending(ws.base);
+    cr_expect_eq(ws.w[2].fired, 1, "the oldest waiter fits the new limit");
+    cr_expect_eq(ws.w[3].fired, 0);
+    cr_expect_eq(pacing_inflight(ps), 3);
+    cr_expect_eq(pacing_inflight(old), 3, "the old state reads the new count");
+    cr_expect_not(pacing_slot_take(ps), "3 in flight: no 4th");
+    /* a release of the old config frees a slot of the new: w3 gets it */
+    pacing_slot_release(old);
+    run_pending(ws.base);
+    cr_expect_eq(ws.w[3].fired, 1);
+    cr_expect_eq(pacing_inflight(ps), 3);
+    for (int i = 0; i < 3; i++)
+        pacing_slot_release(i ? ps : old);
+    cr_expect_eq(pacing_inflight(ps), 0, "every slot came back");
+    waiters_free(&ws);
+}
+
+Test(pacing_reload, a_lower_limit_grants_nobody_until_enough_are_back)
+{
+    struct policy_state *old = policy("slots"), *ps;
+    struct waiter_set ws;
+
+    waiters_init(&ws);
+    cr_assert(pacing_slot_acquire(old, &ws.w[0].w));
+    cr_assert(pacing_slot_acquire(old, &ws.w[1].w));
+    cr_assert_not(pacing_slot_acquire(old, &ws.w[2].w));
+    cr_assert_not(pacing_slot_acquire(old, &ws.w[3].w));
+    reload_to(&next, &cfg2, &pc, "  slots: {concurrency: 1}\n", NOW0);
+    ps = policy2("slots");
+    /* a waiter of the old config leaves: found in the queue it moved to */
+    cr_expect(pacing_slot_cancel(old, &ws.w[3].w));
+    pacing_slot_release(old);
+    run_pending(ws.base);
+    cr_expect_eq(ws.w[2].fired, 0, "granted beyond the new limit");
+    cr_expect_eq(pacing_inflight(ps), 1);
+    pacing_slot_release(old);
+    run_pending(ws.base);
+    cr_expect_eq(ws.w[2].fired, 1);
+    cr_expect_eq(pacing_inflight(ps), 1);
+    pacing_slot_release(ps);
+    cr_expect_eq(pacing_inflight(ps), 0);
+    cr_expect_eq(ws.w[3].fired, 0);
+    waiters_free(&ws);
+}
+
+/* Requests counted without a lock (no limit) before a reload that sets
+ * one count against it, and their releases wake its waiters. */
+Test(pacing_reload, unlimited_requests_count_against_a_new_limit)
+{
+    struct policy_state *old = policy("free"), *ps; /* no limit */
+    struct waiter_set ws;
+
+    waiters_init(&ws);
+    cr_assert(pacing_slot_take(old));
+    cr_assert(pacing_slot_take(old));
+    pacing_slot_count(old); /* a shadow or fleet-slot request */
+    reload_to(&next, &cfg2, &pc, "  free: {concurrency: 2, max_wait: 1s}\n", NOW0);
+    ps = policy2("free");
+    cr_expect_eq(pacing_inflight(ps), 3);
+    cr_expect_not(pacing_slot_take(old), "an old request got past the new limit");
+    cr_assert_not(pacing_slot_acquire(ps, &ws.w[0].w));
+    pacing_slot_release(old);
+    run_pending(ws.base);
+    cr_expect_eq(ws.w[0].fired, 0, "2 in flight: at the limit");
+    pacing_slot_release(old);
+    run_pending(ws.base);
+    cr_expect_eq(ws.w[0].fired, 1, "the release did not wake the waiter");
+    pacing_slot_release(old);
+    pacing_slot_release(ps);
+    cr_expect_eq(pacing_inflight(ps), 0);
+    waiters_free(&ws);
+}
+
+/* Two reloads: the first state still reaches the last; and the default
+ * policy, unchanged, is kept rather than made anew. */
+Test(pacing_reload, a_chain_of_reloads_and_the_default_policy)
+{
+    struct policy_state *old = policy("shared");
+    struct sc_config *cfg3;
+    struct pacing third;
+
+    cr_assert(pacing_slot_take(pc.dflt));
+    reload_to(&next, &cfg2, &pc, "  shared: {rate: 20/s, burst: 3}\n", NOW0);
+    cr_expect_eq(next.dflt, pc.dflt);
+    reload_to(&third, &cfg3, &next, "  shared: {rate: 1/s, burst: 2}\n", NOW0);
+    cr_expect_eq(pacing_live(old), pacing_policy(&third, 0));
+    cr_expect(try_now(&old->bucket, NOW0));
+    cr_expect(try_now(&old->bucket, NOW0));
+    cr_expect_not(try_now(&pacing_policy(&third, 0)->bucket, NOW0));
+    cr_expect(try_now(&old->bucket, NOW0 + SEC));
+    cr_expect_eq(pacing_inflight(third.dflt), 1);
+    pacing_slot_release(pc.dflt);
+    /* the oldest goes first, as when its last request ends */
+    pacing_free(&pc);
+    cr_expect(try_now(&pacing_policy(&next, 0)->bucket, NOW0 + 2 * SEC));
+    pacing_free(&next);
+    pacing_free(&third);
+    config_free(cfg3);
+    cr_assert_eq(pacing_init(&pc, cfg, NULL), 0); /* for the suite's end */
+    cr_assert_eq(pacing_init(&next, cfg2, NULL), 0);
 }
