@@ -385,6 +385,73 @@ void check_route(struct cfg_loader *lc, void *obj,
     check_route_lane(lc, r, vals);
 }
 
+/* The element of a status list that says `status`, for an error at its
+ * line; the list itself when none does (a value from ${ENV}). */
+static struct sc_pos status_pos(struct cfg_loader *lc, const yaml_node_t *seq,
+                                int status)
+{
+    yaml_node_item_t *it;
+    char want[8];
+
+    snprintf(want, sizeof want, "%d", status);
+    if (seq->type != YAML_SEQUENCE_NODE)
+        return pos_of(seq);
+    for (it = seq->data.sequence.items.start; it < seq->data.sequence.items.top;
+         it++) {
+        yaml_node_t *e = yaml_document_get_node(&lc->doc, *it);
+
+        if (e && e->type == YAML_SCALAR_NODE &&
+            !strcmp((const char *)e->data.scalar.value, want))
+            return pos_of(e);
+    }
+    return pos_of(seq);
+}
+
+/* A 429 answers the lookup, not the question: the partner refused to say. */
+static void check_verify_429(struct cfg_loader *lc, const struct sc_verify *v,
+                             yaml_node_t *const *vals)
+{
+    if (sc_verify_found(v, 429) && given(vals[VK_FOUND]))
+        err_sub(lc, status_pos(lc, vals[VK_FOUND], 429), "found", "429 cannot "
+                "be listed: a 429 says nothing about the operation (the "
+                "lookup was rate limited, and counts as failed)");
+    if (sc_verify_absent(v, 429) && given(vals[VK_ABSENT]))
+        err_sub(lc, status_pos(lc, vals[VK_ABSENT], 429), "absent", "429 "
+                "cannot be listed: a 429 says nothing about the operation (the "
+                "lookup was rate limited, and counts as failed)");
+}
+
+/* One status cannot mean both; reported where the operator wrote it (absent,
+ * unless only found was written). */
+static void check_verify_shared(struct cfg_loader *lc,
+                                const struct sc_verify *v,
+                                yaml_node_t *const *vals)
+{
+    bool at_absent = given(vals[VK_ABSENT]);
+
+    for (int c = 100; c <= 599; c++) {
+        if (!sc_verify_found(v, c) || !sc_verify_absent(v, c) || c == 429)
+            continue;
+        if (at_absent)
+            err_sub(lc, status_pos(lc, vals[VK_ABSENT], c), "absent", "%d is "
+                    "also in found%s: a lookup's answer cannot mean both", c,
+                    given(vals[VK_FOUND]) ? "" : " (the default)");
+        else
+            err_sub(lc, status_pos(lc, vals[VK_FOUND], c), "found", "%d is "
+                    "also in absent (the default): a lookup's answer cannot "
+                    "mean both", c);
+    }
+}
+
+void check_verify(struct cfg_loader *lc, void *obj,
+                  yaml_node_t *const *vals, struct sc_pos where)
+{
+    const struct sc_verify *v = obj;
+
+    check_verify_429(lc, v, vals);
+    check_verify_shared(lc, v, vals);
+}
+
 static bool is_wildcard(const char *host)
 {
     return !strcmp(host, "0.0.0.0") || !strcmp(host, "::");

@@ -141,6 +141,30 @@ bool sc_retry_on_status(const struct sc_retry *r, int status);
 
 enum sc_fp_part { SC_FP_METHOD = 1 << 0, SC_FP_PATH = 1 << 1, SC_FP_BODY = 1 << 2 };
 
+/* What a request that meets a key in progress does (docs/contract.md §6). */
+enum sc_duplicates {
+    SC_DUP_REFUSE = 0,        /* requeue / lease_held at once */
+    SC_DUP_WAIT,              /* wait within max_wait for the holder's answer */
+};
+
+/* idempotency.verify (docs/contract.md §11): the partner's lookup of an
+ * operation by the client's reference, made after an unknown outcome to
+ * settle the key's lease sooner than its expiry. */
+struct sc_verify {
+    bool enabled;             /* the block is present */
+    enum sc_method method;    /* SC_M_GET (default) or SC_M_HEAD */
+    char *path;               /* required: starts with "/", holds "{key}" */
+    uint64_t found[10];       /* bit set of statuses; default 200 */
+    uint64_t absent[10];      /* default 404; never shares one with found */
+    uint64_t after_ms;        /* default 1s */
+    uint32_t attempts;        /* default 3, >= 1 */
+    struct sc_pos pos;
+};
+
+/* True when the lookup's status is listed in found / absent. */
+bool sc_verify_found(const struct sc_verify *v, int status);
+bool sc_verify_absent(const struct sc_verify *v, int status);
+
 struct sc_idempotency {
     bool enabled;             /* the block is present */
     char *header;             /* default Idempotency-Key */
@@ -151,6 +175,8 @@ struct sc_idempotency {
     unsigned fingerprint;     /* SC_FP_* bits; default all three */
     uint64_t replay_status[10]; /* bit set of statuses; default 2xx and 4xx */
     uint64_t max_stored_body; /* default 1MiB */
+    enum sc_duplicates duplicates; /* default refuse */
+    struct sc_verify verify;
     struct sc_pos pos, lease_pos;
 };
 

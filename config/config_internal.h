@@ -33,6 +33,7 @@ enum cfg_type {
     CT_FLAGS,        /* list -> unsigned mask, names from .names */
     CT_STATUSES,     /* list of 2xx..5xx or codes -> uint64_t[10] bit set */
     CT_RETRY_ON,     /* list of codes and transport names -> struct sc_retry */
+    CT_CODES,        /* list of status codes only -> uint64_t[10] bit set */
     CT_HEADERS,      /* mapping -> struct sc_header array + count at .n_off */
     CT_BLOCK,        /* nested mapping described by .block */
     CT_NAMED,        /* mapping name -> .block; array + count at .n_off */

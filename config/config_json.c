@@ -254,6 +254,18 @@ static json_t *emit_statuses(const struct cfg_key *k, const void *obj,
     return arr;
 }
 
+static json_t *emit_codes(const struct cfg_key *k, const void *obj,
+                          const struct sc_config *cfg)
+{
+    json_t *arr = json_array();
+
+    if (arr && !push_statuses(arr, CFG_CFIELD(obj, k->off), false)) {
+        json_decref(arr);
+        return NULL;
+    }
+    return arr;
+}
+
 static json_t *emit_retry_on(const struct cfg_key *k, const void *obj,
                              const struct sc_config *cfg)
 {
@@ -385,6 +397,7 @@ static const emit_fn emitters[CT_COUNT] = {
     [CT_ADDRS] = emit_addrs,
     [CT_METHODS] = emit_methods,   [CT_FLAGS] = emit_flags,
     [CT_STATUSES] = emit_statuses, [CT_RETRY_ON] = emit_retry_on,
+    [CT_CODES] = emit_codes,
     [CT_HEADERS] = emit_headers,   [CT_BLOCK] = emit_block,
     [CT_NAMED] = emit_named,       [CT_LIST] = emit_list,
     [CT_UPSTREAM_REF] = emit_upstream_ref,

@@ -37,6 +37,16 @@ bool sc_idem_replays_status(const struct sc_idempotency *i, int status)
     return i && cfg_bit_test(i->replay_status, status);
 }
 
+bool sc_verify_found(const struct sc_verify *v, int status)
+{
+    return v && cfg_bit_test(v->found, status);
+}
+
+bool sc_verify_absent(const struct sc_verify *v, int status)
+{
+    return v && cfg_bit_test(v->absent, status);
+}
+
 const struct sc_upstream *config_upstream(const struct sc_config *cfg,
                                           const char *name)
 {

@@ -887,6 +887,20 @@ static void elem_status(struct cfg_loader *lc, const struct cfg_key *k,
             "a status code from 100 to 599)", s);
 }
 
+/* An exact status, where a class such as 2xx would be a guess (verify's
+ * found and absent name what a lookup's answer means). */
+static void elem_code(struct cfg_loader *lc, const struct cfg_key *k,
+                      const char *s, void *obj, const yaml_node_t *at)
+{
+    int code = status_code(s);
+
+    if (code > 0)
+        cfg_bit_set(CFG_FIELD(obj, k->off), code);
+    else
+        err_val(lc, at, "invalid status \"%s\" (expected a status code from "
+                "100 to 599, such as 200 or 404)", s);
+}
+
 static const struct cfg_name transport_names[] = {
     {"connect_error", SC_T_CONNECT_ERROR},
     {"connection_lost", SC_T_CONNECTION_LOST},
@@ -968,6 +982,7 @@ static const struct type_ops types[CT_COUNT] = {
     [CT_STATUSES] = {"a status", elem_status, reset_statuses, NULL},
     [CT_RETRY_ON] = {"a status code or a failure name", elem_retry_on,
                      reset_retry_on, NULL},
+    [CT_CODES] = {"a status code", elem_code, reset_statuses, NULL},
     [CT_HEADERS] = {"a mapping of header names to values", NULL, NULL,
                     parse_headers},
     [CT_BLOCK] = {"a mapping", NULL, NULL, parse_subblock},

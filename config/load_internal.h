@@ -82,6 +82,7 @@ enum { RK_ON, RK_BASE, RK_MULTIPLIER, RK_CAP, RK_MAX_ATTEMPTS, RK_MAX_DELAY,
        RK_JITTER };
 enum { RT_NAME, RT_PREFIX, RT_METHODS, RT_UPSTREAM, RT_POLICY, RT_STRIP,
        RT_TIMEOUT, RT_LANE };
+enum { VK_METHOD, VK_PATH, VK_FOUND, VK_ABSENT, VK_AFTER, VK_ATTEMPTS };
 
 /* ---- block checks (checks.c), named by the rows of schema.c ----------- */
 
@@ -99,6 +100,8 @@ void check_retry(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
                  struct sc_pos where);
 void check_route(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
                  struct sc_pos where);
+void check_verify(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
+                  struct sc_pos where);
 /* The whole config, once every section is parsed: listeners, leases. */
 void check_root(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
                 struct sc_pos where);

@@ -26,6 +26,7 @@ static const char *const type_names[CT_COUNT] = {
     [CT_FLAGS] = "list of names",
     [CT_STATUSES] = "list of statuses (`429`, `5xx`)",
     [CT_RETRY_ON] = "list of statuses and failure names",
+    [CT_CODES] = "list of status codes (`200`, `404`)",
     [CT_HEADERS] = "mapping of header names to values",
     [CT_BLOCK] = "block",
     [CT_NAMED] = "mapping of names to blocks",

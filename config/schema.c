@@ -29,6 +29,8 @@ _Static_assert(sizeof(enum sc_mode) == sizeof(int), "enums stored as int");
 _Static_assert(sizeof(enum sc_shared) == sizeof(int), "enums stored as int");
 _Static_assert(sizeof(enum sc_backend) == sizeof(int), "enums stored as int");
 _Static_assert(sizeof(enum sc_log_level) == sizeof(int), "enums stored as int");
+_Static_assert(sizeof(enum sc_duplicates) == sizeof(int), "enums stored as int");
+_Static_assert(sizeof(enum sc_method) == sizeof(int), "enums stored as int");
 
 /* ---- string validators ----------------------------------------------- */
 
@@ -127,6 +129,40 @@ static bool valid_lane_name(const char *s, char *why, size_t wlen)
     return false;
 }
 
+/* verify.path: the lookup's target under the upstream's base path. It goes
+ * on a request line as written, so it must be a URI path (and query) there;
+ * a brace other than {key}'s is a placeholder sluice would send literally. */
+static bool valid_verify_path(const char *s, char *why, size_t wlen)
+{
+    const char *p;
+
+    if (s[0] != '/') {
+        snprintf(why, wlen, "a lookup path must start with \"/\": it goes "
+                 "under the upstream's base path");
+        return false;
+    }
+    if (!strstr(s, "{key}")) {
+        snprintf(why, wlen, "a lookup path must contain {key}, where the "
+                 "idempotency key goes");
+        return false;
+    }
+    for (p = s; *p; p++) {
+        if (!strncmp(p, "{key}", 5)) {
+            p += 4;
+        } else if (*p == '{' || *p == '}') {
+            snprintf(why, wlen, "only {key} may stand in braces");
+            return false;
+        } else if (*p == '#' || (unsigned char)*p <= 0x20 ||
+                   (unsigned char)*p >= 0x7f) {
+            snprintf(why, wlen, "a lookup path has no fragment, spaces, "
+                     "control characters or non-ASCII bytes; percent-encode "
+                     "them");
+            return false;
+        }
+    }
+    return true;
+}
+
 /* ---- the schema ------------------------------------------------------ */
 
 #define KEYS(a) .keys = (a), .n_keys = sizeof(a) / sizeof((a)[0])
@@ -145,6 +181,11 @@ static const struct cfg_name mode_names[] = {
     {"enforce", SC_MODE_ENFORCE}, {"shadow", SC_MODE_SHADOW}, {NULL, 0}};
 static const struct cfg_name shared_names[] = {
     {"local", SC_SHARED_LOCAL}, {"redis", SC_SHARED_REDIS}, {NULL, 0}};
+static const struct cfg_name duplicates_names[] = {
+    {"refuse", SC_DUP_REFUSE}, {"wait", SC_DUP_WAIT}, {NULL, 0}};
+/* A lookup has no body to send: only the safe methods that read one. */
+static const struct cfg_name verify_method_names[] = {
+    {"GET", SC_M_GET}, {"HEAD", SC_M_HEAD}, {NULL, 0}};
 static const struct cfg_name fp_names[] = {
     {"method", SC_FP_METHOD}, {"path", SC_FP_PATH}, {"body", SC_FP_BODY},
     {NULL, 0}};
@@ -336,6 +377,31 @@ static const struct cfg_block lane_block = {
     "lane", KEYS(lane_keys), .size = sizeof(struct sc_lane),
     .pos_off = CFG_OPT(CL(pos))};
 
+#define CV(field) offsetof(struct sc_verify, field)
+
+static bool verify_present(const void *obj)
+{
+    return ((const struct sc_verify *)obj)->enabled;
+}
+
+static const struct cfg_key verify_keys[] = {
+    [VK_METHOD] = {"method", CT_ENUM, CV(method), .def = "GET",
+                   .names = verify_method_names},
+    [VK_PATH] = {"path", CT_STRING, CV(path), .required = true,
+                 .valid = valid_verify_path},
+    [VK_FOUND] = {"found", CT_CODES, CV(found), .def = "200", .nonempty = true},
+    [VK_ABSENT] = {"absent", CT_CODES, CV(absent), .def = "404",
+                   .nonempty = true},
+    /* 0 is allowed: a partner that commits before it answers can be asked
+     * at once. */
+    [VK_AFTER] = {"after", CT_DURATION, CV(after_ms), .def = "1s"},
+    [VK_ATTEMPTS] = {"attempts", CT_U32, CV(attempts), .def = "3", .min = "1"},
+};
+FITS(verify_keys);
+static const struct cfg_block verify_block = {
+    "verify", KEYS(verify_keys), .pos_off = CFG_OPT(CV(pos)),
+    .present = verify_present, .check = check_verify};
+
 static const struct cfg_key idem_keys[] = {
     {"header", CT_STRING, CI(header), .def = "Idempotency-Key",
      .valid = valid_token},
@@ -349,6 +415,10 @@ static const struct cfg_key idem_keys[] = {
      .names = fp_names, .nonempty = true},
     {"replay_statuses", CT_STATUSES, CI(replay_status), .def = "2xx,4xx"},
     {"max_stored_body", CT_SIZE, CI(max_stored_body), .def = "1MiB"},
+    {"duplicates", CT_ENUM, CI(duplicates), .def = "refuse",
+     .names = duplicates_names},
+    {"verify", CT_BLOCK, CI(verify), .block = &verify_block,
+     .flag_off = CFG_OPT(CI(verify.enabled))},
 };
 FITS(idem_keys);
 static const struct cfg_block idem_block = {

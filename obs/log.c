@@ -127,3 +127,40 @@ void log_access(const struct access_entry *e)
     text_put(buf, sizeof buf, &pos, "}");
     emit(buf, pos, sizeof buf);
 }
+
+void log_lookup(const struct lookup_entry *e)
+{
+    char buf[2048], num[256], kh[17], path[1024];
+    size_t pos = 0;
+    int plen = snprintf(path, sizeof path, "%s%.*s", e->base_path,
+                        (int)strcspn(e->path, "?"), e->path);
+
+    text_put(buf, sizeof buf, &pos, "{\"time\":");
+    put_time(buf, sizeof buf, &pos);
+    text_put(buf, sizeof buf, &pos, ",\"type\":\"lookup\",\"verify\":true");
+    if (e->request_id)
+        put_str_field(buf, sizeof buf, &pos, "request_id", e->request_id,
+                      strlen(e->request_id));
+    put_str_field(buf, sizeof buf, &pos, "policy", e->policy, strlen(e->policy));
+    put_str_field(buf, sizeof buf, &pos, "upstream", e->upstream,
+                  strlen(e->upstream));
+    put_str_field(buf, sizeof buf, &pos, "method", e->method, strlen(e->method));
+    put_str_field(buf, sizeof buf, &pos, "path", path,
+                  plen < 0 ? 0 : (size_t)plen < sizeof path ? (size_t)plen
+                                                             : sizeof path - 1);
+    if (e->upstream_status)
+        snprintf(num, sizeof num, ",\"upstream_status\":%d", e->upstream_status);
+    else
+        snprintf(num, sizeof num, ",\"upstream_status\":null");
+    text_put(buf, sizeof buf, &pos, num);
+    put_str_field(buf, sizeof buf, &pos, "result", e->result, strlen(e->result));
+    snprintf(num, sizeof num, ",\"permit_wait_ms\":%.3f,\"upstream_ms\":%.3f",
+             e->permit_wait_ms, e->upstream_ms);
+    text_put(buf, sizeof buf, &pos, num);
+    if (e->key) {
+        key_hash(e->key, kh);
+        put_str_field(buf, sizeof buf, &pos, "key_hash", kh, strlen(kh));
+    }
+    text_put(buf, sizeof buf, &pos, "}");
+    emit(buf, pos, sizeof buf);
+}

@@ -41,4 +41,24 @@ struct access_entry {
 
 void log_access(const struct access_entry *e);
 
+/* One lookup of a verification (docs/contract.md §11): a line of its own, with
+ * "type": "lookup" and "verify": true, beside the requests' lines (the caller
+ * writes it when log.access is on, as for those). Its path is the configured
+ * one, `{key}` unreplaced and without the query: the line never holds the
+ * key, only its hash. */
+struct lookup_entry {
+    const char *request_id; /* the lookup's own X-Request-Id */
+    const char *policy;
+    const char *upstream;
+    const char *method;     /* GET or HEAD */
+    const char *base_path;  /* the upstream's, "" when none */
+    const char *path;       /* verify.path as configured */
+    int upstream_status;    /* 0: no response (null in the line) */
+    const char *result;     /* found, absent or other (verify_class_name) */
+    double permit_wait_ms, upstream_ms;
+    const char *key;        /* the idempotency key; only its hash is logged */
+};
+
+void log_lookup(const struct lookup_entry *e);
+
 #endif

@@ -75,6 +75,7 @@ static const struct family families[] = {
     {"sluice_queue_age_seconds", "histogram", "Age of the job from Sluice-Enqueued-At to its arrival at sluice."},
     {"sluice_queue_age_invalid_total", "counter", "Requests whose Sluice-Enqueued-At was malformed (ignored)."},
     {"sluice_requeue_delay_seconds", "histogram", "Delays handed to workers in requeue instructions."},
+    {"sluice_verifications_total", "counter", "Verifications of unknown outcomes by a lookup, by policy and how they ended (found, absent, failed)."},
     {"sluice_config_reloads_total", "counter", "Config reloads, by result."},
     {"sluice_store_errors_total", "counter", "Idempotency store operations that failed."},
     {"sluice_store_commit_failures_total", "counter", "Completed results that could not be stored after the upstream answered (the worker still got the answer)."},
@@ -306,6 +307,37 @@ static void build_policies(struct build *b)
     }
 }
 
+/* The results a verification ends with, in the order of the ids. */
+static const enum verify_state verify_results[] = {
+    VERIFY_FOUND, VERIFY_ABSENT, VERIFY_FAILED};
+#define N_VERIFY_RESULTS (sizeof verify_results / sizeof *verify_results)
+
+/* Listed at zero only for policies that verify: the others never count. */
+static void build_verifications(struct build *b)
+{
+    const struct sc_config *cfg = b->cfg;
+
+    for (size_t p = 0; p < cfg->n_policies; p++) {
+        b->zero = cfg->policies[p].idem.enabled &&
+                  cfg->policies[p].idem.verify.enabled;
+        for (size_t r = 0; r < N_VERIFY_RESULTS; r++) {
+            setl(b, "policy=\"%s\",result=\"%s\"", policy_label(cfg, p),
+                 verify_state_name(verify_results[r]));
+            b->ids->verifications[p * N_VERIFY_RESULTS + r] =
+                reg(b, "sluice_verifications_total", S_COUNTER, 0);
+        }
+    }
+}
+
+uint32_t metrics_verification_slot(const struct metrics_ids *ids, size_t policy,
+                                   enum verify_state result)
+{
+    for (size_t r = 0; policy < ids->n_policies && r < N_VERIFY_RESULTS; r++)
+        if (verify_results[r] == result)
+            return ids->verifications[policy * N_VERIFY_RESULTS + r];
+    return UINT32_MAX;
+}
+
 static void build_upstreams(struct build *b)
 {
     const struct sc_config *cfg = b->cfg;
@@ -358,11 +390,12 @@ static int ids_alloc(struct metrics_ids *ids, const struct sc_config *cfg)
     ids->queue_age_bad = calloc(r, sizeof(uint32_t));
     ids->permit_wait = calloc(p, sizeof(uint32_t));
     ids->requeue_delay = calloc(p * R__COUNT, sizeof(uint32_t));
+    ids->verifications = calloc(p * N_VERIFY_RESULTS, sizeof(uint32_t));
     ids->up_codes = calloc(u * UC__COUNT + 1, sizeof(uint32_t));
     ids->up_duration = calloc(u + 1, sizeof(uint32_t));
     return ids->requests && ids->shadow && ids->req_duration && ids->queue_age &&
                    ids->queue_age_bad && ids->permit_wait && ids->requeue_delay &&
-                   ids->up_codes && ids->up_duration
+                   ids->verifications && ids->up_codes && ids->up_duration
                ? 0 : -ENOMEM;
 }
 
@@ -375,6 +408,7 @@ void metrics_ids_free(struct metrics_ids *ids)
     free(ids->queue_age_bad);
     free(ids->permit_wait);
     free(ids->requeue_delay);
+    free(ids->verifications);
     free(ids->up_codes);
     free(ids->up_duration);
     memset(ids, 0, sizeof *ids);
@@ -392,6 +426,7 @@ int metrics_ids_build(struct metrics *m, const struct sc_config *cfg,
     pthread_mutex_lock(&m->mu);
     build_routes(&b);
     build_policies(&b);
+    build_verifications(&b);
     build_upstreams(&b);
     build_process(&b);
     pthread_mutex_unlock(&m->mu);

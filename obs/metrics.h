@@ -15,6 +15,7 @@
 
 #include "config/config.h"
 #include "policies/problem.h"
+#include "policies/verify.h"
 
 #define METRICS_MAX_SHARDS 257   /* loops + one for the main/admin threads */
 #define METRICS_CHUNK 4096       /* slots per chunk; chunks never move */
@@ -74,6 +75,8 @@ struct metrics_ids {
     uint32_t *permit_wait;    /* [policy+1], policy n = default */
     uint32_t *up_duration;    /* [upstream] */
     uint32_t *requeue_delay;  /* [(policy+1) * R__COUNT] */
+    uint32_t *verifications;  /* [policy * 3]: found, absent, failed; see
+                                 metrics_verification_slot */
     uint32_t reloads_ok, reloads_error, store_errors, commit_failures, conns_refused;
     uint32_t replication_timeouts;
     uint32_t store_duration[ST__COUNT]; /* histogram bases, by op */
@@ -86,6 +89,13 @@ void metrics_free(struct metrics *m);
 int metrics_ids_build(struct metrics *m, const struct sc_config *cfg,
                       struct metrics_ids *ids);
 void metrics_ids_free(struct metrics_ids *ids);
+
+/* The sluice_verifications_total{policy, result} series of a verification of
+ * cfg->policies[policy] that ended with result (VERIFY_FOUND, _ABSENT or
+ * _FAILED); UINT32_MAX for any other state or policy (nothing to count: a
+ * verification dropped with its lease is not counted). */
+uint32_t metrics_verification_slot(const struct metrics_ids *ids, size_t policy,
+                                   enum verify_state result);
 
 /* Hot path: add to a counter / observe a histogram in the caller's shard. */
 static inline void metrics_add(struct metrics_shard *s, uint32_t slot, uint64_t v)

@@ -188,6 +188,7 @@ static bool took_lease(struct exchange *ex)
     switch (out->claim) {
     case STORE_ACQUIRED:
         ex->attempt = out->attempt;
+        ex->lease = out->lease;
         ex->leased = true;
         atomic_fetch_add(&ex->loop->app->leases_active, 1);
         if (ex->claimed)
@@ -278,7 +279,7 @@ static int start_complete(struct exchange *ex)
         return -ENOMEM;
     }
     rc = store_complete_async(ex->loop->store, ex->scall, scope(ex), ex->key,
-                              clock_wall_ms(), ex->pol->idem.ttl_ms, r->status,
+                              ex->lease, clock_wall_ms(), ex->pol->idem.ttl_ms, r->status,
                               h, stored_headers(ex, r, h),
                               blen ? evbuffer_pullup(r->body, -1) : NULL, blen,
                               omit);
@@ -306,14 +307,19 @@ static void completed(struct exchange *ex)
      * apart too: the one store failure that leaves a redelivery risk. */
     count_store_error(ex);
     metrics_add(&ex->loop->app->metrics.shards[ex->loop->idx], ex->rt->ids.commit_failures, 1);
-    log_error("policy %s: cannot store the completed result of a key: %s",
-              scope(ex), ex->scall->err.text);
+    if (ex->scall->rc == -ESTALE) /* fenced: the key is another lease's now */
+        log_warn("policy %s: the completed result of a key is not stored: "
+                 "this request outlived its lease: %s", scope(ex),
+                 ex->scall->err.text);
+    else
+        log_error("policy %s: cannot store the completed result of a key: %s",
+                  scope(ex), ex->scall->err.text);
 }
 
 static int start_release(struct exchange *ex)
 {
     return store_release_async(ex->loop->store, ex->scall, scope(ex), ex->key,
-                               ex->attempt, clock_wall_ms(),
+                               ex->attempt, ex->lease, clock_wall_ms(),
                                ex->pol->idem.ttl_ms);
 }
 
@@ -399,10 +405,10 @@ static void release_unsent(struct exchange *ex)
     struct store_call c = {0};
     int rc = ex->lease_with_permit
         ? store_release_unsent_async(ex->loop->store, &c, scope(ex), ex->key,
-                                     ex->attempt, clock_wall_ms(),
+                                     ex->attempt, ex->lease, clock_wall_ms(),
                                      ex->pol->idem.ttl_ms)
         : store_release_async(ex->loop->store, &c, scope(ex), ex->key,
-                              ex->attempt, clock_wall_ms(),
+                              ex->attempt, ex->lease, clock_wall_ms(),
                               ex->pol->idem.ttl_ms);
 
     ex_store_detach(&c, rc);

@@ -107,6 +107,7 @@ struct exchange {
     bool idem;              /* the policy's idempotency applies, key valid */
     bool claimed;           /* holds the in-memory claim */
     bool leased;            /* holds the durable lease */
+    uint64_t lease;         /* its fence (store_acquire_out.lease) */
     bool lease_with_permit; /* the lease came with the fleet's permit
                                (pace_fuses_lease): unsent, it is given back
                                uncounted */

@@ -8,8 +8,8 @@
 #define FLAG_BODY_OMITTED 0x01u
 #define FLAGS_KNOWN FLAG_BODY_OMITTED
 
-/* Sizes of the parts of a v2 value (see record.h). */
-#define FIXED_V2 (1 + 1 + 1 + 4 + 8 * 4 + STORE_FP_LEN + 2 + 4)
+/* Sizes of the parts of a v3 value (see record.h). */
+#define FIXED_V3 (1 + 1 + 1 + 4 + 8 * 4 + STORE_FP_LEN + 8 + 2 + 4)
 #define HEADER_MIN 8 /* two u32 lengths */
 #define STATUS_MAX 999
 
@@ -120,7 +120,7 @@ static uint8_t *put_blob(uint8_t *p, const void *b, size_t n)
 /* The encoded size, or 0 when a field does not fit the layout. */
 static size_t encoded_size(const struct store_record *rec, const char **why)
 {
-    size_t size = FIXED_V2 + 4;
+    size_t size = FIXED_V3 + 4;
     size_t body = rec->body_omitted ? 0 : rec->body_len;
 
     if (rec->n_headers > UINT32_MAX || body > UINT32_MAX) {
@@ -161,7 +161,7 @@ static int check_encodable(const struct store_record *rec, const char **why)
     return -EINVAL;
 }
 
-static void write_v2(uint8_t *p, const struct store_record *rec)
+static void write_v3(uint8_t *p, const struct store_record *rec)
 {
     size_t body_len = rec->body_omitted ? 0 : rec->body_len;
 
@@ -175,6 +175,7 @@ static void write_v2(uint8_t *p, const struct store_record *rec)
     p = put_le(p, rec->completed_ms, 8);
     memcpy(p, rec->fingerprint, STORE_FP_LEN);
     p += STORE_FP_LEN;
+    p = put_le(p, rec->lease, 8);
     p = put_le(p, (uint64_t)rec->status, 2);
     p = put_le(p, rec->n_headers, 4);
     for (size_t i = 0; i < rec->n_headers; i++) {
@@ -205,7 +206,7 @@ int record_encode(const struct store_record *rec, uint8_t **out,
         sc_error_set(err, "store: out of memory encoding a record");
         return -ENOMEM;
     }
-    write_v2(buf, rec);
+    write_v3(buf, rec);
     *out = buf;
     *out_len = size;
     return 0;
@@ -259,7 +260,8 @@ static int bad(struct sc_error *err, const char *what)
     return -EBADMSG;
 }
 
-/* Everything before the headers; v1 lacks the flags byte. */
+/* Everything before the headers; v1 lacks the flags byte, v1 and v2 the
+ * lease's fence (read as 0: no fence). */
 static int read_fixed(struct rd *r, unsigned version, struct store_record *rec,
                       struct sc_error *err)
 {
@@ -271,7 +273,8 @@ static int read_fixed(struct rd *r, unsigned version, struct store_record *rec,
         !get_le(r, 8, &rec->created_ms) ||
         !get_le(r, 8, &rec->lease_expires_ms) ||
         !get_le(r, 8, &rec->completed_ms) ||
-        !get_bytes(r, STORE_FP_LEN, &fp) || !get_le(r, 2, &status))
+        !get_bytes(r, STORE_FP_LEN, &fp) ||
+        (version >= 3 && !get_le(r, 8, &rec->lease)) || !get_le(r, 2, &status))
         return bad(err, "truncated");
     if (state != STORE_IN_PROGRESS && state != STORE_COMPLETED)
         return bad(err, "unknown state");
@@ -373,9 +376,9 @@ static int read_version(struct rd *r, unsigned *version, struct sc_error *err)
 
     if (!get_le(r, 1, &v))
         return bad(err, "empty value");
-    if (v != 1 && v != 2) {
+    if (v < 1 || v > RECORD_VERSION) {
         sc_error_set(err, "record version %u is unknown (this build "
-                     "reads versions 1 and 2)", (unsigned)v);
+                     "reads versions 1 to %d)", (unsigned)v, RECORD_VERSION);
         return -EPROTO;
     }
     *version = (unsigned)v;

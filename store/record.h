@@ -4,18 +4,19 @@
  *
  * Value layout, all integers little-endian:
  *
- *   v2 (current)                       v1 (previous release)
- *   u8   version = 2                   u8   version = 1
+ *   v3 (current)                       v2, v1 (earlier releases)
+ *   u8   version = 3                   u8   version = 2 (1)
  *   u8   state (1 in progress,         u8   state
  *             2 completed)
- *   u8   flags (bit 0 body_omitted;    -    (no flags: body_omitted false)
- *             others must be 0)
+ *   u8   flags (bit 0 body_omitted;    u8   flags (v1: none, body_omitted
+ *             others must be 0)                   false)
  *   u32  attempt                       u32  attempt
  *   u64  expires_ms                    u64  expires_ms
  *   u64  created_ms                    u64  created_ms
  *   u64  lease_expires_ms              u64  lease_expires_ms
  *   u64  completed_ms                  u64  completed_ms
  *   u8[32] fingerprint                 u8[32] fingerprint
+ *   u64  lease (the lease's fence)     -    (no fence: lease 0)
  *   u16  status (0 while in progress)  u16  status
  *   u32  n_headers                     u32  n_headers
  *   n × { u32 len, name bytes,         (same)
@@ -32,7 +33,7 @@
 
 #include "store/store.h"
 
-#define RECORD_VERSION 2
+#define RECORD_VERSION 3
 #define RECORD_SCOPE_MAX 64  /* policy names (load_engine.c valid_name) */
 #define RECORD_KEY_MAX 255   /* docs/contract.md §6, policies/idemkey.h */
 

@@ -110,6 +110,7 @@ static int build_acquire(struct rcmd *cmd, enum redis_script script,
         .attempt = 1,
         .created_ms = a->now_ms,
         .lease_expires_ms = add_sat(a->now_ms, a->lease_ms),
+        .lease = store_lease_draw(),
     };
     int rc;
 
@@ -143,7 +144,7 @@ static int build_permit_lease(struct redis_store *st, struct rcmd *cmd,
 }
 
 /* attempt, created_ms and fingerprint are left 0: the script puts the
- * stored record's in. */
+ * stored record's in; the lease is the fence the script checks. */
 static int build_complete(struct rcmd *cmd, const struct store_args *a,
                           struct sc_error *err)
 {
@@ -154,6 +155,7 @@ static int build_complete(struct rcmd *cmd, const struct store_args *a,
         .lease_expires_ms = a->now_ms, /* the lease ends with the result */
         .completed_ms = a->now_ms,
         .expires_ms = add_sat(a->now_ms, a->ttl_ms),
+        .lease = a->lease,
         .status = a->status,
         .headers = (struct store_header *)a->headers,
         .n_headers = a->n_headers,
@@ -180,14 +182,14 @@ static void build_release(struct rcmd *cmd, const struct store_args *a,
     uint64_t expires = add_sat(a->now_ms, a->ttl_ms);
 
     cmd->info.attempt = a->attempt;
-    put_le(cmd->attempt, a->attempt, 4);
+    put_le(cmd->lease, a->lease, 8);
     put_le(cmd->kept_attempt, unsent && a->attempt ? a->attempt - 1 : a->attempt,
            4);
     put_le(cmd->expires, expires, 8);
     fmt_at(cmd->at, expires);
     redis_evalsha(cmd, SCRIPT_RELEASE);
     redis_arg(cmd, cmd->now, 8);
-    redis_arg(cmd, cmd->attempt, 4);
+    redis_arg(cmd, cmd->lease, 8);
     redis_arg(cmd, cmd->expires, 8);
     redis_arg_str(cmd, cmd->at);
     redis_arg(cmd, cmd->kept_attempt, 4);
@@ -333,7 +335,7 @@ static int unreadable(const struct rcmd_info *info, const redisReply *v,
         return rc;
     store_record_clear(&rec);
     sc_error_set(err, "store: %s: a record version the redis backend does "
-                 "not write (it reads version %d only)", info->name,
+                 "not write (it reads versions 2 and %d only)", info->name,
                  RECORD_VERSION);
     return -EPROTO;
 }
@@ -377,6 +379,7 @@ static int acquire_result(const struct rcmd_info *info, char verdict,
     if (verdict == 'A') {
         out->claim = STORE_ACQUIRED;
         out->attempt = rec.attempt;
+        out->lease = rec.lease;
     } else if (verdict == 'H') {
         out->claim = STORE_HELD;
         out->remaining_ms = rec.lease_expires_ms > info->now_ms
@@ -441,8 +444,8 @@ static int stale(const struct rcmd_info *info, const redisReply *v,
 
     if (rc)
         return rc;
-    snprintf(why, sizeof why, "attempt %u holds the lease, not %u",
-             (unsigned)rec.attempt, (unsigned)info->attempt);
+    snprintf(why, sizeof why, "another lease holds it (attempt %u)",
+             (unsigned)rec.attempt);
     store_record_clear(&rec);
     redis_name_error(err, info, why);
     return -ESTALE;

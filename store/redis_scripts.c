@@ -1,10 +1,16 @@
 /* The Lua scripts of the Redis backend. A record is stored as record.h's
  * binary value (the same bytes as in RocksDB), so the scripts work on its
- * fixed fields by offset (1-based, version 2):
+ * fixed fields by offset (1-based, version 3; version 2 lacks the lease,
+ * its status starting at 72):
  *
  *   1 version   2 state   3 flags   4..7 attempt   8..15 expires_ms
  *   16..23 created_ms   24..31 lease_expires_ms   32..39 completed_ms
- *   40..71 fingerprint   72.. status, headers, body
+ *   40..71 fingerprint   72..79 lease (the fence)   80.. status, headers,
+ *   body
+ *
+ * Records of version 2 (written by an earlier release) are read, taken
+ * over and replayed; they have no fence, so no lease of this release
+ * matches one: a holder of this release never holds a version 2 lease.
  *
  * Times travel as 8 little-endian bytes and are compared byte by byte, never
  * as Lua numbers (doubles) nor with Lua's string '<' (strcoll: Redis sets
@@ -39,7 +45,17 @@
     "end\n"                                                                  \
     /* The live record; false when absent or expired at now. */             \
     "local cur = redis.call('GET', KEYS[1])\n"                               \
-    "if cur and (#cur < 81 or cur:byte(1) ~= 2) then return {'X', cur} end\n" \
+    "if cur then\n"                                                          \
+    "  local v = cur:byte(1)\n"                                              \
+    "  if not ((v == 3 and #cur >= 89) or (v == 2 and #cur >= 81)) then\n"   \
+    "    return {'X', cur}\n"                                                \
+    "  end\n"                                                                \
+    "end\n"                                                                  \
+    /* The fence of cur's lease: '' for version 2, matching none. */       \
+    "local function fence(r)\n"                                             \
+    "  if r:byte(1) == 3 then return r:sub(72, 79) end\n"                   \
+    "  return ''\n"                                                          \
+    "end\n"                                                                  \
     "if cur and le_cmp(cur:sub(8, 15), ARGV[1]) <= 0 then cur = false end\n"
 
 /* A claim on the live record cur (ARGV[2] the request's fingerprint): a
@@ -123,27 +139,29 @@ static const char PERMIT_LEASE[] =
     TAKE_LEASE
     "return {'A', new, wait}\n";
 
-/* ARGV: now, the completed record (status, headers, body and times set),
- * PEXPIREAT ms. The attempt, created_ms and fingerprint are the stored
- * record's; the first result stays. */
+/* ARGV: now, the completed record (status, headers, body, times and the
+ * completing lease's fence set), PEXPIREAT ms. The attempt, created_ms and
+ * fingerprint are the stored record's; the first result stays. Fenced:
+ * only the lease that holds the key completes it. */
 static const char COMPLETE[] =
     PRELUDE
     "if not cur then return {'N'} end\n"
     "if cur:byte(2) == 2 then return {'E'} end\n"
     "local d = ARGV[2]\n"
+    "if fence(cur) ~= d:sub(72, 79) then return {'S', cur} end\n"
     "save(d:sub(1, 3) .. cur:sub(4, 7) .. d:sub(8, 15) .. cur:sub(16, 23) ..\n"
     "     d:sub(24, 39) .. cur:sub(40, 71) .. d:sub(72), ARGV[3])\n"
     "return {'O'}\n";
 
-/* ARGV: now, the releasing attempt (4 bytes), the new expires_ms (8 bytes),
- * PEXPIREAT ms, the attempt count to keep (4 bytes: the releasing attempt,
- * or one less when it never reached the upstream). Fenced: only the
- * attempt that holds the lease ends it. */
+/* ARGV: now, the releasing lease's fence (8 bytes), the new expires_ms (8
+ * bytes), PEXPIREAT ms, the attempt count to keep (4 bytes: the releasing
+ * attempt, or one less when it never reached the upstream). Fenced: only
+ * the lease that holds the key ends it. */
 static const char RELEASE[] =
     PRELUDE
     "if not cur then return {'N'} end\n"
     "if cur:byte(2) == 2 then return {'E'} end\n"
-    "if cur:sub(4, 7) ~= ARGV[2] then return {'S', cur} end\n"
+    "if fence(cur) ~= ARGV[2] then return {'S', cur} end\n"
     "save(cur:sub(1, 3) .. ARGV[5] .. ARGV[3] .. cur:sub(16, 23) .. ARGV[1] ..\n"
     "     cur:sub(32), ARGV[4])\n"
     "return {'O'}\n";

@@ -8,6 +8,16 @@
 #include <string.h>
 
 #include "store/store_backend.h"
+#include "util/rand.h"
+
+uint64_t store_lease_draw(void)
+{
+    uint64_t v;
+
+    while ((v = rand_u64()) == 0)
+        ;
+    return v;
+}
 
 void store_close(struct store *st)
 {
@@ -36,20 +46,20 @@ int store_acquire(struct store *st, const char *scope, const char *key,
 }
 
 int store_complete(struct store *st, const char *scope, const char *key,
-                   uint64_t now_ms, uint64_t ttl_ms, int status,
+                   uint64_t lease, uint64_t now_ms, uint64_t ttl_ms, int status,
                    const struct store_header *headers, size_t n_headers,
                    const uint8_t *body, size_t body_len, bool body_omitted,
                    struct sc_error *err)
 {
-    return st->ops->complete(st, scope, key, now_ms, ttl_ms, status, headers,
+    return st->ops->complete(st, scope, key, lease, now_ms, ttl_ms, status, headers,
                              n_headers, body, body_len, body_omitted, err);
 }
 
 int store_release(struct store *st, const char *scope, const char *key,
-                  uint32_t attempt, uint64_t now_ms, uint64_t ttl_ms,
-                  struct sc_error *err)
+                  uint32_t attempt, uint64_t lease, uint64_t now_ms,
+                  uint64_t ttl_ms, struct sc_error *err)
 {
-    return st->ops->release(st, scope, key, attempt, now_ms, ttl_ms, err);
+    return st->ops->release(st, scope, key, attempt, lease, now_ms, ttl_ms, err);
 }
 
 int store_forget(struct store *st, const char *scope, const char *key,
@@ -131,12 +141,13 @@ static int run_now(struct store *st, struct store_call *c, enum store_op op,
         return st->ops->acquire(st, a->scope, a->key, a->fp, a->now_ms,
                                 a->lease_ms, a->ttl_ms, &c->acq, &c->err);
     case STORE_OP_COMPLETE:
-        return st->ops->complete(st, a->scope, a->key, a->now_ms, a->ttl_ms,
+        return st->ops->complete(st, a->scope, a->key, a->lease, a->now_ms,
+                                 a->ttl_ms,
                                  a->status, a->headers, a->n_headers, a->body,
                                  a->body_len, a->body_omitted, &c->err);
     case STORE_OP_RELEASE:
-        return st->ops->release(st, a->scope, a->key, a->attempt, a->now_ms,
-                                a->ttl_ms, &c->err);
+        return st->ops->release(st, a->scope, a->key, a->attempt, a->lease,
+                                a->now_ms, a->ttl_ms, &c->err);
     case STORE_OP_PAUSE_SET:
         return st->ops->pause_set(st, a->scope, a->now_ms, a->until_ms,
                                   &c->err);
@@ -184,13 +195,14 @@ int store_acquire_async(struct store_loop *sl, struct store_call *c,
 }
 
 int store_complete_async(struct store_loop *sl, struct store_call *c,
-                         const char *scope, const char *key, uint64_t now_ms,
-                         uint64_t ttl_ms, int status,
+                         const char *scope, const char *key, uint64_t lease,
+                         uint64_t now_ms, uint64_t ttl_ms, int status,
                          const struct store_header *headers, size_t n_headers,
                          const uint8_t *body, size_t body_len,
                          bool body_omitted)
 {
-    struct store_args a = {.scope = scope, .key = key, .now_ms = now_ms,
+    struct store_args a = {.scope = scope, .key = key, .lease = lease,
+                           .now_ms = now_ms,
                            .ttl_ms = ttl_ms, .status = status,
                            .headers = headers, .n_headers = n_headers,
                            .body = body, .body_len = body_len,
@@ -201,9 +213,10 @@ int store_complete_async(struct store_loop *sl, struct store_call *c,
 
 int store_release_async(struct store_loop *sl, struct store_call *c,
                         const char *scope, const char *key, uint32_t attempt,
-                        uint64_t now_ms, uint64_t ttl_ms)
+                        uint64_t lease, uint64_t now_ms, uint64_t ttl_ms)
 {
     struct store_args a = {.scope = scope, .key = key, .attempt = attempt,
+                           .lease = lease,
                            .now_ms = now_ms, .ttl_ms = ttl_ms};
 
     return start(sl, c, STORE_OP_RELEASE, &a);
@@ -280,10 +293,11 @@ int store_permit_lease_async(struct store_loop *sl, struct store_call *c,
 
 int store_release_unsent_async(struct store_loop *sl, struct store_call *c,
                                const char *scope, const char *key,
-                               uint32_t attempt, uint64_t now_ms,
-                               uint64_t ttl_ms)
+                               uint32_t attempt, uint64_t lease,
+                               uint64_t now_ms, uint64_t ttl_ms)
 {
     struct store_args a = {.scope = scope, .key = key, .attempt = attempt,
+                           .lease = lease,
                            .now_ms = now_ms, .ttl_ms = ttl_ms};
 
     return start(sl, c, STORE_OP_RELEASE_UNSENT, &a);

@@ -39,6 +39,11 @@ struct store_record {
     enum store_state state;
     uint32_t attempt;           /* upstream attempts made so far */
     uint8_t fingerprint[STORE_FP_LEN];
+    uint64_t lease;             /* in progress: the lease's fence, a random
+                                   number drawn by each acquire, so that no
+                                   two leases of a key share it (a takeover,
+                                   a key forgotten and taken again); 0 in a
+                                   record of an earlier version */
     uint64_t created_ms;        /* first acquire */
     uint64_t lease_expires_ms;  /* in progress; <= now once released */
     uint64_t completed_ms;      /* completed */
@@ -119,6 +124,8 @@ enum store_claim {
 struct store_acquire_out {
     enum store_claim claim;
     uint32_t attempt;        /* ACQUIRED: the attempt this one is (1-based) */
+    uint64_t lease;          /* ACQUIRED: the new lease's fence, which its
+                                complete or release must name */
     uint64_t remaining_ms;   /* HELD */
     struct store_record rec; /* DONE (owned by the caller: clear it) */
 };
@@ -135,20 +142,23 @@ int store_acquire(struct store *st, const char *scope, const char *key,
 
 /* Makes the record completed: status, headers, body (or body_omitted),
  * completed_ms = now_ms, expires_ms = now_ms + ttl_ms; attempt and
- * fingerprint kept. */
+ * fingerprint kept. Fenced: only the holder of the lease named `lease`
+ * (store_acquire_out.lease) may complete it; -ESTALE (with err) when another
+ * lease holds the key (a takeover after expiry, the key forgotten and taken
+ * again), -EALREADY when completed, -ENOENT when absent. */
 int store_complete(struct store *st, const char *scope, const char *key,
-                   uint64_t now_ms, uint64_t ttl_ms, int status,
+                   uint64_t lease, uint64_t now_ms, uint64_t ttl_ms, int status,
                    const struct store_header *headers, size_t n_headers,
                    const uint8_t *body, size_t body_len, bool body_omitted,
                    struct sc_error *err);
 
-/* Ends the lease of `attempt` early (a known, retryable result):
+/* Ends the lease `lease` of `attempt` early (a known, retryable result):
  * lease_expires_ms = now, the attempt count is kept until now + ttl_ms.
- * -ENOENT when absent; -EALREADY when completed; -ESTALE (with err) when a
- * later attempt has taken the lease over: a holder that outlived its lease
- * must not end its successor's. */
+ * -ENOENT when absent; -EALREADY when completed; -ESTALE (with err) when
+ * another lease holds the key (a takeover, or the key forgotten and taken
+ * again): a holder that outlived its lease must not end its successor's. */
 int store_release(struct store *st, const char *scope, const char *key,
-                  uint32_t attempt, uint64_t now_ms, uint64_t ttl_ms,
+                  uint32_t attempt, uint64_t lease, uint64_t now_ms, uint64_t ttl_ms,
                   struct sc_error *err);
 
 /* Deletes the record (an operator unblocks a key). -ENOENT when absent. */
@@ -243,14 +253,15 @@ int store_acquire_async(struct store_loop *sl, struct store_call *c,
                         const uint8_t fp[STORE_FP_LEN], uint64_t now_ms,
                         uint64_t lease_ms, uint64_t ttl_ms);
 int store_complete_async(struct store_loop *sl, struct store_call *c,
-                         const char *scope, const char *key, uint64_t now_ms,
+                         const char *scope, const char *key, uint64_t lease,
+                         uint64_t now_ms,
                          uint64_t ttl_ms, int status,
                          const struct store_header *headers, size_t n_headers,
                          const uint8_t *body, size_t body_len,
                          bool body_omitted);
 int store_release_async(struct store_loop *sl, struct store_call *c,
                         const char *scope, const char *key, uint32_t attempt,
-                        uint64_t now_ms, uint64_t ttl_ms);
+                        uint64_t lease, uint64_t now_ms, uint64_t ttl_ms);
 int store_pause_set_async(struct store_loop *sl, struct store_call *c,
                           const char *scope, uint64_t now_ms,
                           uint64_t until_ms);
@@ -308,7 +319,7 @@ int store_permit_lease_async(struct store_loop *sl, struct store_call *c,
  * queue spends none of a job's attempts. Fenced like a release. */
 int store_release_unsent_async(struct store_loop *sl, struct store_call *c,
                                const char *scope, const char *key,
-                               uint32_t attempt, uint64_t now_ms,
+                               uint32_t attempt, uint64_t lease, uint64_t now_ms,
                                uint64_t ttl_ms);
 
 /* Whether a call is in flight (issued, -EINPROGRESS, not yet completed). */

@@ -15,6 +15,11 @@
 
 struct store_ops;
 
+/* A new lease's fence (store_record.lease): random and never 0, so that no
+ * two leases of a key share one, whatever happened to the key between
+ * them. */
+uint64_t store_lease_draw(void);
+
 struct store {
     const struct store_ops *ops;
 };
@@ -32,6 +37,7 @@ struct store_args {
     const uint8_t *fp;
     uint64_t now_ms, lease_ms, ttl_ms, until_ms;
     uint32_t attempt;
+    uint64_t lease;         /* complete, release: the lease's fence */
     int status;
     const struct store_header *headers;
     size_t n_headers;
@@ -69,12 +75,12 @@ struct store_ops {
                    uint64_t lease_ms, uint64_t ttl_ms,
                    struct store_acquire_out *out, struct sc_error *err);
     int (*complete)(struct store *st, const char *scope, const char *key,
-                    uint64_t now_ms, uint64_t ttl_ms, int status,
+                    uint64_t lease, uint64_t now_ms, uint64_t ttl_ms, int status,
                     const struct store_header *headers, size_t n_headers,
                     const uint8_t *body, size_t body_len, bool body_omitted,
                     struct sc_error *err);
     int (*release)(struct store *st, const char *scope, const char *key,
-                   uint32_t attempt, uint64_t now_ms, uint64_t ttl_ms,
+                   uint32_t attempt, uint64_t lease, uint64_t now_ms, uint64_t ttl_ms,
                    struct sc_error *err);
     int (*forget)(struct store *st, const char *scope, const char *key,
                   struct sc_error *err);

@@ -257,13 +257,15 @@ static int redis_acquire(struct store *base, const char *scope,
 }
 
 static int redis_complete(struct store *base, const char *scope,
-                          const char *key, uint64_t now_ms, uint64_t ttl_ms,
-                          int status, const struct store_header *headers,
+                          const char *key, uint64_t lease, uint64_t now_ms,
+                          uint64_t ttl_ms, int status,
+                          const struct store_header *headers,
                           size_t n_headers, const uint8_t *body,
                           size_t body_len, bool body_omitted,
                           struct sc_error *err)
 {
-    struct store_args a = {.scope = scope, .key = key, .now_ms = now_ms,
+    struct store_args a = {.scope = scope, .key = key, .lease = lease,
+                           .now_ms = now_ms,
                            .ttl_ms = ttl_ms, .status = status,
                            .headers = headers, .n_headers = n_headers,
                            .body = body, .body_len = body_len,
@@ -273,10 +275,11 @@ static int redis_complete(struct store *base, const char *scope,
 }
 
 static int redis_release(struct store *base, const char *scope,
-                         const char *key, uint32_t attempt, uint64_t now_ms,
-                         uint64_t ttl_ms, struct sc_error *err)
+                         const char *key, uint32_t attempt, uint64_t lease,
+                         uint64_t now_ms, uint64_t ttl_ms, struct sc_error *err)
 {
     struct store_args a = {.scope = scope, .key = key, .attempt = attempt,
+                           .lease = lease,
                            .now_ms = now_ms, .ttl_ms = ttl_ms};
 
     return run_op(rs(base), STORE_OP_RELEASE, &a, NULL, NULL, err);

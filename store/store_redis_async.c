@@ -567,6 +567,7 @@ static void give_back_late_lease(struct rconn *cn, const struct req *q,
     a.scope = scope;
     a.key = slash + 1;
     a.attempt = acq.attempt;
+    a.lease = acq.lease;
     a.now_ms = clock_wall_ms();
     a.ttl_ms = q->info.ttl_ms;
     if (rcmd_build(cn->st, STORE_OP_RELEASE_UNSENT, &a, &cmd, &err) == 0)

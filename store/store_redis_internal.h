@@ -68,7 +68,7 @@ struct rcmd {
     size_t len[RCMD_ARGS];
     char key[REDIS_KEY_MAX];
     char key2[REDIS_KEY_MAX];    /* a script's second key, or "" */
-    uint8_t now[8], expires[8], attempt[4], kept_attempt[4];
+    uint8_t now[8], expires[8], lease[8], kept_attempt[4];
     char at[24], now_dec[24], until_dec[24];
     char num[3][24];             /* decimal arguments of bucket scripts */
     uint8_t *blob;               /* an encoded record (owned) */

@@ -4,6 +4,7 @@
  * process per directory, so no other writer can exist. */
 #include "store/store.h"
 #include "util/hash.h"
+#include "util/rand.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -508,14 +509,17 @@ static int take_lease(struct rocks_store *st, const struct record_key *k,
         .attempt = cur->attempt < UINT32_MAX ? cur->attempt + 1 : UINT32_MAX,
         .created_ms = cur->created_ms,
         .lease_expires_ms = add_sat(now_ms, lease_ms),
+        .lease = store_lease_draw(),
     };
     int rc;
 
     memcpy(next.fingerprint, cur->fingerprint, STORE_FP_LEN);
     /* The attempt count outlives the lease by ttl. */
     next.expires_ms = add_sat(next.lease_expires_ms, ttl_ms);
-    if ((rc = save(st, k, &next, wo, err)) == 0)
+    if ((rc = save(st, k, &next, wo, err)) == 0) {
         out->attempt = next.attempt;
+        out->lease = next.lease;
+    }
     return rc;
 }
 
@@ -586,8 +590,24 @@ static int refuse_completed(const struct store_record *cur,
     return -EALREADY;
 }
 
+/* Only the lease's own holder may end it: one that outlived its lease
+ * (a stalled loop) finds another's there, or the key forgotten by an
+ * operator and taken again, whose attempt count restarted. */
+static int refuse_other_lease(const struct store_record *cur, uint64_t lease,
+                              const struct record_key *k, struct sc_error *err)
+{
+    char why[96];
+
+    if (cur->lease == lease && lease != 0)
+        return 0;
+    snprintf(why, sizeof why, "another lease holds it (attempt %u)",
+             (unsigned)cur->attempt);
+    key_error(err, k, why);
+    return -ESTALE;
+}
+
 static int complete_locked(struct rocks_store *st, const struct record_key *k,
-                           uint64_t now_ms, uint64_t ttl_ms,
+                           uint64_t lease, uint64_t now_ms, uint64_t ttl_ms,
                            const struct store_record *result,
                            const rocksdb_writeoptions_t *wo,
                            struct sc_error *err)
@@ -599,9 +619,11 @@ static int complete_locked(struct rocks_store *st, const struct record_key *k,
      * cannot be kept, so it comes with a message. */
     if (rc == -ENOENT)
         key_error(err, k, "no live record to complete");
-    if (rc || (rc = refuse_completed(&cur, k, err)) != 0)
+    if (rc || (rc = refuse_completed(&cur, k, err)) != 0 ||
+        (rc = refuse_other_lease(&cur, lease, k, err)) != 0)
         goto out;
     done.state = STORE_COMPLETED;
+    done.lease = cur.lease;
     done.attempt = cur.attempt;
     memcpy(done.fingerprint, cur.fingerprint, STORE_FP_LEN);
     done.created_ms = cur.created_ms;
@@ -634,7 +656,7 @@ static struct store_record borrowed_result(int status,
 }
 
 static int rocks_complete(struct store *base, const char *scope, const char *key,
-                   uint64_t now_ms, uint64_t ttl_ms, int status,
+                   uint64_t lease, uint64_t now_ms, uint64_t ttl_ms, int status,
                    const struct store_header *headers, size_t n_headers,
                    const uint8_t *body, size_t body_len, bool body_omitted,
                    struct sc_error *err)
@@ -650,30 +672,24 @@ static int rocks_complete(struct store *base, const char *scope, const char *key
         return rc;
     lock = stripe_of(st, k.buf, k.len);
     pthread_mutex_lock(lock);
-    rc = complete_locked(st, &k, now_ms, ttl_ms, &result, st->wo, err);
+    rc = complete_locked(st, &k, lease, now_ms, ttl_ms, &result, st->wo, err);
     pthread_mutex_unlock(lock);
     return rc;
 }
 
 static int release_locked(struct rocks_store *st, const struct record_key *k,
-                          uint32_t attempt, uint64_t now_ms, uint64_t ttl_ms,
-                          const rocksdb_writeoptions_t *wo, struct sc_error *err)
+                          uint64_t lease, uint64_t now_ms,
+                          uint64_t ttl_ms, const rocksdb_writeoptions_t *wo,
+                          struct sc_error *err)
 {
     struct store_record cur;
     int rc = load_live(st, k, now_ms, &cur, err);
-    char why[64];
 
     /* -ENOENT is an answer, not a failure: err stays as it was, as for
      * store_get (the proxy logs only failures that come with a message). */
-    if (rc || (rc = refuse_completed(&cur, k, err)) != 0)
+    if (rc || (rc = refuse_completed(&cur, k, err)) != 0 ||
+        (rc = refuse_other_lease(&cur, lease, k, err)) != 0)
         goto out;
-    if (cur.attempt != attempt) {
-        snprintf(why, sizeof why, "attempt %u holds the lease, not %u",
-                 (unsigned)cur.attempt, (unsigned)attempt);
-        key_error(err, k, why);
-        rc = -ESTALE;
-        goto out;
-    }
     cur.lease_expires_ms = now_ms;
     cur.expires_ms = add_sat(now_ms, ttl_ms);
     rc = save(st, k, &cur, wo, err);
@@ -683,8 +699,8 @@ out:
 }
 
 static int rocks_release(struct store *base, const char *scope, const char *key,
-                  uint32_t attempt, uint64_t now_ms, uint64_t ttl_ms,
-                  struct sc_error *err)
+                  uint32_t attempt, uint64_t lease, uint64_t now_ms,
+                  uint64_t ttl_ms, struct sc_error *err)
 {
     struct rocks_store *st = rocks(base);
     pthread_mutex_t *lock;
@@ -695,7 +711,7 @@ static int rocks_release(struct store *base, const char *scope, const char *key,
         return rc;
     lock = stripe_of(st, k.buf, k.len);
     pthread_mutex_lock(lock);
-    rc = release_locked(st, &k, attempt, now_ms, ttl_ms, st->wo, err);
+    rc = release_locked(st, &k, lease, now_ms, ttl_ms, st->wo, err);
     pthread_mutex_unlock(lock);
     return rc;
 }
@@ -1018,11 +1034,11 @@ static int run_locked(struct rocks_store *st, const struct record_key *k,
     case STORE_OP_COMPLETE:
         result = borrowed_result(a->status, a->headers, a->n_headers, a->body,
                                  a->body_len, a->body_omitted);
-        return complete_locked(st, k, a->now_ms, a->ttl_ms, &result,
+        return complete_locked(st, k, a->lease, a->now_ms, a->ttl_ms, &result,
                                st->wo_group, &c->err);
     case STORE_OP_RELEASE:
-        return release_locked(st, k, a->attempt, a->now_ms, a->ttl_ms,
-                              st->wo_group, &c->err);
+        return release_locked(st, k, a->lease, a->now_ms,
+                              a->ttl_ms, st->wo_group, &c->err);
     default: /* STORE_OP_PAUSE_SET */
         return pause_set_locked(st, k, a->now_ms, a->until_ms, st->wo_group,
                                 &c->err);

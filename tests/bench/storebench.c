@@ -120,8 +120,8 @@ static void pair(struct store *st, const char *scope, const char *key,
                 (int)out.claim);
         exit(1);
     }
-    if (store_complete(st, scope, key, clock_wall_ms(), ttl_ms, 200, HEADERS, N_HEADERS,
-                       (const uint8_t *)"xx", 2, false, &err) != 0)
+    if (store_complete(st, scope, key, out.lease, clock_wall_ms(), ttl_ms, 200,
+                       HEADERS, N_HEADERS, (const uint8_t *)"xx", 2, false, &err) != 0)
         die("complete", &err);
 }
 

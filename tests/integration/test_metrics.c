@@ -49,7 +49,8 @@ static void start(void)
         "  stub: {url: http://127.0.0.1:%d, timeout: 5s}\n"
         "  dead: {url: http://127.0.0.1:%d, connect_timeout: 1s, timeout: 2s}\n"
         "policies:\n"
-        "  open: {retry: {max_attempts: 3}, idempotency: {required: false}}\n"
+        "  open: {retry: {max_attempts: 3}, idempotency: {required: false,\n"
+        "         verify: {path: \"/lookup?ref={key}\"}}}\n"
         "  slow: {rate: 1/m, burst: 1, max_wait: 10ms}\n"
         "  cool: {rate: 50/s, burst: 5, max_wait: 10ms}\n"
         "routes:\n"
@@ -592,6 +593,7 @@ static const struct {
     {"sluice_store_duration_seconds", "histogram", true}, /* §10 */
     {"sluice_bucket_fallback", "gauge", true},  /* §10: shared policies only */
     {"sluice_store_replication_timeouts_total", "counter", true}, /* §10 */
+    {"sluice_verifications_total", "counter", true}, /* §11 */
     {"sluice_queue_age_invalid_total", "counter", false},
     {"sluice_store_errors_total", "counter", false},
     {"sluice_store_commit_failures_total", "counter", false}, /* §10 */
@@ -776,6 +778,11 @@ static void check_counters(const struct expo *e)
     /* Label-less counters are listed at zero too, so increase() sees the first. */
     expect_val(e, 0, "sluice_store_errors_total");
     expect_val(e, 0, "sluice_store_replication_timeouts_total");
+    /* Listed at zero for the policy that verifies, absent for the others. */
+    expect_val(e, 0, "sluice_verifications_total", "policy", "open", "result", "found");
+    expect_val(e, 0, "sluice_verifications_total", "policy", "open", "result", "absent");
+    expect_val(e, 0, "sluice_verifications_total", "policy", "open", "result", "failed");
+    expect_val(e, -1, "sluice_verifications_total", "policy", "slow", "result", "found");
     expect_val(e, 1, "sluice_config_reloads_total", "result", "ok");
     expect_val(e, 1, "sluice_config_reloads_total", "result", "error");
 }
@@ -922,7 +929,9 @@ static const char *const allowed_reasons[] = {
     "delay_exceeds_max", "client_closed", "internal_error", NULL};
 static const char *const allowed_codes[] = {"2xx", "3xx", "4xx", "429", "5xx", "connect_error",
                                             "connection_lost", "timeout", NULL};
-static const char *const allowed_results[] = {"ok", "error", NULL};
+/* sluice_config_reloads_total's, then sluice_verifications_total's. */
+static const char *const allowed_results[] = {"ok", "error", "found", "absent", "failed",
+                                              NULL};
 static const char *const allowed_shadow[] = {"true", NULL};
 static const char *const allowed_ops[] = {"get", "acquire", "complete", "release", "permit",
                                           "slot", NULL};

@@ -4,11 +4,14 @@
  *
  *   sluice-stub [--listen HOST:PORT] [--tls-cert FILE --tls-key FILE] [--max-rate R] [--burst B]
  *               [--body-size N] [--threads N] [--delay-ms N] [--honour-idempotency]
+ *               [--lookup PREFIX]
  *
  * Once bound it prints one line "listening HOST:PORT" (the actual port: PORT 0 lets the kernel
  * choose) and serves until SIGINT or SIGTERM, then exits 0. Plain requests are echoed; X-Stub-*
  * request headers and a FIFO of answers posted to /_stub/script shape the answer; /_stub/stats,
- * /_stub/keys/<key> and /_stub/arrivals report what arrived; POST /_stub/reset forgets it.
+ * /_stub/keys/<key> and /_stub/arrivals report what arrived; POST /_stub/reset forgets it. With
+ * --lookup, GET/HEAD PREFIX<key> answers whether the key had a side effect, as a partner's lookup
+ * of an operation by the client's reference does (POST /_stub/lookup-script shapes those answers).
  * tests/stub/README.md is the reference for the whole control surface.
  *
  * Built on bufferevents and http_parser rather than evhttp: the stub must cut an answer in the
@@ -63,11 +66,14 @@ static char fill_block[FILL_BLOCK];  /* 'x' * FILL_BLOCK, the source of every fi
 
 /* ---- types ---------------------------------------------------------------------------------- */
 
-enum drop { DROP_NONE, DROP_BEFORE, DROP_MID, DROP_GARBAGE };
+/* DROP_UNEXECUTED closes like DROP_BEFORE but leaves no side effect: the request was lost before
+ * the partner did the work. */
+enum drop { DROP_NONE, DROP_BEFORE, DROP_MID, DROP_GARBAGE, DROP_UNEXECUTED };
 
-/* One line of POST /_stub/script. */
+/* One line of POST /_stub/script (and of /_stub/lookup-script). */
 struct answer {
     int status;
+    bool natural;                   /* lookup-script "answer": the lookup's own answer */
     unsigned delay_ms;
     enum drop drop;
     char retry_after[RA_MAX];       /* "" = no Retry-After */
@@ -134,6 +140,7 @@ struct stub {
     int threads;
     unsigned delay_ms;              /* --delay-ms: default answer delay of plain requests */
     bool honour;                    /* --honour-idempotency */
+    const char *lookup;             /* --lookup PREFIX: GET/HEAD PREFIX<key> is a lookup; NULL off */
     SSL_CTX *tls;
     struct worker *workers;
 
@@ -153,6 +160,9 @@ struct stub {
     size_t n_effects, cap_effects;
     uint64_t effects_gen;           /* bumped by a reset: older indexes in requests are stale */
     uint64_t dedup_replays, dedup_conflicts;
+    struct script lookup_script;    /* POST /_stub/lookup-script */
+    struct keymap lookup_keys;      /* key -> lookups made for it */
+    uint64_t lookups, lookups_found, lookups_absent;
 };
 
 struct conn;
@@ -192,6 +202,8 @@ struct plan {
     bool chunked;
     bool set_headers;               /* send the X-Stub-Set-Header lines (all were valid) */
     bool replayed;                  /* --honour-idempotency: a stored answer, no side effect */
+    const char *lookup;             /* a lookup's X-Stub-Lookup: found, absent or scripted */
+    uint64_t effect_seq;            /* found: the X-Stub-Seq of the key's first side effect */
 };
 
 /* The request being read; its buffers are reused by the next request on the connection. */
@@ -204,7 +216,7 @@ struct req {
     size_t url_len;                 /* the target is buf[0, url_len) */
     int slot[H_COUNT];              /* first header of each kind, -1 if absent */
     bool in_value;
-    bool control, accepted, in_flight, keep_alive;
+    bool control, lookup, accepted, in_flight, keep_alive;
     int error;                      /* status for a request we refused while parsing */
     uint64_t seq;
     uint64_t recv_ns;               /* CLOCK_MONOTONIC when the headers were complete */
@@ -590,6 +602,8 @@ static const char *script_option(const char *t, size_t n, struct answer *a)
 {
     if (mem_ieq(t, n, "drop") || mem_ieq(t, n, "drop=before"))
         a->drop = DROP_BEFORE;
+    else if (mem_ieq(t, n, "drop=unexecuted"))
+        a->drop = DROP_UNEXECUTED;
     else if (mem_ieq(t, n, "drop=mid"))
         a->drop = DROP_MID;
     else if (mem_ieq(t, n, "garbage"))
@@ -613,8 +627,10 @@ static const char *script_option(const char *t, size_t n, struct answer *a)
     return NULL;
 }
 
-/* Parses "STATUS [DELAY_MS] [retry-after=V] [drop[=before|mid]] [garbage]"; NULL or why not. */
-static const char *script_parse_line(const char *s, const char *end, struct answer *a)
+/* Parses "STATUS [DELAY_MS] [retry-after=V] [drop[=before|mid|unexecuted]] [garbage]"; NULL or why
+ * not. With `natural`, STATUS may be the word "answer" (a lookup's own answer). */
+static const char *script_parse_line(const char *s, const char *end, struct answer *a,
+                                     bool natural)
 {
     const char *t;
     size_t n;
@@ -622,8 +638,13 @@ static const char *script_parse_line(const char *s, const char *end, struct answ
     const char *err;
 
     memset(a, 0, sizeof *a);
-    if (!next_token(&s, end, &t, &n) || !parse_status(t, n, &a->status))
+    if (!next_token(&s, end, &t, &n))
         return "STATUS must be a three-digit status from 200 to 999";
+    if (natural && mem_ieq(t, n, "answer"))
+        a->natural = true;
+    else if (!parse_status(t, n, &a->status))
+        return natural ? "STATUS must be 'answer' or a three-digit status from 200 to 999"
+                       : "STATUS must be a three-digit status from 200 to 999";
     if (!next_token(&s, end, &t, &n))
         return NULL;
     if (t[0] >= '0' && t[0] <= '9') {
@@ -740,8 +761,9 @@ static void answer_ctype(const struct req *r, const struct plan *p, const char *
     }
 }
 
-/* --honour-idempotency: keeps the answer of a side effect, so that a repeat of its key gets it
- * again. Out of memory: the effect is kept without an answer (a repeat then replays no body). */
+/* --honour-idempotency and --lookup: keeps the answer of a side effect, so that a repeat of its key
+ * (or a lookup of it) gets it again. Out of memory: the effect is kept without an answer (a repeat
+ * then replays no body). */
 static void effect_save_answer(struct conn *c, struct effect *f)
 {
     struct req *r = &c->req;
@@ -807,8 +829,28 @@ static void effect_add(struct conn *c, struct kentry *e)
     }
     r->effect = (uint32_t)st->n_effects;
     r->effect_gen = st->effects_gen;
-    if (st->honour)
+    if (st->honour || st->lookup)
         effect_save_answer(c, f);
+}
+
+/* The body and Content-Type of side effect f's stored answer, for a replay or a lookup. */
+static void plan_stored_body(struct conn *c, const struct effect *f)
+{
+    struct req *r = &c->req;
+    struct plan *p = &r->plan;
+
+    if (f->fill) {
+        p->body = BODY_FILL;
+        p->fill = f->fill_len;
+    } else {
+        const char *ct = f->saved ? f->saved : "application/octet-stream";
+
+        p->body = BODY_TMP;
+        r->ctype_len = strlen(ct);
+        memcpy(r->ctype, ct, r->ctype_len + 1);
+        if (f->saved)
+            evbuffer_add(c->tmp, f->saved + r->ctype_len + 1, f->saved_len);
+    }
 }
 
 /* --honour-idempotency, for a request whose key already had a side effect f: the stored answer
@@ -841,18 +883,7 @@ static void plan_dedup(struct conn *c, const struct effect *f)
     st->dedup_replays++;
     p->status = f->status;
     p->replayed = true;
-    if (f->fill) {
-        p->body = BODY_FILL;
-        p->fill = f->fill_len;
-    } else {
-        const char *ct = f->saved ? f->saved : "application/octet-stream";
-
-        p->body = BODY_TMP;
-        r->ctype_len = strlen(ct);
-        memcpy(r->ctype, ct, r->ctype_len + 1);
-        if (f->saved)
-            evbuffer_add(c->tmp, f->saved + r->ctype_len + 1, f->saved_len);
-    }
+    plan_stored_body(c, f);
 }
 
 /* The request is complete and its plan made: a scripted answer replaces the plan's status, delay,
@@ -877,7 +908,7 @@ static void stub_commit(struct conn *c, const char *key, size_t key_len)
     } else if (script_pop(&st->script, &a)) {
         apply_answer(r, &a);
     }
-    effect = p->status < 400 || p->drop != DROP_NONE;
+    effect = (p->status < 400 || p->drop != DROP_NONE) && p->drop != DROP_UNEXECUTED;
     if (effect && key && st->honour && (e = keymap_find(&st->keys, key, key_len)) && e->first) {
         e->dedup++;
         plan_dedup(c, &st->effects[e->first - 1]);
@@ -934,6 +965,9 @@ static void stub_reset(struct stub *st)
     effects_clear(st);
     st->dedup_replays = st->dedup_conflicts = 0;
     script_clear(&st->script);
+    script_clear(&st->lookup_script);
+    keymap_clear(&st->lookup_keys);
+    st->lookups = st->lookups_found = st->lookups_absent = 0;
     st->window_until_ns = st->window_hits = 0;
     free(st->arrivals);
     st->arrivals = NULL;
@@ -1076,8 +1110,10 @@ static const char *plan_outcome(const struct req *r, struct plan *p)
             p->drop = DROP_BEFORE;
         else if (mem_ieq(v, n, "mid"))
             p->drop = DROP_MID;
+        else if (mem_ieq(v, n, "unexecuted"))
+            p->drop = DROP_UNEXECUTED;
         else
-            return "invalid X-Stub-Drop (before or mid)\n";
+            return "invalid X-Stub-Drop (before, mid or unexecuted)\n";
     }
     if (hval(r, H_GARBAGE, &v, &n)) {
         if (!mem_ieq(v, n, "1") && !mem_ieq(v, n, "0"))
@@ -1122,6 +1158,95 @@ static void plan_request(struct conn *c)
     if (!hval(r, H_IKEY, &key, &key_len) || key_len == 0)
         key = NULL;
     stub_commit(c, key, key_len);
+}
+
+/* ---- lookups --------------------------------------------------------------------------------- */
+
+static size_t pct_decode(char *s, size_t n);
+
+/* A GET or HEAD whose target starts with the --lookup prefix. */
+static bool is_lookup(const struct conn *c)
+{
+    const struct stub *st = c->w->st;
+    const struct req *r = &c->req;
+    size_t n = st->lookup ? strlen(st->lookup) : 0;
+
+    return st->lookup && (c->parser.method == HTTP_GET || c->parser.method == HTTP_HEAD) &&
+           r->url_len >= n && memcmp(r->buf, st->lookup, n) == 0;
+}
+
+/* A short JSON body for a lookup answer that has no stored one. */
+static void plan_json(struct conn *c, int status, const char *json)
+{
+    struct req *r = &c->req;
+
+    r->plan.status = status;
+    r->plan.body = BODY_TMP;
+    evbuffer_add(c->tmp, json, strlen(json));
+    memcpy(r->ctype, "application/json", 17);
+    r->ctype_len = 16;
+}
+
+/* The lookup's own answer for key: 200 with the stored answer of its first side effect, or 404.
+ * Called with the lock held. */
+static void plan_lookup_answer(struct conn *c, const char *key, size_t n)
+{
+    struct stub *st = c->w->st;
+    const struct kentry *e = n ? keymap_find(&st->keys, key, n) : NULL;
+
+    if (e && e->first) {
+        const struct effect *f = &st->effects[e->first - 1];
+
+        st->lookups_found++;
+        c->req.plan.lookup = "found";
+        c->req.plan.effect_seq = f->seq;
+        plan_stored_body(c, f);
+        return;
+    }
+    st->lookups_absent++;
+    c->req.plan.lookup = "absent";
+    plan_json(c, 404, "{\"error\":\"not_found\"}");
+}
+
+/* The answer of a lookup (the key is the rest of the target up to '?', '&' or '#',
+ * percent-decoded): a lookup-script line with a status answers that; otherwise (or with
+ * "answer", whose delay and drop still apply) the lookup's own answer. A lookup has no side effect
+ * and moves none of the plain requests' counters, the script or the --max-rate bucket. */
+static void plan_lookup(struct conn *c)
+{
+    struct stub *st = c->w->st;
+    struct req *r = &c->req;
+    size_t plen = strlen(st->lookup), n = 0;
+    char *key = malloc(r->url_len - plen + 1);
+    struct answer a = {0};
+
+    r->plan = (struct plan){.status = 200, .body = BODY_TMP};
+    evbuffer_drain(c->tmp, evbuffer_get_length(c->tmp));
+    if (!key) {
+        plan_error(&r->plan, "out of memory\n");
+        return;
+    }
+    while (plen + n < r->url_len && !strchr("?&#", r->buf[plen + n]))
+        n++;
+    memcpy(key, r->buf + plen, n);
+    n = pct_decode(key, n);
+    pthread_mutex_lock(&st->lock);
+    st->lookups++;
+    if (n && !keymap_bump(&st->lookup_keys, key, n))
+        warn_oom(st, "lookups per key");
+    if (script_pop(&st->lookup_script, &a) && !a.natural) {
+        apply_answer(r, &a);
+        r->plan.lookup = "scripted";
+        plan_json(c, a.status, "{\"error\":\"scripted\"}");
+    } else {
+        plan_lookup_answer(c, key, n);
+        if (a.natural) {
+            r->plan.delay_ms = a.delay_ms;
+            r->plan.drop = a.drop;
+        }
+    }
+    pthread_mutex_unlock(&st->lock);
+    free(key);
 }
 
 /* ---- writing answers ------------------------------------------------------------------------ */
@@ -1235,9 +1360,18 @@ static void put_plain_headers(struct conn *c, struct evbuffer *o)
     put_header(o, "X-Stub-Target", r->buf, r->url_len);
     hval(r, H_HOST, &host, &host_len);
     put_header(o, "X-Stub-Host", host, host_len);
-    evbuffer_add(o, "X-Stub-Seq: ", 12);
-    put_u(o, r->seq);
-    evbuffer_add(o, "\r\n", 2);
+    if (r->plan.lookup) {
+        put_header(o, "X-Stub-Lookup", r->plan.lookup, strlen(r->plan.lookup));
+        if (r->plan.effect_seq) {
+            evbuffer_add(o, "X-Stub-Effect-Seq: ", 19);
+            put_u(o, r->plan.effect_seq);
+            evbuffer_add(o, "\r\n", 2);
+        }
+    } else {
+        evbuffer_add(o, "X-Stub-Seq: ", 12);
+        put_u(o, r->seq);
+        evbuffer_add(o, "\r\n", 2);
+    }
     if (r->plan.retry_after)
         put_header(o, "Retry-After", r->plan.retry_after, r->plan.retry_after_len);
     if (r->plan.replayed)
@@ -1344,7 +1478,9 @@ static int ctl_stats(struct conn *c, struct evbuffer *out)
                         "\"side_effects\":%llu,\"keys\":%zu,\"max_per_key\":%u,\"duplicates\":%llu,"
                         "\"in_flight\":%ld,\"in_flight_max\":%ld,\"script_pending\":%zu,"
                         "\"arrivals\":%zu,\"max_calls_per_key\":%u,\"window_hits\":%llu,"
-                        "\"dedup_hits\":%llu,\"dedup_replays\":%llu,\"dedup_conflicts\":%llu}",
+                        "\"dedup_hits\":%llu,\"dedup_replays\":%llu,\"dedup_conflicts\":%llu,"
+                        "\"lookups\":%llu,\"lookups_found\":%llu,\"lookups_absent\":%llu,"
+                        "\"lookup_script_pending\":%zu}",
                         (unsigned long long)st->n.requests, (unsigned long long)st->n.accepted,
                         (unsigned long long)st->n.rejected, (unsigned long long)st->n.side_effects,
                         st->keys.used, st->keys.max_count, (unsigned long long)st->keys.duplicates,
@@ -1352,7 +1488,9 @@ static int ctl_stats(struct conn *c, struct evbuffer *out)
                         st->calls.max_count, (unsigned long long)st->window_hits,
                         (unsigned long long)(st->dedup_replays + st->dedup_conflicts),
                         (unsigned long long)st->dedup_replays,
-                        (unsigned long long)st->dedup_conflicts);
+                        (unsigned long long)st->dedup_conflicts,
+                        (unsigned long long)st->lookups, (unsigned long long)st->lookups_found,
+                        (unsigned long long)st->lookups_absent, st->lookup_script.len);
     pthread_mutex_unlock(&st->lock);
     return 200;
 }
@@ -1400,6 +1538,8 @@ static int ctl_key(struct conn *c, struct evbuffer *out)
     put_u(out, keymap_count(&st->calls, key, n));
     put(out, ",\"dedup_hits\":");
     put_u(out, e ? e->dedup : 0);
+    put(out, ",\"lookups\":");
+    put_u(out, keymap_count(&st->lookup_keys, key, n));
     put(out, ",\"effects\":[");
     for (uint32_t i = e ? e->first : 0; i; i = st->effects[i - 1].next) {
         const struct effect *f = &st->effects[i - 1];
@@ -1435,7 +1575,7 @@ static int ctl_arrivals(struct conn *c, struct evbuffer *out)
 /* Parses a whole script into v (room for one answer per line); *line is the line of any error.
  * Blank lines and lines starting with '#' are skipped. */
 static const char *script_parse(const char *s, size_t len, struct answer *v, size_t *n,
-                                size_t *line)
+                                size_t *line, bool natural)
 {
     const char *end = s + len, *err = NULL;
 
@@ -1448,15 +1588,15 @@ static const char *script_parse(const char *s, size_t len, struct answer *v, siz
         if (t < e && *t != '#') {
             if (e[-1] == '\r')
                 e--;
-            err = script_parse_line(t, e, &v[(*n)++]);
+            err = script_parse_line(t, e, &v[(*n)++], natural);
         }
         s = eol ? eol + 1 : end;
     }
     return err;
 }
 
-/* POST /_stub/script: all lines or none are queued. */
-static int ctl_script(struct conn *c, struct evbuffer *out)
+/* POST /_stub/script and /_stub/lookup-script: all lines or none are queued on dst. */
+static int queue_script(struct conn *c, struct evbuffer *out, struct script *dst, bool natural)
 {
     struct stub *st = c->w->st;
     size_t len = evbuffer_get_length(c->req.body), lines = 1, n = 0, line = 0;
@@ -1470,20 +1610,32 @@ static int ctl_script(struct conn *c, struct evbuffer *out)
         put(out, "{\"error\":\"out of memory\"}");
         return 500;
     }
-    if ((err = script_parse(s, len, v, &n, &line))) {
+    if ((err = script_parse(s, len, v, &n, &line, natural))) {
         evbuffer_add_printf(out, "{\"error\":\"line %zu: %s\"}", line, err);
         status = 400;
         goto cleanup;
     }
     pthread_mutex_lock(&st->lock);
     for (size_t i = 0; i < n && status == 200; i++)
-        if (script_push(&st->script, &v[i]) < 0)
+        if (script_push(dst, &v[i]) < 0)
             status = 500;
-    evbuffer_add_printf(out, "{\"queued\":%zu,\"pending\":%zu}", n, st->script.len);
+    evbuffer_add_printf(out, "{\"queued\":%zu,\"pending\":%zu}", n, dst->len);
     pthread_mutex_unlock(&st->lock);
 cleanup:
     free(v);
     return status;
+}
+
+static int ctl_script(struct conn *c, struct evbuffer *out)
+{
+    return queue_script(c, out, &c->w->st->script, false);
+}
+
+/* Answers for the coming lookups, one per line: a status (and options) replaces a lookup's own
+ * answer, "answer" keeps it (with its delay and drop: a stalled or lost lookup). */
+static int ctl_lookup_script(struct conn *c, struct evbuffer *out)
+{
+    return queue_script(c, out, &c->w->st->lookup_script, true);
 }
 
 /* POST /_stub/window, body "MS LINE": for the next MS milliseconds every accepted plain request
@@ -1504,7 +1656,7 @@ static int ctl_window(struct conn *c, struct evbuffer *out)
     if (!next_token(&s, end, &t, &n) || !parse_uint(t, n, MAX_DELAY_MS, &ms))
         err = "MS must be a number of milliseconds up to 3600000";
     else if (ms > 0)
-        err = script_parse_line(s, end, &a);
+        err = script_parse_line(s, end, &a, false);
     if (err) {
         evbuffer_add_printf(out, "{\"error\":\"%s\"}", err);
         return 400;
@@ -1534,6 +1686,7 @@ static const struct {
     {HTTP_GET, "/_stub/keys/", true, ctl_key},
     {HTTP_GET, "/_stub/arrivals", false, ctl_arrivals},
     {HTTP_POST, "/_stub/script", false, ctl_script},
+    {HTTP_POST, "/_stub/lookup-script", false, ctl_lookup_script},
     {HTTP_POST, "/_stub/window", false, ctl_window},
     {HTTP_POST, "/_stub/reset", false, ctl_reset},
 };
@@ -1590,10 +1743,13 @@ static void handle_request(struct conn *c)
 
     if (r->control) {
         ctl_dispatch(c);
-    } else if (!r->accepted) {
+    } else if (!r->lookup && !r->accepted) {
         send_rejected(c);
     } else {
-        plan_request(c);
+        if (r->lookup)
+            plan_lookup(c);
+        else
+            plan_request(c);
         if (r->plan.delay_ms == 0) {
             send_plain(c);
             return;
@@ -1644,7 +1800,7 @@ static int on_message_begin(http_parser *hp)
 
     r->len = r->nhdrs = r->head_hdrs = r->url_len = 0;
     memset(r->slot, 0xff, sizeof r->slot);
-    r->in_value = r->control = r->accepted = r->in_flight = r->keep_alive = false;
+    r->in_value = r->control = r->lookup = r->accepted = r->in_flight = r->keep_alive = false;
     r->error = 0;
     r->seq = 0;
     return 0;
@@ -1717,7 +1873,8 @@ static int on_headers_complete(http_parser *hp)
     index_headers(r);
     r->in_value = true;             /* a trailer's name starts a new entry */
     r->control = r->url_len >= 7 && memcmp(r->buf, "/_stub/", 7) == 0;
-    if (!r->control)
+    r->lookup = !r->control && is_lookup(c);
+    if (!r->control && !r->lookup)
         stub_admit(c->w->st, r);
     maybe_continue(c);
     return 0;
@@ -2201,7 +2358,7 @@ static void usage(FILE *f)
     fputs("usage: sluice-stub [--listen HOST:PORT] [--tls-cert FILE --tls-key FILE]\n"
           "                   [--tls-client-ca FILE]\n"
           "                   [--max-rate R] [--burst B] [--body-size N] [--threads N]\n"
-          "                   [--delay-ms N] [--honour-idempotency]\n"
+          "                   [--delay-ms N] [--honour-idempotency] [--lookup PREFIX]\n"
           "  --listen HOST:PORT  address to serve on (default 127.0.0.1:9000; PORT 0 = any)\n"
           "  --tls-cert FILE     serve HTTPS with this PEM certificate chain (needs --tls-key)\n"
           "  --tls-key FILE      PEM private key of --tls-cert\n"
@@ -2214,6 +2371,8 @@ static void usage(FILE *f)
           "                      and windows override it)\n"
           "  --honour-idempotency  a repeated Idempotency-Key gets the stored answer, or 409\n"
           "                      while the first request is still being answered; no side effect\n"
+          "  --lookup PREFIX     GET/HEAD PREFIX<key> (e.g. '/lookup?client_ref=') answers 200 with\n"
+          "                      the stored answer of the key's first side effect, or 404\n"
           "See tests/stub/README.md for the X-Stub-* headers and the /_stub/ endpoints.\n",
           f);
 }
@@ -2234,6 +2393,7 @@ static bool parse_args(struct stub *st, int argc, char **argv)
         {"threads", required_argument, NULL, 't'},  {"help", no_argument, NULL, 'h'},
         {"delay-ms", required_argument, NULL, 'd'}, {"honour-idempotency", no_argument, NULL, 'i'},
         {"tls-client-ca", required_argument, NULL, 'C'},
+        {"lookup", required_argument, NULL, 'L'},
         {NULL, 0, NULL, 0},
     };
     uint64_t v;
@@ -2274,6 +2434,11 @@ static bool parse_args(struct stub *st, int argc, char **argv)
             st->delay_ms = (unsigned)v;
             break;
         case 'i': st->honour = true; break;
+        case 'L':
+            if (optarg[0] != '/' || !strncmp(optarg, "/_stub/", 7))
+                return bad_arg("--lookup wants a path prefix starting with / (not /_stub/)");
+            st->lookup = optarg;
+            break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return false;
         }
@@ -2328,6 +2493,8 @@ cleanup:
     keymap_clear(&st.calls);
     effects_clear(&st);
     script_clear(&st.script);
+    script_clear(&st.lookup_script);
+    keymap_clear(&st.lookup_keys);
     free(st.arrivals);
     SSL_CTX_free(st.tls);
     return rc;

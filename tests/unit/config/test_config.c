@@ -169,6 +169,15 @@ static void expect_default_idem_values(const struct sc_idempotency *i)
         cr_expect_eq(sc_idem_replays_status(i, s), s / 100 == 2 || s / 100 == 4,
                      "%d", s);
     cr_expect_eq(i->max_stored_body, 1u << 20);
+    cr_expect_eq(i->duplicates, SC_DUP_REFUSE);
+    /* verify's defaults, whether or not the block is given */
+    cr_expect_eq(i->verify.method, SC_M_GET);
+    for (s = 100; s < 600; s++) {
+        cr_expect_eq(sc_verify_found(&i->verify, s), s == 200, "%d", s);
+        cr_expect_eq(sc_verify_absent(&i->verify, s), s == 404, "%d", s);
+    }
+    cr_expect_eq(i->verify.after_ms, 1000);
+    cr_expect_eq(i->verify.attempts, 3);
 }
 
 Test(config_defaults, default_policy)
@@ -231,6 +240,8 @@ Test(config_defaults, empty_policy_and_idempotency_block)
     cr_expect_eq(cfg->policies[1].idem.pos.line, 5);
     cr_expect_eq(cfg->policies[1].idem.pos.col, 5);
     cr_expect_eq(cfg->policies[1].idem.lease_pos.line, 0);
+    cr_expect_eq(cfg->policies[1].idem.verify.enabled, false);
+    cr_expect_null(cfg->policies[1].idem.verify.path);
     cr_expect_eq(cfg->routes[0].policy, 0);
     cr_expect_eq(cfg->routes[1].policy, 1);
     config_free(cfg);
@@ -334,6 +345,9 @@ Test(config_full, spec_example_loads)
     cr_expect_eq(p->idem.enabled, true);
     expect_default_idem_values(&p->idem);
     cr_expect_eq(p->idem.lease_pos.line, 50);
+    cr_expect_eq(p->idem.verify.enabled, true);
+    cr_expect_str_eq(p->idem.verify.path, "/v1/orders?client_ref={key}");
+    cr_expect_eq(p->idem.verify.pos.line, 56);
 
     cr_assert_eq(cfg->n_routes, 1);
     r = &cfg->routes[0];
@@ -392,6 +406,8 @@ Test(config_sidecar, default_config_loads)
     cr_expect(sc_retry_on_status(&cfg->policies[0].retry, 503));
     cr_expect_eq(cfg->policies[0].idem.enabled, true);
     cr_expect_eq(cfg->policies[0].idem.required, false);
+    cr_expect_eq(cfg->policies[0].idem.duplicates, SC_DUP_REFUSE);
+    cr_expect_eq(cfg->policies[0].idem.verify.enabled, false);
     config_free(cfg);
 }
 
@@ -434,6 +450,8 @@ Test(config_sidecar, commented_example_loads_when_uncommented)
     cr_expect_str_eq(cfg->policies[i].partition_header, "X-Tenant");
     cr_expect_eq(cfg->policies[i].idem.enabled, true);
     cr_expect_eq(cfg->policies[i].breaker.enabled, true);
+    cr_expect_eq(cfg->policies[i].idem.verify.enabled, true);
+    cr_expect_str_eq(cfg->policies[i].idem.verify.path, "/v1/orders?client_ref={key}");
     config_free(cfg);
     free(out);
     free(src);
@@ -927,6 +945,90 @@ Test(config_json, breaker_block_defaults_values_and_json)
     json_decref(root);
     free(text);
     config_free(cfg);
+}
+
+Test(config_json, duplicates_and_verify_values_and_json)
+{
+    struct sc_config *cfg = load_ok(
+        "upstreams: {u: {url: http://127.0.0.1:9}}\n"
+        "policies:\n"
+        "  a:\n"
+        "    idempotency:\n"
+        "      duplicates: wait\n"
+        "      verify:\n"
+        "        method: HEAD\n"
+        "        path: /v1/orders/{key}?expand={key}\n"
+        "        found: [201, 200]\n"
+        "        absent: [404, 410]\n"
+        "        after: 250ms\n"
+        "        attempts: 5\n"
+        "  b: {idempotency: {verify: }}\n"
+        "routes: [{prefix: /, upstream: u, policy: a}]\n");
+    const struct sc_idempotency *a = &cfg->policies[0].idem, *b = &cfg->policies[1].idem;
+    json_t *root, *va, *found;
+    char *text;
+
+    cr_expect_eq(a->duplicates, SC_DUP_WAIT);
+    cr_expect_eq(a->verify.enabled, true);
+    cr_expect_eq(a->verify.method, SC_M_HEAD);
+    cr_expect_str_eq(a->verify.path, "/v1/orders/{key}?expand={key}");
+    for (int s = 100; s < 600; s++) {
+        cr_expect_eq(sc_verify_found(&a->verify, s), s == 200 || s == 201, "%d", s);
+        cr_expect_eq(sc_verify_absent(&a->verify, s), s == 404 || s == 410, "%d", s);
+    }
+    cr_expect_eq(a->verify.after_ms, 250);
+    cr_expect_eq(a->verify.attempts, 5);
+    cr_expect_eq(a->verify.pos.line, 6);
+    cr_expect_eq(b->verify.enabled, false, "verify: with no value is not given");
+    cr_expect_eq(b->duplicates, SC_DUP_REFUSE);
+    cr_expect_not(sc_verify_found(NULL, 200));
+
+    root = to_json(cfg, &text);
+    va = json_object_get(json_object_get(json_object_get(json_object_get(root,
+             "policies"), "a"), "idempotency"), "verify");
+    cr_expect_str_eq(json_string_value(json_object_get(json_object_get(json_object_get(
+                     json_object_get(root, "policies"), "a"), "idempotency"),
+                     "duplicates")), "wait");
+    cr_expect_str_eq(json_string_value(json_object_get(va, "method")), "HEAD");
+    cr_expect_str_eq(json_string_value(json_object_get(va, "path")),
+                     "/v1/orders/{key}?expand={key}");
+    found = json_object_get(va, "found");
+    cr_expect_eq(json_array_size(found), 2);
+    cr_expect_eq(json_integer_value(json_array_get(found, 0)), 200, "ascending codes");
+    cr_expect_eq(json_integer_value(json_array_get(found, 1)), 201);
+    cr_expect_str_eq(json_string_value(json_object_get(va, "after")), "250ms");
+    cr_expect_eq(json_integer_value(json_object_get(va, "attempts")), 5);
+    cr_expect(json_is_null(json_object_get(json_object_get(json_object_get(json_object_get(
+              root, "policies"), "b"), "idempotency"), "verify")));
+    json_decref(root);
+    free(text);
+    config_free(cfg);
+}
+
+/* Each status is checked: 429 and a shared one, both reported at their
+ * elements in one pass. */
+Test(config_errors, verify_statuses_reported_together)
+{
+    size_t n;
+    char *all = load_fail(
+        "upstreams: {u: {url: http://127.0.0.1:9}}\n"
+        "policies:\n"
+        "  a:\n"
+        "    idempotency:\n"
+        "      verify:\n"
+        "        path: /o?ref={key}\n"
+        "        found: [200, 429, 202]\n"
+        "        absent: [202, 404]\n"
+        "routes: [{prefix: /, upstream: u, policy: a}]\n", &n);
+
+    cr_expect_eq(n, 2, "%s", all);
+    cr_expect_str_eq(all,
+        "test.yaml:7:22: policies.a.idempotency.verify.found: 429 cannot be listed: "
+        "a 429 says nothing about the operation (the lookup was rate limited, and "
+        "counts as failed)\n"
+        "test.yaml:8:18: policies.a.idempotency.verify.absent: 202 is also in found: "
+        "a lookup's answer cannot mean both\n");
+    free(all);
 }
 
 /* JSON is YAML: the effective config loads back to the same effective

@@ -26,13 +26,16 @@ static enum store_claim acquire(const char *key, const uint8_t *fp,
     return acquire_ex(key, fp, now, LEASE, TTL, out);
 }
 
-static void expect_acquired(const char *key, const uint8_t *fp, uint64_t now,
-                            uint32_t attempt)
+/* The new lease's fence. */
+static uint64_t expect_acquired(const char *key, const uint8_t *fp, uint64_t now,
+                                uint32_t attempt)
 {
     struct store_acquire_out out;
 
     cr_assert_eq(acquire(key, fp, now, &out), STORE_ACQUIRED, "%s", key);
     cr_expect_eq(out.attempt, attempt, "%s attempt %u", key, out.attempt);
+    cr_expect_neq(out.lease, 0, "%s: a lease has a fence", key);
+    return out.lease;
 }
 
 static void expect_claim(const char *key, const uint8_t *fp, uint64_t now,
@@ -59,7 +62,7 @@ static struct store_header HDRS[] = {
 
 static void complete_bin(const char *key, uint64_t now)
 {
-    int rc = store_complete(st, SCOPE, key, now, TTL, 201, HDRS, 3, BIN_BODY,
+    int rc = store_complete(st, SCOPE, key, lease_in(st, SCOPE, key), now, TTL, 201, HDRS, 3, BIN_BODY,
                             sizeof BIN_BODY, false, &err);
 
     cr_assert_eq(rc, 0, "store_complete: %s", err.text);
@@ -144,7 +147,7 @@ Test(store, empty_body)
     struct store_record r;
 
     expect_acquired("k", fp_a, t0, 1);
-    cr_assert_eq(store_complete(st, SCOPE, "k", t0, TTL, 204, NULL, 0, NULL, 0,
+    cr_assert_eq(store_complete(st, SCOPE, "k", lease_in(st, SCOPE, "k"), t0, TTL, 204, NULL, 0, NULL, 0,
                                 false, &err), 0, "%s", err.text);
     cr_assert_eq(get("k", t0, &r), 0, "%s", err.text);
     cr_expect_eq(r.status, 204);
@@ -160,7 +163,7 @@ Test(store, body_omitted_keeps_status_and_headers_only)
     struct store_record r;
 
     expect_acquired("k", fp_a, t0, 1);
-    cr_assert_eq(store_complete(st, SCOPE, "k", t0, TTL, 200, HDRS, 2, big,
+    cr_assert_eq(store_complete(st, SCOPE, "k", lease_in(st, SCOPE, "k"), t0, TTL, 200, HDRS, 2, big,
                                 sizeof big, true, &err), 0, "%s", err.text);
     cr_assert_eq(get("k", t0, &r), 0, "%s", err.text);
     cr_expect_eq(r.status, 200);
@@ -213,7 +216,7 @@ Test(store, release_then_acquire_is_attempt_2)
     struct store_record r;
 
     expect_acquired("k", fp_a, t0, 1);
-    cr_assert_eq(store_release(st, SCOPE, "k", 1, t0 + 50, TTL, &err), 0, "%s",
+    cr_assert_eq(store_release(st, SCOPE, "k", 1, lease_in(st, SCOPE, "k"), t0 + 50, TTL, &err), 0, "%s",
                  err.text);
     cr_assert_eq(get("k", t0 + 50, &r), 0);
     cr_expect_eq(r.state, STORE_IN_PROGRESS);
@@ -231,9 +234,9 @@ Test(store, release_then_acquire_is_attempt_2)
 Test(store, released_count_lasts_ttl)
 {
     expect_acquired("k", fp_a, t0, 1);
-    cr_assert_eq(store_release(st, SCOPE, "k", 1, t0, 1000, &err), 0);
+    cr_assert_eq(store_release(st, SCOPE, "k", 1, lease_in(st, SCOPE, "k"), t0, 1000, &err), 0);
     expect_acquired("k", fp_a, t0 + 999, 2);
-    cr_assert_eq(store_release(st, SCOPE, "k", 2, t0 + 999, 1000, &err), 0);
+    cr_assert_eq(store_release(st, SCOPE, "k", 2, lease_in(st, SCOPE, "k"), t0 + 999, 1000, &err), 0);
     expect_acquired("k", fp_a, t0 + 999 + 1000, 1);
 }
 
@@ -252,18 +255,64 @@ Test(store, lapsed_lease_is_taken_over_as_attempt_2)
 }
 
 /* A holder that outlived its lease cannot end its successor's: releasing
- * with the old attempt is refused and the successor still holds the key. */
+ * with the old lease is refused and the successor still holds the key. */
 Test(store, late_holder_cannot_release_the_successors_lease)
 {
     struct store_acquire_out out;
+    uint64_t first = expect_acquired("k", fp_a, t0, 1);
+    uint64_t second = expect_acquired("k", fp_a, t0 + LEASE, 2);
 
-    expect_acquired("k", fp_a, t0, 1);
-    expect_acquired("k", fp_a, t0 + LEASE, 2);
-    cr_expect_eq(store_release(st, SCOPE, "k", 1, t0 + LEASE + 1, TTL, &err), -ESTALE);
-    cr_expect(strstr(err.text, "attempt 2 holds the lease") != NULL, "%s", err.text);
+    cr_expect_neq(first, second);
+    cr_expect_eq(store_release(st, SCOPE, "k", 1, first, t0 + LEASE + 1, TTL, &err), -ESTALE);
+    cr_expect(strstr(err.text, "another lease holds it (attempt 2)") != NULL, "%s", err.text);
     cr_expect_eq(acquire("k", fp_a, t0 + LEASE + 2, &out), STORE_HELD);
-    cr_expect_eq(store_release(st, SCOPE, "k", 2, t0 + LEASE + 3, TTL, &err), 0);
+    cr_expect_eq(store_release(st, SCOPE, "k", 2, second, t0 + LEASE + 3, TTL, &err), 0);
     expect_acquired("k", fp_a, t0 + LEASE + 3, 3);
+}
+
+/* Nor complete it: the successor's answer is the one a replay must give
+ * (its worker sees it), and the late one's result is refused, the record
+ * left in progress for the successor. */
+Test(store, late_holder_cannot_complete_the_successors_lease)
+{
+    struct store_record r;
+    uint64_t first = expect_acquired("k", fp_a, t0, 1);
+    uint64_t second = expect_acquired("k", fp_a, t0 + LEASE, 2);
+
+    cr_expect_eq(store_complete(st, SCOPE, "k", first, t0 + LEASE + 1, TTL, 500,
+                                NULL, 0, NULL, 0, false, &err), -ESTALE);
+    cr_expect(strstr(err.text, "another lease holds it (attempt 2)") != NULL, "%s", err.text);
+    cr_assert_eq(get("k", t0 + LEASE + 1, &r), 0);
+    cr_expect_eq(r.state, STORE_IN_PROGRESS);
+    cr_expect_eq(r.lease, second);
+    store_record_clear(&r);
+    cr_assert_eq(store_complete(st, SCOPE, "k", second, t0 + LEASE + 2, TTL, 201,
+                                NULL, 0, NULL, 0, false, &err), 0, "%s", err.text);
+    cr_assert_eq(get("k", t0 + LEASE + 2, &r), 0);
+    cr_expect_eq(r.status, 201);
+    cr_expect_eq(r.attempt, 2);
+    store_record_clear(&r);
+}
+
+/* An operator forgets a key and a new request takes it again: its attempt
+ * count starts over at 1, so only the fence tells the two leases apart. The
+ * old holder can neither release nor complete the new lease. */
+Test(store, a_forgotten_key_taken_again_is_fenced_from_its_old_holder)
+{
+    struct store_record r;
+    uint64_t old = expect_acquired("k", fp_a, t0, 1), again;
+
+    cr_assert_eq(store_forget(st, SCOPE, "k", &err), 0, "%s", err.text);
+    again = expect_acquired("k", fp_a, t0 + 1, 1);
+    cr_expect_neq(old, again);
+    cr_expect_eq(store_release(st, SCOPE, "k", 1, old, t0 + 2, TTL, &err), -ESTALE);
+    cr_expect_eq(store_complete(st, SCOPE, "k", old, t0 + 2, TTL, 200, NULL, 0,
+                                NULL, 0, false, &err), -ESTALE);
+    expect_claim("k", fp_a, t0 + 3, STORE_HELD);
+    cr_assert_eq(get("k", t0 + 3, &r), 0);
+    cr_expect_eq(r.state, STORE_IN_PROGRESS);
+    cr_expect_eq(r.lease, again);
+    store_record_clear(&r);
 }
 
 Test(store, in_progress_record_expires_at_lease_plus_ttl)
@@ -289,7 +338,7 @@ Test(store, mismatch_in_every_state)
     expect_claim("k", fp_b, t, STORE_MISMATCH);
     /* released */
     expect_acquired("k", fp_a, t, 2);
-    cr_assert_eq(store_release(st, SCOPE, "k", 2, t, TTL, &err), 0);
+    cr_assert_eq(store_release(st, SCOPE, "k", 2, lease_in(st, SCOPE, "k"), t, TTL, &err), 0);
     expect_claim("k", fp_b, t, STORE_MISMATCH);
     /* completed */
     expect_acquired("k", fp_a, t, 3);
@@ -328,7 +377,7 @@ Test(store, scopes_are_apart)
 
 Test(store, complete_absent_is_enoent)
 {
-    cr_expect_eq(store_complete(st, SCOPE, "k", t0, TTL, 200, NULL, 0, NULL, 0,
+    cr_expect_eq(store_complete(st, SCOPE, "k", lease_in(st, SCOPE, "k"), t0, TTL, 200, NULL, 0, NULL, 0,
                                 false, &err), -ENOENT);
     cr_expect(strstr(err.text, "no live record"), "%s", err.text);
 }
@@ -350,7 +399,7 @@ Test(store, first_result_stays)
 
     expect_acquired("k", fp_a, t0, 1);
     complete_bin("k", t0 + 1);
-    cr_expect_eq(store_complete(st, SCOPE, "k", t0 + 2, TTL, 500, NULL, 0,
+    cr_expect_eq(store_complete(st, SCOPE, "k", lease_in(st, SCOPE, "k"), t0 + 2, TTL, 500, NULL, 0,
                                 NULL, 0, false, &err), -EALREADY);
     cr_expect(strstr(err.text, "already completed"), "%s", err.text);
     cr_assert_eq(get("k", t0 + 3, &r), 0);
@@ -366,7 +415,7 @@ Test(store, release_absent_is_enoent_and_completed_is_kept)
     /* -ENOENT is an answer: err is left alone (the proxy logs only
      * failures that carry a message). */
     err.text[0] = '\0';
-    cr_expect_eq(store_release(st, SCOPE, "k", 1, t0, TTL, &err), -ENOENT);
+    cr_expect_eq(store_release(st, SCOPE, "k", 1, lease_in(st, SCOPE, "k"), t0, TTL, &err), -ENOENT);
     cr_expect_str_empty(err.text);
     cr_expect_eq(store_forget(st, SCOPE, "k", &err), -ENOENT);
     cr_expect_str_empty(err.text);
@@ -374,7 +423,7 @@ Test(store, release_absent_is_enoent_and_completed_is_kept)
     cr_expect_str_empty(err.text);
     expect_acquired("k", fp_a, t0, 1);
     complete_bin("k", t0);
-    cr_expect_eq(store_release(st, SCOPE, "k", 1, t0, TTL, &err), -EALREADY);
+    cr_expect_eq(store_release(st, SCOPE, "k", 1, lease_in(st, SCOPE, "k"), t0, TTL, &err), -EALREADY);
     cr_assert_eq(get("k", t0, &r), 0);
     expect_bin_result(&r);
     store_record_clear(&r);
@@ -410,7 +459,7 @@ Test(store, invalid_keys_are_einval)
                                &err), -EINVAL);
     cr_expect_eq(store_get(st, "bad/scope", "k", t0, &r, &err), -EINVAL);
     cr_expect(strstr(err.text, "bad/scope"), "%s", err.text);
-    cr_expect_eq(store_release(st, SCOPE, "a\nb", 1, t0, TTL, &err), -EINVAL);
+    cr_expect_eq(store_release(st, SCOPE, "a\nb", 1, lease_in(st, SCOPE, "a\nb"), t0, TTL, &err), -EINVAL);
     cr_expect_eq(store_forget(st, "", "k", &err), -EINVAL);
     long_key[255] = '\0';
     expect_acquired(long_key, fp_a, t0, 1);
@@ -421,7 +470,7 @@ Test(store, invalid_keys_are_einval)
 Test(store, complete_refuses_a_bad_status)
 {
     expect_acquired("k", fp_a, t0, 1);
-    cr_expect_eq(store_complete(st, SCOPE, "k", t0, TTL, 1000, NULL, 0, NULL,
+    cr_expect_eq(store_complete(st, SCOPE, "k", lease_in(st, SCOPE, "k"), t0, TTL, 1000, NULL, 0, NULL,
                                 0, false, &err), -EINVAL);
     expect_claim("k", fp_a, t0, STORE_HELD);
 }
@@ -437,7 +486,7 @@ Test(store, reopen_keeps_every_record)
     expect_acquired("done", fp_a, t0, 1);
     complete_bin("done", t0 + 1);
     expect_acquired("released", fp_a, t0, 1);
-    cr_assert_eq(store_release(st, SCOPE, "released", 1, t0 + 2, TTL, &err), 0);
+    cr_assert_eq(store_release(st, SCOPE, "released", 1, lease_in(st, SCOPE, "released"), t0 + 2, TTL, &err), 0);
     reopen();
     cr_assert_eq(acquire("held", fp_a, t0 + 10, &out), STORE_HELD);
     cr_expect_eq(out.remaining_ms, LEASE - 10);

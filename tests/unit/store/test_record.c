@@ -26,6 +26,7 @@ static struct store_record sample(void)
         .lease_expires_ms = 1700000001000ull,
         .completed_ms = 1700000002000ull,
         .expires_ms = UINT64_MAX - 1,
+        .lease = 0x0123456789abcdefull,
         .status = 201,
         .headers = h,
         .n_headers = 2,
@@ -48,6 +49,7 @@ static void expect_same(const struct store_record *a,
     cr_expect_eq(a->lease_expires_ms, b->lease_expires_ms);
     cr_expect_eq(a->completed_ms, b->completed_ms);
     cr_expect_eq(a->expires_ms, b->expires_ms);
+    cr_expect_eq(a->lease, b->lease);
     cr_expect_eq(a->status, b->status);
     cr_assert_eq(a->n_headers, b->n_headers);
     for (size_t i = 0; i < a->n_headers; i++) {
@@ -128,7 +130,7 @@ Test(record, key_refusals)
     cr_expect_eq(record_key_make(&k, "p", NULL, &err), -EINVAL);
 }
 
-Test(record, v2_round_trip)
+Test(record, v3_round_trip)
 {
     struct store_record in = sample(), out;
     size_t len;
@@ -141,7 +143,29 @@ Test(record, v2_round_trip)
     free(buf);
 }
 
-Test(record, v2_layout_is_the_documented_one)
+/* The documented layout up to the headers; v2 has no lease. */
+static void blob_head(struct blob *x, unsigned version,
+                      const struct store_record *in)
+{
+    blob_le(x, version, 1);
+    blob_le(x, 2, 1);
+    blob_le(x, 0, 1); /* flags */
+    blob_le(x, in->attempt, 4);
+    blob_le(x, in->expires_ms, 8);
+    blob_le(x, in->created_ms, 8);
+    blob_le(x, in->lease_expires_ms, 8);
+    blob_le(x, in->completed_ms, 8);
+    blob_raw(x, in->fingerprint, STORE_FP_LEN);
+    if (version >= 3)
+        blob_le(x, in->lease, 8);
+    blob_le(x, 201, 2);
+    blob_le(x, 1, 4);
+    blob_str(x, "Content-Type", 12);
+    blob_str(x, "application/octet-stream", 24);
+    blob_str(x, BODY, sizeof BODY);
+}
+
+Test(record, v3_layout_is_the_documented_one)
 {
     struct store_record in = sample();
     struct blob x = {.n = 0};
@@ -149,24 +173,25 @@ Test(record, v2_layout_is_the_documented_one)
     uint8_t *buf;
 
     in.n_headers = 1;
-    blob_le(&x, 2, 1);
-    blob_le(&x, 2, 1);
-    blob_le(&x, 0, 1); /* flags */
-    blob_le(&x, in.attempt, 4);
-    blob_le(&x, in.expires_ms, 8);
-    blob_le(&x, in.created_ms, 8);
-    blob_le(&x, in.lease_expires_ms, 8);
-    blob_le(&x, in.completed_ms, 8);
-    blob_raw(&x, in.fingerprint, STORE_FP_LEN);
-    blob_le(&x, 201, 2);
-    blob_le(&x, 1, 4);
-    blob_str(&x, "Content-Type", 12);
-    blob_str(&x, "application/octet-stream", 24);
-    blob_str(&x, BODY, sizeof BODY);
+    blob_head(&x, 3, &in);
     buf = encode(&in, &len);
     cr_assert_eq(len, x.n);
     cr_expect_arr_eq(buf, x.b, len);
     free(buf);
+}
+
+/* A record of the previous release reads as it was, with no fence. */
+Test(record, v2_is_read_without_a_lease)
+{
+    struct store_record in = sample(), out;
+    struct blob x = {.n = 0};
+
+    in.n_headers = 1;
+    blob_head(&x, 2, &in);
+    cr_assert_eq(decode(x.b, x.n, &out), 0, "%s", err.text);
+    in.lease = 0;
+    expect_same(&out, &in);
+    store_record_clear(&out);
 }
 
 Test(record, empty_and_omitted_bodies)
@@ -276,14 +301,14 @@ Test(record, unknown_versions_are_eproto)
     uint8_t v[] = {0, 2, 0, 0, 0, 0};
 
     cr_expect_eq(decode(v, sizeof v, &out), -EPROTO);
-    v[0] = 3;
+    v[0] = 4;
     cr_expect_eq(decode(v, sizeof v, &out), -EPROTO);
-    cr_expect(strstr(err.text, "version 3"), "%s", err.text);
+    cr_expect(strstr(err.text, "version 4"), "%s", err.text);
     v[0] = 255;
     cr_expect_eq(decode(v, 1, &out), -EPROTO);
 }
 
-/* Patches one byte of a valid v2 value and expects a refusal. */
+/* Patches one byte of a valid v3 value and expects a refusal. */
 static void expect_bad_at(size_t off, uint8_t value, const char *why)
 {
     struct store_record in = sample(), out;
@@ -298,7 +323,7 @@ static void expect_bad_at(size_t off, uint8_t value, const char *why)
 
 Test(record, corrupt_fields_are_refused)
 {
-    size_t status = 1 + 1 + 1 + 4 + 32 + STORE_FP_LEN;
+    size_t status = 1 + 1 + 1 + 4 + 32 + STORE_FP_LEN + 8; /* after the lease */
     size_t n_headers = status + 2;
     size_t name_byte = n_headers + 4 + 4;
 

@@ -18,6 +18,7 @@
 #include "store/store.h"
 #include "store/store_rocksdb_internal.h"
 #include "support/testutil.h"
+#include "unit/store/lease.h"
 #include "unit/store/blob.h"
 #include "util/clock.h"
 
@@ -80,7 +81,7 @@ Test(store, reopen_after_many_writes)
     for (int i = 0; i < 400; i++) {
         snprintf(key, sizeof key, "k%04d", i);
         expect_acquired(key, fp_a, t0, 1);
-        cr_assert_eq(store_complete(st, SCOPE, key, t0, TTL, 200, NULL, 0,
+        cr_assert_eq(store_complete(st, SCOPE, key, lease_in(st, SCOPE, key), t0, TTL, 200, NULL, 0,
                                     body, sizeof body, false, &err), 0);
     }
     reopen();
@@ -433,7 +434,7 @@ Test(store, v1_completed_record_is_read)
     cr_expect_eq(get("old", t0 + TTL, &r), -ENOENT);
 }
 
-Test(store, v1_in_progress_record_is_taken_over_and_rewritten_as_v2)
+Test(store, v1_in_progress_record_is_taken_over_and_rewritten_as_v3)
 {
     struct store_acquire_out out;
     struct store_record r;
@@ -444,7 +445,7 @@ Test(store, v1_in_progress_record_is_taken_over_and_rewritten_as_v2)
     cr_assert_eq(acquire("old", fp_a, t0, &out), STORE_HELD);
     cr_expect_eq(out.remaining_ms, 100);
     expect_acquired("old", fp_a, t0 + 100, 3);
-    cr_expect_eq(raw_version("old"), 2);
+    cr_expect_eq(raw_version("old"), 3);
     cr_assert_eq(get("old", t0 + 100, &r), 0);
     cr_expect_eq(r.created_ms, 500);
     cr_expect_eq(r.attempt, 3);
@@ -464,9 +465,9 @@ Test(store, unknown_version_is_eproto_everywhere)
     cr_expect_null(r.headers);
     cr_expect_eq(store_acquire(st, SCOPE, "future", fp_a, t0, LEASE, TTL,
                                &out, &err), -EPROTO);
-    cr_expect_eq(store_complete(st, SCOPE, "future", t0, TTL, 200, NULL, 0,
+    cr_expect_eq(store_complete(st, SCOPE, "future", lease_in(st, SCOPE, "future"), t0, TTL, 200, NULL, 0,
                                 NULL, 0, false, &err), -EPROTO);
-    cr_expect_eq(store_release(st, SCOPE, "future", 1, t0, TTL, &err), -EPROTO);
+    cr_expect_eq(store_release(st, SCOPE, "future", 1, lease_in(st, SCOPE, "future"), t0, TTL, &err), -EPROTO);
     /* The way out: an operator forgets the key. */
     cr_expect_eq(store_forget(st, SCOPE, "future", &err), 0);
     expect_acquired("future", fp_a, t0, 1);

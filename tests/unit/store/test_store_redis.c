@@ -18,6 +18,7 @@
 #include "store/store.h"
 #include "support/redis_server.h"
 #include "support/testutil.h"
+#include "unit/store/lease.h"
 #include "util/clock.h"
 
 #define SCOPE "payments"
@@ -132,7 +133,7 @@ Test(store, saturated_expiry_keeps_the_record_without_a_ttl)
     cr_expect_eq(r.expires_ms, UINT64_MAX);
     store_record_clear(&r);
     expect_claim("k", fp_a, t0 + 1, STORE_HELD);
-    cr_assert_eq(store_release(st, SCOPE, "k", 1, t0 + 2, UINT64_MAX, &err), 0, "%s", err.text);
+    cr_assert_eq(store_release(st, SCOPE, "k", 1, lease_in(st, SCOPE, "k"), t0 + 2, UINT64_MAX, &err), 0, "%s", err.text);
     expect_acquired("k", fp_a, t0 + 3, 2);
 }
 
@@ -195,9 +196,9 @@ Test(store, unreadable_values_are_errors_and_can_be_forgotten)
     cr_expect(strstr(err.text, "payments/future"), "%s", err.text);
     cr_expect_eq(store_acquire(st, SCOPE, "future", fp_a, t0, LEASE, TTL,
                                &out, &err), -EPROTO);
-    cr_expect_eq(store_complete(st, SCOPE, "future", t0, TTL, 200, NULL, 0,
+    cr_expect_eq(store_complete(st, SCOPE, "future", lease_in(st, SCOPE, "future"), t0, TTL, 200, NULL, 0,
                                 NULL, 0, false, &err), -EPROTO);
-    cr_expect_eq(store_release(st, SCOPE, "future", 1, t0, TTL, &err), -EPROTO);
+    cr_expect_eq(store_release(st, SCOPE, "future", 1, lease_in(st, SCOPE, "future"), t0, TTL, &err), -EPROTO);
     x = raw("SET sluice:{payments}:k:short %b", "\x02\x01", (size_t)2);
     freeReplyObject(x);
     cr_expect_eq(store_acquire(st, SCOPE, "short", fp_a, t0, LEASE, TTL,
@@ -212,8 +213,8 @@ Test(store, fence_holds_across_sidecars)
 {
     struct store *other = open_second();
     struct store_acquire_out out;
+    uint64_t first = expect_acquired("k", fp_a, t0, 1);
 
-    expect_acquired("k", fp_a, t0, 1);
     cr_assert_eq(store_acquire(other, SCOPE, "k", fp_a, t0 + 1, LEASE, TTL, &out, &err), 0);
     cr_expect_eq(out.claim, STORE_HELD);
     cr_expect_eq(out.remaining_ms, LEASE - 1);
@@ -221,10 +222,12 @@ Test(store, fence_holds_across_sidecars)
     cr_assert_eq(store_acquire(other, SCOPE, "k", fp_a, t0 + LEASE, LEASE, TTL, &out, &err), 0);
     cr_assert_eq(out.claim, STORE_ACQUIRED);
     cr_expect_eq(out.attempt, 2);
-    cr_expect_eq(store_release(st, SCOPE, "k", 1, t0 + LEASE + 1, TTL, &err), -ESTALE);
-    cr_expect(strstr(err.text, "attempt 2 holds the lease, not 1"), "%s", err.text);
+    cr_expect_eq(store_release(st, SCOPE, "k", 1, first, t0 + LEASE + 1, TTL, &err), -ESTALE);
+    cr_expect(strstr(err.text, "another lease holds it (attempt 2)"), "%s", err.text);
+    cr_expect_eq(store_complete(st, SCOPE, "k", first, t0 + LEASE + 1, TTL, 200, NULL,
+                                0, NULL, 0, false, &err), -ESTALE);
     expect_claim("k", fp_a, t0 + LEASE + 2, STORE_HELD);
-    cr_expect_eq(store_release(other, SCOPE, "k", 2, t0 + LEASE + 3, TTL, &err), 0, "%s", err.text);
+    cr_expect_eq(store_release(other, SCOPE, "k", 2, out.lease, t0 + LEASE + 3, TTL, &err), 0, "%s", err.text);
     expect_acquired("k", fp_a, t0 + LEASE + 3, 3);
     store_close(other);
 }
@@ -247,7 +250,7 @@ Test(store, completed_records_replay_across_sidecars)
     cr_assert_eq(store_get(other, SCOPE, "k", t0 + 30, &r, &err), 0);
     expect_bin_result(&r);
     store_record_clear(&r);
-    cr_expect_eq(store_complete(other, SCOPE, "k", t0 + 40, TTL, 500, NULL, 0,
+    cr_expect_eq(store_complete(other, SCOPE, "k", lease_in(other, SCOPE, "k"), t0 + 40, TTL, 500, NULL, 0,
                                 NULL, 0, false, &err), -EALREADY);
     store_close(other);
 }
@@ -260,7 +263,7 @@ Test(store, lost_scripts_are_loaded_again)
     cr_assert(redis_server_cmd(&srv, "SCRIPT FLUSH"));
     expect_acquired("b", fp_a, t0, 1);
     cr_assert(redis_server_cmd(&srv, "SCRIPT FLUSH"));
-    cr_assert_eq(store_release(st, SCOPE, "b", 1, t0, TTL, &err), 0, "%s", err.text);
+    cr_assert_eq(store_release(st, SCOPE, "b", 1, lease_in(st, SCOPE, "b"), t0, TTL, &err), 0, "%s", err.text);
     cr_assert(redis_server_cmd(&srv, "SCRIPT FLUSH"));
     complete_bin("a", t0);
     cr_assert(redis_server_cmd(&srv, "SCRIPT FLUSH"));
@@ -370,7 +373,7 @@ Test(store, async_calls_complete_on_the_loop)
     cr_expect_eq(c.acq.attempt, 1);
 
     call_init(&c, &w);
-    cr_assert_eq(store_complete_async(a.sl, &c, SCOPE, "k", t0 + 5, TTL, 201, HDRS, 3,
+    cr_assert_eq(store_complete_async(a.sl, &c, SCOPE, "k", lease_in(st, SCOPE, "k"), t0 + 5, TTL, 201, HDRS, 3,
                                       BIN_BODY, sizeof BIN_BODY, false), -EINPROGRESS);
     cr_assert(run_until(a.base, &w, 2, WAIT_MS));
     cr_assert_eq(c.rc, 0, "%s", c.err.text);
@@ -391,7 +394,7 @@ Test(store, async_calls_complete_on_the_loop)
     store_record_clear(&c.acq.rec);
 
     call_init(&c, &w);
-    cr_assert_eq(store_release_async(a.sl, &c, SCOPE, "k", 1, t0 + 8, TTL), -EINPROGRESS);
+    cr_assert_eq(store_release_async(a.sl, &c, SCOPE, "k", 1, lease_in(st, SCOPE, "k"), t0 + 8, TTL), -EINPROGRESS);
     cr_assert(run_until(a.base, &w, 5, WAIT_MS));
     cr_expect_eq(c.rc, -EALREADY, "%s", c.err.text);
 
@@ -758,7 +761,7 @@ Test(store, permit_lease_takes_both_or_neither)
      * from the record. */
     c = permit_lease(&a, &w, "a", fp_b, 1000);
     cr_expect_eq(c.acq.claim, STORE_MISMATCH);
-    cr_assert_eq(store_complete(st, SCOPE, "a", t0 + 1, TTL, 201, HDRS, 3,
+    cr_assert_eq(store_complete(st, SCOPE, "a", lease_in(st, SCOPE, "a"), t0 + 1, TTL, 201, HDRS, 3,
                                 BIN_BODY, sizeof BIN_BODY, false, &err), 0, "%s", err.text);
     c = permit_lease(&a, &w, "a", fp_a, 1000);
     cr_expect_eq(c.acq.claim, STORE_DONE);
@@ -775,23 +778,25 @@ Test(store, release_unsent_gives_the_attempt_back)
     struct waiter w = {0};
     struct store_call c;
     struct store_record rec;
+    uint64_t first;
 
     c = permit_lease(&a, &w, "k", fp_a, 1000);
     cr_assert_eq(c.acq.claim, STORE_ACQUIRED);
-    cr_assert_eq(store_release(st, SCOPE, "k", 1, t0 + 1, TTL, &err), 0, "%s", err.text);
+    first = c.acq.lease;
+    cr_assert_eq(store_release(st, SCOPE, "k", 1, first, t0 + 1, TTL, &err), 0, "%s", err.text);
     pl_now = t0 + 1;
     c = permit_lease(&a, &w, "k", fp_a, 60000); /* a takeover: attempt 2 */
     cr_assert_eq(c.acq.claim, STORE_ACQUIRED);
     cr_assert_eq(c.acq.attempt, 2);
 
     call_init(&c, &w);
-    cr_assert_eq(store_release_unsent_async(a.sl, &c, SCOPE, "k", 3, t0 + 2, TTL),
+    cr_assert_eq(store_release_unsent_async(a.sl, &c, SCOPE, "k", 1, first, t0 + 2, TTL),
                  -EINPROGRESS);
     cr_assert(run_until(a.base, &w, w.done + 1, WAIT_MS));
     cr_expect_eq(c.rc, -ESTALE, "another attempt's lease is not ours to end");
 
     call_init(&c, &w);
-    cr_assert_eq(store_release_unsent_async(a.sl, &c, SCOPE, "k", 2, t0 + 2, TTL),
+    cr_assert_eq(store_release_unsent_async(a.sl, &c, SCOPE, "k", 2, lease_in(st, SCOPE, "k"), t0 + 2, TTL),
                  -EINPROGRESS);
     cr_assert(run_until(a.base, &w, w.done + 1, WAIT_MS));
     cr_assert_eq(c.rc, 0, "%s", c.err.text);
@@ -824,7 +829,7 @@ Test(store, permit_lease_needs_a_shared_store)
     cr_expect_eq(store_permit_lease_async(a.sl, &c, SCOPE, "k", fp_a, t0, LEASE,
                                           TTL, &b), -EOPNOTSUPP);
     cr_expect(strstr(c.err.text, "no shared buckets"), "%s", c.err.text);
-    cr_expect_eq(store_release_unsent_async(a.sl, &c, SCOPE, "k", 1, t0, TTL),
+    cr_expect_eq(store_release_unsent_async(a.sl, &c, SCOPE, "k", 1, lease_in(st, SCOPE, "k"), t0, TTL),
                  -EOPNOTSUPP);
     aloop_free(&a);
     store_close(rocks);

@@ -17,6 +17,7 @@
 #include "store/store.h"
 #include "store/store_rocksdb_internal.h"
 #include "support/testutil.h"
+#include "unit/store/lease.h"
 #include "util/clock.h"
 
 #define SCOPE "payments"
@@ -133,7 +134,7 @@ Test(store_sync, async_answers_are_the_blocking_ones)
     cr_expect_eq(finish(&l, &c, store_acquire_async(l.sl, &c, SCOPE, "k", fp_a,
                                                     t0 + 1, LEASE, TTL)), 0);
     cr_expect_eq(c.acq.claim, STORE_HELD);
-    cr_expect_eq(finish(&l, &c, store_complete_async(l.sl, &c, SCOPE, "k", t0 + 2,
+    cr_expect_eq(finish(&l, &c, store_complete_async(l.sl, &c, SCOPE, "k", lease_in(st, SCOPE, "k"), t0 + 2,
                                                      TTL, 201, NULL, 0,
                                                      (const uint8_t *)"ok", 2,
                                                      false)), 0, "%s", c.err.text);
@@ -142,13 +143,13 @@ Test(store_sync, async_answers_are_the_blocking_ones)
     cr_expect_eq(c.rec.status, 201);
     cr_expect_eq(c.rec.body_len, 2);
     store_record_clear(&c.rec);
-    cr_expect_eq(finish(&l, &c, store_release_async(l.sl, &c, SCOPE, "k", 1,
+    cr_expect_eq(finish(&l, &c, store_release_async(l.sl, &c, SCOPE, "k", 1, lease_in(st, SCOPE, "k"),
                                                     t0 + 4, TTL)), -EALREADY);
     cr_expect_eq(finish(&l, &c, store_pause_set_async(l.sl, &c, SCOPE, t0,
                                                       t0 + 60000)), 0);
     /* An absent key rests on no record: answered at once. */
     cr_expect_eq(store_get_async(l.sl, &c, SCOPE, "absent", t0), -ENOENT);
-    cr_expect_eq(store_release_async(l.sl, &c, SCOPE, "absent", 1, t0, TTL),
+    cr_expect_eq(store_release_async(l.sl, &c, SCOPE, "absent", 1, lease_in(st, SCOPE, "absent"), t0, TTL),
                  -ENOENT);
     cr_expect_eq(store_permit_async(l.sl, &c, SCOPE, NULL, 1, 1, 1), -EOPNOTSUPP);
     loop_free(&l);
@@ -245,7 +246,7 @@ static bool worker_phase(struct worker *k, bool complete)
     for (int i = 0; i < KEYS; i++) {
         call_init(&k->calls[i], &k->l);
         snprintf(key, sizeof key, "w%d-%d", k->id, i);
-        rc = complete ? store_complete_async(k->l.sl, &k->calls[i], SCOPE, key,
+        rc = complete ? store_complete_async(k->l.sl, &k->calls[i], SCOPE, key, lease_in(st, SCOPE, key),
                                              t0, TTL, 200, NULL, 0,
                                              (const uint8_t *)key, strlen(key),
                                              false)
