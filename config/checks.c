@@ -157,10 +157,89 @@ void check_tls(struct cfg_loader *lc, void *obj,
         check_client_pair(lc, tls);
 }
 
+/* quota (docs/configuration.md): min_rate defaults to rate / 100, which no
+ * row can say, and never exceeds the rate it is a floor under. */
+static void check_quota(struct cfg_loader *lc, struct sc_policy *p)
+{
+    struct sc_quota *q = &p->quota;
+    char min[64], rate[64];
+
+    if (!q->min_rate_pos.line)
+        q->min_rate = p->has_rate ? p->rate / 100 : 0;
+    if (!q->enabled)
+        return;
+    if (!p->has_rate) {
+        err_at(lc, q->pos, "%s.quota: needs a rate: the advertised quota "
+               "paces the policy's bucket, never above its rate", lc->path);
+        return;
+    }
+    if (q->min_rate <= p->rate)
+        return;
+    units_format_rate(q->min_rate, min, sizeof min);
+    units_format_rate(p->rate, rate, sizeof rate);
+    err_at(lc, q->min_rate_pos, "%s.quota.min_rate: %s is above the policy's "
+           "rate (%s)", lc->path, min, rate);
+}
+
+/* The first lane before i named like lane i, or NULL. */
+static const struct sc_lane *lane_named_before(const struct sc_policy *p,
+                                               size_t i)
+{
+    for (size_t j = 0; j < i; j++)
+        if (p->lanes[j].name && !strcmp(p->lanes[j].name, p->lanes[i].name))
+            return &p->lanes[j];
+    return NULL;
+}
+
+/* The shares add up to 100 %, give or take the binary rounding of decimal
+ * ones (33.3 + 33.3 + 33.4). */
+static void check_shares(struct cfg_loader *lc, const struct sc_policy *p,
+                         struct sc_pos at)
+{
+    double sum = 0;
+
+    for (size_t i = 0; i < p->n_lanes; i++) {
+        if (p->lanes[i].share <= 0)
+            return; /* not parsed: its error is given already */
+        sum += p->lanes[i].share;
+    }
+    if (sum < 100 - 1e-9 || sum > 100 + 1e-9)
+        err_at(lc, at, "%s.lanes: the shares add up to %.10g%%, not 100%%",
+               lc->path, sum);
+}
+
+/* lanes (docs/configuration.md): they divide the permits of the policy's
+ * bucket, so they need one; names are unique; max_wait defaults to the
+ * policy's. */
+static void check_lanes(struct cfg_loader *lc, struct sc_policy *p)
+{
+    const struct sc_lane *first;
+    size_t i;
+
+    if (!p->n_lanes)
+        return;
+    if (!p->has_rate) {
+        err_at(lc, p->lanes_pos, "%s.lanes: needs a rate: lanes share the "
+               "permits of the policy's bucket", lc->path);
+        return;
+    }
+    for (i = 0; i < p->n_lanes; i++) {
+        struct sc_lane *l = &p->lanes[i];
+
+        if (!l->max_wait_pos.line)
+            l->max_wait_ms = p->max_wait_ms;
+        if (l->name && (first = lane_named_before(p, i)))
+            err_at(lc, l->name_pos, "%s.lanes[%zu].name: duplicate lane \"%s\" "
+                   "(first given at line %d)", lc->path, i, l->name,
+                   first->name_pos.line);
+    }
+    check_shares(lc, p, p->lanes_pos);
+}
+
 void check_policy(struct cfg_loader *lc, void *obj,
                   yaml_node_t *const *vals, struct sc_pos where)
 {
-    const struct sc_policy *p = obj;
+    struct sc_policy *p = obj;
 
     if (p->name && !strcmp(p->name, "default"))
         err_at(lc, where, "%s: the name \"default\" is reserved for routes "
@@ -172,6 +251,8 @@ void check_policy(struct cfg_loader *lc, void *obj,
     if (p->breaker.enabled && !p->has_rate)
         err_at(lc, p->breaker.pos, "%s.breaker: needs a rate: the breaker pauses "
                "the policy's bucket", lc->path);
+    check_quota(lc, p);
+    check_lanes(lc, p);
 }
 
 void check_breaker(struct cfg_loader *lc, void *obj,
@@ -210,6 +291,77 @@ void check_retry(struct cfg_loader *lc, void *obj,
                 "(%s, the default)", base, cap);
 }
 
+/* "a, b, c": the policy's lane names, for a message. */
+static const char *lane_list(const struct sc_policy *p, char *buf, size_t len)
+{
+    size_t used = 0;
+
+    buf[0] = '\0';
+    for (size_t i = 0; i < p->n_lanes && used < len; i++)
+        used += (size_t)snprintf(buf + used, len - used, "%s%s", i ? ", " : "",
+                                 p->lanes[i].name ? p->lanes[i].name : "?");
+    return buf;
+}
+
+/* The route names a policy that does not exist: that error is given, and
+ * its lane cannot be judged. */
+static bool policy_unresolved(const struct sc_route *r, const yaml_node_t *at)
+{
+    const char *s;
+
+    if (!given(at))
+        return false;
+    if (at->type != YAML_SCALAR_NODE)
+        return true;
+    s = (const char *)at->data.scalar.value;
+    return r->policy < 0 && *s && strcmp(s, "default") != 0;
+}
+
+static long lane_index(const struct sc_policy *p, const char *name)
+{
+    for (size_t i = 0; i < p->n_lanes; i++)
+        if (p->lanes[i].name && !strcmp(p->lanes[i].name, name))
+            return (long)i;
+    return -1;
+}
+
+/* A route's lane (docs/configuration.md, lanes): one of its policy's, by name; the
+ * policy's last when the route names none. A lane on a policy without lanes
+ * is refused rather than ignored: the operator expected a share. */
+static void check_route_lane(struct cfg_loader *lc, struct sc_route *r,
+                             yaml_node_t *const *vals)
+{
+    const struct sc_config *cfg = lc->cfg;
+    const struct sc_policy *p = r->policy >= 0 ? &cfg->policies[r->policy]
+                                               : NULL;
+    bool named = r->lane && *r->lane;
+    char lanes[512];
+
+    r->lane_index = -1;
+    if (policy_unresolved(r, vals[RT_POLICY]))
+        return;
+    if (p && p->n_lanes && !named) {
+        r->lane_index = (long)p->n_lanes - 1;
+        if (p->lanes[p->n_lanes - 1].name)
+            set_string(lc, &r->lane, p->lanes[p->n_lanes - 1].name);
+    } else if (p && p->n_lanes) {
+        r->lane_index = lane_index(p, r->lane);
+        if (r->lane_index < 0)
+            err_sub(lc, r->lane_pos, "lane", "unknown lane \"%s\" (the lanes "
+                    "of policy \"%s\": %s)", r->lane, p->name,
+                    lane_list(p, lanes, sizeof lanes));
+    } else if (named && p) {
+        err_sub(lc, r->lane_pos, "lane", "\"%s\" names no lane: policy "
+                "\"%s\" has no lanes", r->lane, p->name);
+    } else if (named) {
+        err_sub(lc, r->lane_pos, "lane", "\"%s\" names no lane: the route "
+                "has no policy, and the default policy has no lanes", r->lane);
+    } else {
+        free(r->lane);
+        r->lane = NULL;
+    }
+}
+
 void check_route(struct cfg_loader *lc, void *obj,
                  yaml_node_t *const *vals, struct sc_pos where)
 {
@@ -230,6 +382,7 @@ void check_route(struct cfg_loader *lc, void *obj,
         strncmp(r->prefix, strip, strlen(strip)) != 0)
         err_sub(lc, pos_of(vals[RT_STRIP]), "strip_prefix", "\"%s\" is not a "
                 "prefix of the route's prefix \"%s\"", strip, r->prefix);
+    check_route_lane(lc, r, vals);
 }
 
 /* The element of a status list that says `status`, for an error at its

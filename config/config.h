@@ -197,6 +197,26 @@ struct sc_breaker {
     struct sc_pos pos;
 };
 
+/* A policy's `quota` (policies/quota.h): pace to the quota the partner
+ * advertises in its responses, never above `rate`. */
+struct sc_quota {
+    bool enabled;             /* the block is present */
+    bool follow;              /* default false */
+    double min_rate;          /* per second; default rate / 100 (set by the
+                                 policy's check, once its rate is known) */
+    struct sc_pos pos, min_rate_pos; /* min_rate_pos.line 0: defaulted */
+};
+
+/* One of a policy's `lanes` (policies/lanes.h): a queue of waiting requests
+ * with a share of the permits while it has any. */
+struct sc_lane {
+    char *name;
+    double share;             /* percent, 0 < share <= 100; a policy's add up
+                                 to 100 */
+    uint64_t max_wait_ms;     /* default: the policy's max_wait */
+    struct sc_pos pos, name_pos, share_pos, max_wait_pos;
+};
+
 struct sc_policy {
     char *name;
     bool has_rate;            /* `rate` given: the policy has a bucket */
@@ -210,6 +230,11 @@ struct sc_policy {
     enum sc_shared shared;
     struct sc_retry retry;
     struct sc_breaker breaker;
+    struct sc_quota quota;
+    struct sc_lane *lanes;    /* NULL / 0: no lanes */
+    size_t n_lanes;
+    struct sc_pos lanes_pos;
+    char *lane_header;        /* default Sluice-Lane */
     struct sc_idempotency idem;
     struct sc_pos pos;
 };
@@ -227,7 +252,11 @@ struct sc_route {
     char *strip_prefix;       /* "" = none */
     bool has_timeout;         /* `timeout` given: it replaces the upstream's */
     uint64_t timeout_ms;
-    struct sc_pos pos, timeout_pos;
+    /* The route's lane: its name (default: the policy's last lane) and its
+     * index into pol->lanes; NULL and -1 when the policy has no lanes. */
+    char *lane;
+    long lane_index;
+    struct sc_pos pos, timeout_pos, lane_pos;
 };
 
 /* The timeout of a request on route r to upstream u: the route's own when

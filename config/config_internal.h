@@ -40,6 +40,7 @@ enum cfg_type {
     CT_LIST,         /* sequence of .block; array + count at .n_off */
     CT_UPSTREAM_REF, /* size_t index into cfg->upstreams */
     CT_POLICY_REF,   /* long index into cfg->policies, -1 = default policy */
+    CT_PERCENT,      /* "30%" -> double percent */
     CT_COUNT
 };
 
@@ -67,6 +68,8 @@ struct cfg_key {
     size_t off;                   /* field offset in the block's object */
     const char *def;              /* default as config text (lists: comma-
                                      separated); NULL = zero / empty */
+    const char *def_doc;          /* a default a check sets (it depends on
+                                     another key), as the reference says it */
     const char *min, *max;        /* inclusive bounds as config text */
     const struct cfg_name *names; /* CT_ENUM, CT_FLAGS; NULL-terminated */
     const struct cfg_block *block;

@@ -5,6 +5,7 @@
  *   durations  strings in the largest exact unit: "30s", "250ms", "7d", "0s"
  *   sizes      strings in the largest exact binary unit: "8MiB", "512"
  *   rates      strings: "10/s", "20/m"
+ *   shares     strings: "30%"
  *   addresses  "127.0.0.1:8080", "[::1]:9901"
  *   counts, multiplier, booleans: JSON numbers and booleans; enums: names
  *   null       an absent optional block (idempotency, partition), no rate, a
@@ -378,6 +379,15 @@ static json_t *emit_policy_ref(const struct cfg_key *k, const void *obj,
                : json_null();
 }
 
+static json_t *emit_percent(const struct cfg_key *k, const void *obj,
+                            const struct sc_config *cfg)
+{
+    char buf[40];
+
+    snprintf(buf, sizeof buf, "%.10g%%", *(const double *)CFG_CFIELD(obj, k->off));
+    return json_string(buf);
+}
+
 static const emit_fn emitters[CT_COUNT] = {
     [CT_STRING] = emit_string,     [CT_BOOL] = emit_bool,
     [CT_U32] = emit_u32,           [CT_DOUBLE] = emit_double,
@@ -392,6 +402,7 @@ static const emit_fn emitters[CT_COUNT] = {
     [CT_NAMED] = emit_named,       [CT_LIST] = emit_list,
     [CT_UPSTREAM_REF] = emit_upstream_ref,
     [CT_POLICY_REF] = emit_policy_ref,
+    [CT_PERCENT] = emit_percent,
 };
 
 /* NULL on allocation failure (jansson reports nothing else here). */

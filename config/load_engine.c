@@ -561,6 +561,33 @@ static void text_rate(struct cfg_loader *lc, const struct cfg_key *k,
         *(double *)CFG_FIELD(obj, k->off) = r;
 }
 
+/* "30%", "12.5%": a decimal number and a percent sign, nothing else. */
+static int num_percent(const char *s, double *v)
+{
+    size_t n = strlen(s);
+    char num[32];
+
+    if (n < 2 || n >= sizeof num || s[n - 1] != '%')
+        return -EINVAL;
+    memcpy(num, s, n - 1);
+    num[n - 1] = '\0';
+    return num_decimal(num, v);
+}
+
+static void text_percent(struct cfg_loader *lc, const struct cfg_key *k,
+                         const char *s, void *obj, const yaml_node_t *at)
+{
+    double v;
+
+    if (num_percent(s, &v) != 0) {
+        err_val(lc, at, "invalid percentage \"%s\" (expected a number and "
+                "%%, such as 30%%)", s);
+        return;
+    }
+    if (in_bounds(lc, at, num_percent, v, s, k->min, k->max))
+        *(double *)CFG_FIELD(obj, k->off) = v;
+}
+
 /* "a, b or c" */
 static const char *join_names(const struct cfg_name *names, char *buf,
                               size_t len)
@@ -963,6 +990,7 @@ static const struct type_ops types[CT_COUNT] = {
     [CT_LIST] = {"a list", NULL, NULL, parse_seq},
     [CT_UPSTREAM_REF] = {"an upstream name", text_upstream_ref, NULL, NULL},
     [CT_POLICY_REF] = {"a policy name", text_policy_ref, NULL, NULL},
+    [CT_PERCENT] = {"a percentage such as 30%", text_percent, NULL, NULL},
 };
 
 static void parse_list(struct cfg_loader *lc, const struct cfg_key *k,
@@ -988,6 +1016,11 @@ static void parse_list(struct cfg_loader *lc, const struct cfg_key *k,
     }
 }
 
+static bool is_collection(const struct cfg_key *k)
+{
+    return k->type == CT_NAMED || k->type == CT_LIST;
+}
+
 static void parse_value(struct cfg_loader *lc, const struct cfg_key *k,
                         yaml_node_t *n, void *obj, struct sc_pos at_key)
 {
@@ -1000,8 +1033,11 @@ static void parse_value(struct cfg_loader *lc, const struct cfg_key *k,
         parse_list(lc, k, n, obj);
     else if ((s = scalar_text(lc, n, t->what)))
         t->text(lc, k, s, obj, n);
+    /* A collection's key: a block list or mapping starts on the next line,
+     * and a problem with the collection as a whole is the key's. */
     if (k->pos_off)
-        *(struct sc_pos *)CFG_FIELD(obj, k->pos_off - 1) = pos_of(n);
+        *(struct sc_pos *)CFG_FIELD(obj, k->pos_off - 1) =
+            is_collection(k) ? at_key : pos_of(n);
     if (k->flag_off)
         *(bool *)CFG_FIELD(obj, k->flag_off - 1) = true;
 }
@@ -1032,11 +1068,6 @@ static void apply_default(struct cfg_loader *lc, const struct cfg_key *k,
     } else if (k->def && t->text) {
         t->text(lc, k, k->def, obj, NULL);
     }
-}
-
-static bool is_collection(const struct cfg_key *k)
-{
-    return k->type == CT_NAMED || k->type == CT_LIST;
 }
 
 /* An optional scalar (a row with a flag, such as a route's timeout) written

@@ -33,6 +33,7 @@ static const char *const type_names[CT_COUNT] = {
     [CT_LIST] = "list of blocks",
     [CT_UPSTREAM_REF] = "an upstream's name",
     [CT_POLICY_REF] = "a policy's name",
+    [CT_PERCENT] = "percentage (`30%`)",
 };
 
 /* Value text for a table cell: `|` would end the cell. */
@@ -72,6 +73,8 @@ static void row(FILE *f, const char *path, const struct cfg_key *k)
     fprintf(f, "| `%s%s` | %s | ", path, k->name, type_names[k->type]);
     if (k->required)
         fputs("required", f);
+    else if (k->def_doc)
+        cell(f, k->def_doc);
     else if (k->def && *k->def) {
         fputc('`', f);
         cell(f, k->def);

@@ -113,6 +113,22 @@ static bool valid_proxy(const char *s, char *why, size_t wlen)
     return false;
 }
 
+/* A lane's name is a metrics label value and what a worker sends in the
+ * lane header (compared exactly after trimming): no spaces, nothing to
+ * escape. */
+static bool valid_lane_name(const char *s, char *why, size_t wlen)
+{
+    size_t n = strlen(s);
+
+    if (n > 0 && n <= 64 &&
+        strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                  "0123456789-_.") == n)
+        return true;
+    snprintf(why, wlen, "use 1 to 64 letters, digits, \"-\", \"_\" and "
+             "\".\"");
+    return false;
+}
+
 /* verify.path: the lookup's target under the upstream's base path. It goes
  * on a request line as written, so it must be a URI path (and query) there;
  * a brace other than {key}'s is a placeholder sluice would send literally. */
@@ -323,6 +339,44 @@ static const struct cfg_block breaker_block = {
     "breaker", KEYS(breaker_keys), .pos_off = CFG_OPT(CB(pos)),
     .present = breaker_present, .check = check_breaker};
 
+#define CQ(field) offsetof(struct sc_quota, field)
+#define CL(field) offsetof(struct sc_lane, field)
+
+static bool quota_present(const void *obj)
+{
+    return ((const struct sc_quota *)obj)->enabled;
+}
+
+static const struct cfg_key quota_keys[] = {
+    [QK_FOLLOW] = {"follow", CT_BOOL, CQ(follow), .def = "false"},
+    /* No default row: it is rate / 100, which check_policy sets once the
+     * policy's rate is known. */
+    [QK_MIN_RATE] = {"min_rate", CT_RATE, CQ(min_rate),
+                     .def_doc = "`rate` / 100",
+                     .pos_off = CFG_OPT(CQ(min_rate_pos))},
+};
+static const struct cfg_block quota_block = {
+    "quota", KEYS(quota_keys), .pos_off = CFG_OPT(CQ(pos)),
+    .present = quota_present};
+
+static const struct cfg_key lane_keys[] = {
+    [LK_NAME] = {"name", CT_STRING, CL(name), .required = true,
+                 .valid = valid_lane_name, .pos_off = CFG_OPT(CL(name_pos))},
+    /* Above 0: the lane scheduler counts shares in hundredths of a percent
+     * (policies/lanes.h), so its smallest share is the bound. */
+    [LK_SHARE] = {"share", CT_PERCENT, CL(share), .required = true,
+                  .min = "0.01%", .max = "100%",
+                  .pos_off = CFG_OPT(CL(share_pos))},
+    /* No default row: the policy's max_wait, set by check_policy. */
+    [LK_MAX_WAIT] = {"max_wait", CT_DURATION, CL(max_wait_ms),
+                     .def_doc = "the policy's `max_wait`",
+                     .pos_off = CFG_OPT(CL(max_wait_pos))},
+};
+FITS(lane_keys);
+static const struct cfg_block lane_block = {
+    "lane", KEYS(lane_keys), .size = sizeof(struct sc_lane),
+    .pos_off = CFG_OPT(CL(pos))};
+
 #define CV(field) offsetof(struct sc_verify, field)
 
 static bool verify_present(const void *obj)
@@ -384,6 +438,13 @@ static const struct cfg_key policy_keys[] = {
     [PK_RETRY] = {"retry", CT_BLOCK, CP(retry), .block = &retry_block},
     [PK_BREAKER] = {"breaker", CT_BLOCK, CP(breaker), .block = &breaker_block,
                     .flag_off = CFG_OPT(CP(breaker.enabled))},
+    [PK_QUOTA] = {"quota", CT_BLOCK, CP(quota), .block = &quota_block,
+                  .flag_off = CFG_OPT(CP(quota.enabled))},
+    [PK_LANES] = {"lanes", CT_LIST, CP(lanes), .n_off = CP(n_lanes),
+                  .block = &lane_block,
+                  .pos_off = CFG_OPT(CP(lanes_pos))},
+    [PK_LANE_HEADER] = {"lane_header", CT_STRING, CP(lane_header),
+                        .def = "Sluice-Lane", .valid = valid_token},
     [PK_IDEMPOTENCY] = {"idempotency", CT_BLOCK, CP(idem), .block = &idem_block,
                         .flag_off = CFG_OPT(CP(idem.enabled))},
 };
@@ -408,6 +469,10 @@ static const struct cfg_key route_keys[] = {
     [RT_TIMEOUT] = {"timeout", CT_DURATION, CT(timeout_ms), .min = "1ms",
                     .flag_off = CFG_OPT(CT(has_timeout)),
                     .pos_off = CFG_OPT(CT(timeout_pos))},
+    /* No default row: the policy's last lane, set by check_route. */
+    [RT_LANE] = {"lane", CT_STRING, CT(lane),
+                 .def_doc = "the policy's last lane",
+                 .pos_off = CFG_OPT(CT(lane_pos))},
 };
 FITS(route_keys);
 static const struct cfg_block route_block = {

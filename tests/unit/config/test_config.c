@@ -1213,3 +1213,160 @@ Test(config_egress, lease_against_route_timeouts)
         "longer than the timeout of route \"/b\" (90s); set lease\n");
     free(all);
 }
+
+/* ---- quota and lanes ---------------------------------------------------------- */
+
+#define QUOTA_LANES SLUICE_SOURCE_DIR "/tests/config/valid/quota-lanes.yaml"
+
+Test(config_quota_lanes, values_and_defaults)
+{
+    struct sc_config *cfg = load_file_ok(QUOTA_LANES);
+    const struct sc_policy *w = &cfg->policies[0], *r = &cfg->policies[1];
+    const struct sc_policy *plain = &cfg->policies[2];
+
+    cr_expect(w->quota.enabled);
+    cr_expect(w->quota.follow);
+    cr_expect_float_eq(w->quota.min_rate, 0.5, 1e-12);
+    cr_expect_eq(w->quota.min_rate_pos.line, 13);
+    cr_assert_eq(w->n_lanes, 2);
+    cr_expect_str_eq(w->lanes[0].name, "interactive");
+    cr_expect_float_eq(w->lanes[0].share, 30.0, 1e-12);
+    cr_expect_eq(w->lanes[0].max_wait_ms, 2000);
+    cr_expect_str_eq(w->lanes[1].name, "batch");
+    cr_expect_eq(w->lanes[1].max_wait_ms, 30000);
+    cr_expect_str_eq(w->lane_header, "X-Lane");
+    cr_expect_eq(w->lanes_pos.line, 14, "the key's line, not its first item's");
+
+    /* quota: {} is present and follows nothing; min_rate is rate / 100. */
+    cr_expect(r->quota.enabled);
+    cr_expect_not(r->quota.follow);
+    cr_expect_float_eq(r->quota.min_rate, 0.1, 1e-12);
+    cr_expect_eq(r->quota.min_rate_pos.line, 0);
+    cr_assert_eq(r->n_lanes, 2);
+    cr_expect_float_eq(r->lanes[0].share, 12.5, 1e-12);
+    cr_expect_eq(r->lanes[0].max_wait_ms, 3000, "the policy's max_wait");
+    cr_expect_eq(r->lanes[1].max_wait_ms, 3000);
+    cr_expect_str_eq(r->lane_header, "Sluice-Lane");
+
+    cr_expect_not(plain->quota.enabled);
+    cr_expect_float_eq(plain->quota.min_rate, 0.01, 1e-12, "set for any rate");
+    cr_expect_eq(plain->n_lanes, 0);
+    cr_expect_null(plain->lanes);
+    cr_expect_str_eq(plain->lane_header, "Sluice-Lane");
+    cr_expect_not(cfg->default_policy.quota.enabled);
+    cr_expect_eq(cfg->default_policy.n_lanes, 0);
+    config_free(cfg);
+}
+
+Test(config_quota_lanes, a_route_lane_is_resolved_or_defaulted)
+{
+    struct sc_config *cfg = load_file_ok(QUOTA_LANES);
+    const struct sc_route *rt = cfg->routes;
+
+    cr_assert_eq(cfg->n_routes, 6);
+    cr_expect_str_eq(rt[0].lane, "batch");
+    cr_expect_eq(rt[0].lane_index, 1);
+    cr_expect_eq(rt[0].lane_pos.line, 31);
+    cr_expect_str_eq(rt[1].lane, "interactive");
+    cr_expect_eq(rt[1].lane_index, 0);
+    cr_expect_str_eq(rt[2].lane, "batch", "default: the policy's last lane");
+    cr_expect_eq(rt[2].lane_index, 1);
+    cr_expect_str_eq(rt[3].lane, "later");
+    cr_expect_eq(rt[3].lane_index, 1);
+    cr_expect_null(rt[4].lane, "a policy without lanes: no lane");
+    cr_expect_eq(rt[4].lane_index, -1);
+    cr_expect_null(rt[5].lane, "lane: \"\" is not given");
+    cr_expect_eq(rt[5].lane_index, -1);
+    config_free(cfg);
+}
+
+Test(config_quota_lanes, json_shows_the_effective_values)
+{
+    struct sc_config *cfg = load_file_ok(QUOTA_LANES);
+    json_t *root, *pols, *w, *r, *lanes, *routes;
+    char *text, *again;
+    struct sc_config *back;
+
+    root = to_json(cfg, &text);
+    pols = json_object_get(root, "policies");
+    w = json_object_get(pols, "partner-writes");
+    r = json_object_get(pols, "partner-reads");
+    cr_expect_eq(json_is_true(json_object_get(json_object_get(w, "quota"), "follow")), true);
+    cr_expect_str_eq(json_string_value(json_object_get(json_object_get(w, "quota"),
+                     "min_rate")), "0.5/s");
+    cr_expect_str_eq(json_string_value(json_object_get(json_object_get(r, "quota"),
+                     "min_rate")), "0.1/s");
+    cr_expect(json_is_null(json_object_get(json_object_get(pols, "plain"), "quota")));
+    lanes = json_object_get(r, "lanes");
+    cr_assert_eq(json_array_size(lanes), 2);
+    cr_expect_str_eq(json_string_value(json_object_get(json_array_get(lanes, 0),
+                     "share")), "12.5%");
+    cr_expect_str_eq(json_string_value(json_object_get(json_array_get(lanes, 1),
+                     "max_wait")), "3s");
+    cr_expect_str_eq(json_string_value(json_object_get(w, "lane_header")), "X-Lane");
+    routes = json_object_get(root, "routes");
+    cr_expect_str_eq(json_string_value(json_object_get(json_array_get(routes, 2),
+                     "lane")), "batch");
+    cr_expect(json_is_null(json_object_get(json_array_get(routes, 4), "lane")));
+    /* And it loads back to itself, defaults now written out. */
+    back = load_ok(text);
+    again = config_to_json(back);
+    cr_expect_str_eq(again, text);
+    free(again);
+    config_free(back);
+    json_decref(root);
+    free(text);
+    config_free(cfg);
+}
+
+Test(config_quota_lanes, an_empty_lanes_list_is_no_lanes)
+{
+    struct sc_config *cfg = load_ok(
+        "upstreams: {u: {url: http://127.0.0.1:9}}\n"
+        "policies: {p: {rate: 1/s, lanes: []}}\n"
+        "routes: [{prefix: /, upstream: u, policy: p}]\n");
+
+    cr_expect_eq(cfg->policies[0].n_lanes, 0);
+    cr_expect_eq(cfg->routes[0].lane_index, -1);
+    config_free(cfg);
+}
+
+Test(config_quota_lanes, shares_may_be_decimals_that_add_up)
+{
+    struct sc_config *cfg = load_ok(
+        "upstreams: {u: {url: http://127.0.0.1:9}}\n"
+        "policies:\n"
+        "  p:\n"
+        "    rate: 1/s\n"
+        "    lanes: [{name: a, share: 33.3%}, {name: b, share: 33.3%},\n"
+        "            {name: c, share: 33.4%}]\n"
+        "routes: [{prefix: /, upstream: u, policy: p, lane: a}]\n");
+
+    cr_expect_eq(cfg->policies[0].n_lanes, 3);
+    cr_expect_eq(cfg->routes[0].lane_index, 0);
+    config_free(cfg);
+}
+
+/* Every problem of a lanes block at once, each at its line; a route on an
+ * unknown policy says only that, not also that its lane is unknown. */
+Test(config_quota_lanes, every_lane_error_is_listed)
+{
+    char *all = load_fail(
+        "upstreams: {u: {url: http://127.0.0.1:9}}\n"
+        "policies:\n"
+        "  p:\n"
+        "    rate: 1/s\n"
+        "    lanes:\n"
+        "      - {name: a, share: 50%}\n"
+        "      - {name: a, share: 40%}\n"
+        "routes:\n"
+        "  - {prefix: /x, upstream: u, policy: p, lane: c}\n"
+        "  - {prefix: /, upstream: u, policy: q, lane: c}\n", NULL);
+
+    cr_expect_str_eq(all,
+        "test.yaml:5:5: policies.p.lanes: the shares add up to 90%, not 100%\n"
+        "test.yaml:7:16: policies.p.lanes[1].name: duplicate lane \"a\" (first given at line 6)\n"
+        "test.yaml:9:48: routes[0].lane: unknown lane \"c\" (the lanes of policy \"p\": a, a)\n"
+        "test.yaml:10:38: routes[1].policy: unknown policy \"q\" (did you mean \"p\"?)\n");
+    free(all);
+}

@@ -1,0 +1,129 @@
+/* Following the quota a partner advertises (a policy's `quota: {follow:
+ * true}`, docs/configuration.md): the rules, pure. In: one upstream
+ * response's quota headers, the clocks, the policy's requests in flight and
+ * its configured numbers. Out: a small state that says, at any moment, the
+ * effective rate, the bucket's capacity, when they next change, and how long
+ * a number of permits takes to accrue (a coming reset raises the rate).
+ *
+ * Three header styles, whose items count together:
+ *   the draft (draft-ietf-httpapi-ratelimit-headers), two RFC 8941 Lists:
+ *     RateLimit-Policy: "name";q=100;w=60     RateLimit: "name";r=40;t=30
+ *     (a RateLimit item takes q and w from the policy item of its name);
+ *   the older draft: RateLimit-Limit: 100 (a `w` parameter on its first
+ *     member gives the window), RateLimit-Remaining: 40, RateLimit-Reset: 30;
+ *   the common X-RateLimit-Limit / -Remaining / -Reset, without a window,
+ *     Reset a Unix time when above 10^9 (decimals allowed), else seconds.
+ * An item needs its remaining r and its reset t; q and w are optional.
+ * Anything malformed or absurd (more than 15 digits, a reset or a window
+ * beyond QUOTA_MAX_RESET_S, a window of 0, a draft quota whose unit `qu` is
+ * not requests) is ignored, alone, and counted.
+ *
+ * Until an item's moment m (the response's arrival + t) it allows
+ * (r - f) / (m - now) permits per second, f being the policy's requests in
+ * flight when the response came (its own excluded): what remains, spent
+ * evenly; after m, q / w when both are known, else the configured rate. The
+ * effective rate is min(rate, max(min_rate, the smallest allowance)); the
+ * capacity min(burst, the smallest r before its moment, q after it when
+ * known), at least 1. Times are nanoseconds of a monotonic clock. */
+#ifndef SLUICE_POLICIES_QUOTA_H
+#define SLUICE_POLICIES_QUOTA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "policies/tbucket.h"
+
+#define QUOTA_ITEMS_MAX 8      /* items kept per response; more are ignored */
+#define QUOTA_NAME_MAX 24      /* a draft item's name as shown, cut */
+#define QUOTA_MAX_RESET_S (400ull * 24 * 3600)  /* beyond: absurd */
+#define QUOTA_MAX_NUMBER 999999999999999ull     /* 15 digits, as RFC 8941 */
+
+/* The quota headers of one response; NULL = absent. */
+struct quota_headers {
+    const char *policy;       /* RateLimit-Policy */
+    const char *ratelimit;    /* RateLimit */
+    const char *limit;        /* RateLimit-Limit */
+    const char *remaining;    /* RateLimit-Remaining */
+    const char *reset;        /* RateLimit-Reset */
+    const char *x_limit;      /* X-RateLimit-Limit */
+    const char *x_remaining;  /* X-RateLimit-Remaining */
+    const char *x_reset;      /* X-RateLimit-Reset */
+};
+
+/* Fills h by asking get for each header by name (NULL: absent). */
+typedef const char *(*quota_header_fn)(void *arg, const char *name);
+void quota_headers_get(struct quota_headers *h, quota_header_fn get, void *arg);
+
+enum quota_style { QUOTA_DRAFT = 0, QUOTA_OLD_DRAFT, QUOTA_X };
+
+struct quota_item {
+    uint64_t id;              /* style and name: the same item in another
+                                 response */
+    uint64_t q, r;            /* limit (when has_q), remaining */
+    uint64_t moment;          /* its reset, ns */
+    double allow;             /* permits per second it allows before moment */
+    uint32_t w;               /* window, seconds (when has_w) */
+    uint8_t style;            /* enum quota_style */
+    bool has_q, has_w;
+    char name[QUOTA_NAME_MAX]; /* the draft's name (cut); "" in other styles */
+};
+
+/* One policy's (or one partition's) advertised state. No allocation. */
+struct quota {
+    double rate, min_rate;    /* configured: the ceiling and the floor */
+    uint32_t burst;
+    uint32_t n;               /* items; 0 = nothing advertised (yet) */
+    uint64_t at;              /* ns: the latest response with items */
+    uint64_t at_wall_ms;      /* the same, Unix ms, for GET /policies */
+    struct quota_item items[QUOTA_ITEMS_MAX];
+};
+
+/* What one response did. */
+struct quota_result {
+    uint32_t items;           /* items read (0: the state is unchanged) */
+    uint32_t ignored;         /* items and headers ignored as malformed or
+                                 absurd: count and log them */
+    uint64_t pause_until;     /* an item with r = 0: pause the policy until
+                                 then, ns (the caller caps it by max_delay);
+                                 0 = no pause */
+};
+
+/* Nothing advertised: the rate is rate. min_rate <= rate, burst >= 1. */
+void quota_init(struct quota *q, double rate, double min_rate, uint32_t burst);
+
+/* Reads one response (arrived at now, now_wall_ms) of the policy, whatever
+ * its status; with at least one item its items replace the state, keeping
+ * per item the earlier moment of one window (the same item naming a moment
+ * less than 1 s after the kept one, before that one has passed). inflight:
+ * the policy's requests sent upstream and not answered, this one excluded.
+ * Call quota_bucket_sync before and after, so that the bucket accrued at
+ * the old numbers until now. */
+void quota_update(struct quota *q, const struct quota_headers *h, uint64_t now,
+                  uint64_t now_wall_ms, uint32_t inflight,
+                  struct quota_result *res);
+
+/* The effective rate at t (permits per second), within [min_rate, rate]. */
+double quota_rate(const struct quota *q, uint64_t t);
+
+/* The bucket's capacity at t: 1 .. burst. */
+uint32_t quota_capacity(const struct quota *q, uint64_t t);
+
+/* True while advertised numbers hold the rate below the configured one
+ * (GET /policies' `source: partner`). */
+bool quota_limits(const struct quota *q, uint64_t t);
+
+/* The first moment after t at which the rate or the capacity changes (an
+ * item's reset); UINT64_MAX when none is coming. */
+uint64_t quota_next_change(const struct quota *q, uint64_t t);
+
+/* ns from `from` in which nano_tokens accrue at the effective rate, its
+ * changes at coming resets included; a tbucket_accrue_fn for
+ * tbucket_wait_ns, arg a const struct quota *. */
+uint64_t quota_accrue_ns(const void *q, uint64_t from, uint64_t nano_tokens);
+
+/* Brings b's rate and capacity to the quota's up to now, changing them at
+ * each reset passed since b was last settled, so that b accrued exactly the
+ * effective rate in between. */
+void quota_bucket_sync(const struct quota *q, struct tbucket *b, uint64_t now);
+
+#endif
