@@ -133,9 +133,11 @@ static int check_field(const struct http_field *f, struct framing *fr,
             sc_error_set(err, "invalid Content-Length");
             return -EINVAL;
         }
-        if (fr->cl && (fr->cl->value_len != f->value_len ||
-                       memcmp(fr->cl->value, f->value, f->value_len) != 0)) {
-            sc_error_set(err, "conflicting Content-Length values");
+        /* Even two equal ones: RFC 9110 8.6 lets a recipient merge them,
+         * but a next hop that keeps the first of "5" and "5 " or reads a
+         * list differently is where smuggling starts. One field only. */
+        if (fr->cl) {
+            sc_error_set(err, "more than one Content-Length");
             return -EINVAL;
         }
         fr->cl = f;
@@ -161,6 +163,13 @@ static int check_fields(const struct http_head *h, struct sc_error *err)
             return -EINVAL;
     if (fr.cl && fr.n_te) {
         sc_error_set(err, "Transfer-Encoding together with Content-Length");
+        return -EINVAL;
+    }
+    /* RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding has faulty
+     * framing (1.0 has no chunked coding; a 1.0 hop would read the chunk
+     * lines as the body). */
+    if (fr.n_te && !v11) {
+        sc_error_set(err, "Transfer-Encoding in an HTTP/1.0 request");
         return -EINVAL;
     }
     /* RFC 9112 3.2: exactly one Host in HTTP/1.1, never two. */

@@ -505,6 +505,29 @@ static bool check_route(struct exchange *ex)
     return true;
 }
 
+/* The fields sluice reads one value of (the key, the worker's attempt, the
+ * enqueue time) come once: of two, sluice would act on the first while the
+ * partner, which gets both, may read the other or a list of both. */
+static bool check_single(struct exchange *ex, const struct field_list *l)
+{
+    const char *names[] = {key_header(ex), "Sluice-Attempt", "Sluice-Enqueued-At"};
+    unsigned seen[sizeof names / sizeof *names] = {0};
+
+    for (size_t i = 0; i < l->n; i++) {
+        for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+            if (strcasecmp(l->v[i].name, names[k]) != 0)
+                continue;
+            if (seen[k]++) {
+                ex_refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST,
+                          "more than one %s header", names[k]);
+                return false;
+            }
+            break;
+        }
+    }
+    return true;
+}
+
 /* ---- into the pipeline ------------------------------------------------- */
 
 /* Sluice-Attempt: the worker's own count when there is no idempotency key. */
@@ -582,7 +605,7 @@ static enum MHD_Result on_first_call(struct exchange *ex, const char *url,
     if (!ex->status && collect_fields(ex, stack, &l) != 0)
         ex_refuse(ex, 500, OUT_REJECTED, R_INTERNAL, "out of memory");
     if (!ex->status && check_head(ex, url, version, &l) &&
-        check_limits(ex, &l) && check_route(ex)) {
+        check_limits(ex, &l) && check_route(ex) && check_single(ex, &l)) {
         ex_set_body(ex);
         rc = MHD_YES;
         goto out;

@@ -165,6 +165,46 @@ Test(malformed, framing_conflicts)
                    "Content-Length: 6\r\n\r\nhello!");
 }
 
+/* Fields sluice reads one value of: with two, sluice would key, count or
+ * time the request by the first while the partner gets both. */
+Test(malformed, repeated_single_value_fields)
+{
+    expect_refused("POST /v1/sync/a HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k1\r\n"
+                   "Idempotency-Key: k2\r\nContent-Length: 1\r\n\r\nx");
+    expect_refused("POST /v1/sync/a HTTP/1.1\r\nHost: x\r\nidempotency-key: k1\r\n"
+                   "Idempotency-Key: k1\r\nContent-Length: 1\r\n\r\nx");
+    expect_refused("POST /v1/x HTTP/1.1\r\nHost: x\r\nSluice-Attempt: 1\r\n"
+                   "Sluice-Attempt: 2\r\nContent-Length: 1\r\n\r\nx");
+    expect_refused("POST /v1/x HTTP/1.1\r\nHost: x\r\nSluice-Enqueued-At: 1700000000\r\n"
+                   "Sluice-Enqueued-At: 1700000001\r\nContent-Length: 1\r\n\r\nx");
+    expect_refused("POST /v1/x HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
+                   "Content-Length: 1\r\n\r\nx");
+}
+
+/* The second key is never keyed on, nor replayed from the first's record. */
+Test(malformed, a_second_key_does_not_reach_a_record)
+{
+    struct h_resp r;
+
+    cr_assert_eq(h_http(sl.port, "POST", "/v1/sync/a", "Idempotency-Key: k1\r\n", "x", 1, &r), 0);
+    cr_expect_eq(r.status, 200);
+    h_resp_free(&r);
+    cr_assert_eq(h_http(sl.port, "POST", "/v1/sync/a",
+                        "Idempotency-Key: k1\r\nIdempotency-Key: k3\r\n", "x", 1, &r), 0);
+    cr_expect_eq(r.status, 400, "two keys: %d", r.status);
+    cr_expect(r.body && strstr(r.body, "more than one Idempotency-Key"), "%s",
+              r.body ? r.body : "");
+    h_resp_free(&r);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 1);
+}
+
+/* RFC 9112 6.1: HTTP/1.0 has no chunked coding. */
+Test(malformed, transfer_encoding_in_http_1_0)
+{
+    expect_refused("POST /v1/x HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"
+                   "5\r\nhello\r\n0\r\n\r\n");
+}
+
 /* The answer is the only bytes before the close: a second answer (or
  * anything else) after it would make the body longer than announced. */
 static void expect_one_answer(const struct h_resp *r)
