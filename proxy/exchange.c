@@ -298,15 +298,27 @@ static enum MHD_Result answer_instruction(struct exchange *ex)
     return queue(ex, resp);
 }
 
+/* For responses MHD sends no body of. */
+static ssize_t no_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    return MHD_CONTENT_READER_END_OF_STREAM;
+}
+
 /* A stored result, byte for byte, with no permit and no upstream call. A
  * replayed failure (4xx) stays permanent_error: "replayed" always means
  * "this already succeeded: ack it". */
 static enum MHD_Result answer_replay(struct exchange *ex)
 {
     const struct store_record *rec = &ex->replay;
-    struct MHD_Response *resp = MHD_create_response_from_buffer(
-        rec->body_len, rec->body, MHD_RESPMEM_MUST_COPY);
+    struct MHD_Response *resp;
 
+    /* The record keeps no Content-Length: a bodiless answer is not given
+     * one of 0 (exchange_stream.c). */
+    if (ex_answer_bodiless(ex, rec->status))
+        resp = ex_bodiless_response(rec->status, false, 0, no_reader, NULL);
+    else
+        resp = MHD_create_response_from_buffer(rec->body_len, rec->body,
+                                               MHD_RESPMEM_MUST_COPY);
     if (!resp)
         return MHD_NO;
     for (size_t i = 0; i < rec->n_headers; i++)
@@ -699,8 +711,7 @@ static void log_exchange(struct exchange *ex)
     e.upstream_status = u->resp.status;
     e.bytes_in = ex->bytes_in;
     /* MHD sends no body with these, whatever the response holds. */
-    e.bytes_out = (ex->method && !strcmp(ex->method, "HEAD")) || ex->status == 204 ||
-                  ex->status == 304 ? 0 : ex->bytes_out;
+    e.bytes_out = ex_answer_bodiless(ex, ex->status) ? 0 : ex->bytes_out;
     log_access(&e);
 }
 
