@@ -75,6 +75,7 @@ struct metrics_ids {
     uint32_t *up_duration;    /* [upstream] */
     uint32_t *requeue_delay;  /* [(policy+1) * R__COUNT] */
     uint32_t reloads_ok, reloads_error, store_errors, commit_failures, conns_refused;
+    uint32_t accept_paused;
     uint32_t replication_timeouts;
     uint32_t store_duration[ST__COUNT]; /* histogram bases, by op */
 };

@@ -2,11 +2,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netdb.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -29,6 +31,24 @@
 /* Idle keep-alive connections from workers are closed after this, like
  * nginx's keepalive_timeout default. Suspended requests are not affected. */
 #define WORKER_IDLE_TIMEOUT_S 75
+
+/* Out of file descriptors, a listener stays readable and accept() fails at
+ * once: retried at every loop pass, it spins (a core per loop and a log
+ * line per failure). Accepting pauses this long instead, as nginx's
+ * ngx_disable_accept_events does; the backlog holds the connections. */
+#define ACCEPT_PAUSE_MS 100
+/* Worker connections never take the last descriptors below RLIMIT_NOFILE:
+ * the admin port (probes), upstream connections and the store need some. */
+#define FD_HEADROOM 16
+/* Descriptors sluice holds besides worker and upstream connections (the
+ * store's files, the loops' epoll and event fds, the listeners, the log):
+ * about 30 with two loops; counted when the limit is checked at start. */
+#define FD_OWN 64
+/* A limit raised to the hard one stops here: the kernel's default ceiling
+ * (fs.nr_open), and more than any config here uses. */
+#define FD_RAISE_MAX ((rlim_t)1 << 20)
+/* A refusal repeated (EMFILE, no headroom) is logged once a second. */
+#define REPEAT_LOG_NS 1000000000ull
 
 /* ---- listening socket --------------------------------------------------- */
 
@@ -473,6 +493,7 @@ static void on_quiesce(evutil_socket_t fd, short what, void *arg)
      * connections are refused by the kernel rather than left in a backlog
      * nobody reads; closing earlier could pull the fd from under a loop. */
     evconnlistener_disable(w->listener);
+    evtimer_del(w->accept_resume_ev); /* a pause must not enable it again */
     if (atomic_fetch_add(&w->app->quiesced, 1) + 1 == w->app->n_loops) {
         int lfd = atomic_exchange(&w->app->listen_fd, -1);
         if (lfd >= 0)
@@ -480,7 +501,110 @@ static void on_quiesce(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/* ---- file descriptors ----------------------------------------------------- */
+
+/* What the config can hold open at once: every worker connection, every
+ * upstream pool full (each loop's share rounded up), and sluice's own. */
+static uint64_t fds_needed(const struct sc_config *cfg, unsigned n_loops)
+{
+    uint64_t n = (uint64_t)cfg->limits.max_connections + FD_OWN + FD_HEADROOM;
+
+    for (size_t i = 0; i < cfg->n_upstreams; i++)
+        n += (uint64_t)(cfg->upstreams[i].max_connections + n_loops - 1) / n_loops * n_loops;
+    return n;
+}
+
+long server_fd_limit(const struct sc_config *cfg, unsigned n_loops)
+{
+    struct rlimit rl;
+    uint64_t need = fds_needed(cfg, n_loops);
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return LONG_MAX; /* unknown: no headroom kept */
+    /* The soft limit is often 1024 (select()'s ceiling, kept by systemd and
+     * shells) under a far higher hard one; sluice uses epoll only. */
+    if (rl.rlim_cur < rl.rlim_max && rl.rlim_cur < FD_RAISE_MAX) {
+        rlim_t from = rl.rlim_cur;
+
+        rl.rlim_cur = rl.rlim_max < FD_RAISE_MAX ? rl.rlim_max : FD_RAISE_MAX;
+        if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+            log_info("file descriptors: RLIMIT_NOFILE raised from %llu to %llu",
+                     (unsigned long long)from, (unsigned long long)rl.rlim_cur);
+        else
+            rl.rlim_cur = from;
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need)
+        log_warn("file descriptors: RLIMIT_NOFILE is %llu (hard limit %llu), below the %llu "
+                 "that limits.max_connections (%u), the upstream pools and sluice's own need: "
+                 "worker connections beyond it are closed at once; raise the limit "
+                 "(LimitNOFILE=, ulimit -n) or lower the connection limits",
+                 (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max,
+                 (unsigned long long)need, cfg->limits.max_connections);
+    return rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > LONG_MAX ? LONG_MAX
+                                                                  : (long)rl.rlim_cur;
+}
+
+/* A refusal that can repeat thousands of times a second, logged once a
+ * second for the whole process (every loop counts into it) with how many
+ * happened since its last line. */
+struct repeat_log {
+    _Atomic uint64_t last_ns, count;
+};
+
+static struct repeat_log accept_log, headroom_log;
+
+/* Counts one more; true when it is time for a line (the first, then at
+ * most one a second), *count then holds how many since the last line. */
+static bool repeat_due(struct repeat_log *r, uint64_t *count)
+{
+    uint64_t now = clock_mono_ns(), last = atomic_load(&r->last_ns);
+
+    atomic_fetch_add(&r->count, 1);
+    if (last && now - last < REPEAT_LOG_NS)
+        return false;
+    if (!atomic_compare_exchange_strong(&r->last_ns, &last, now))
+        return false; /* another loop writes this second's line */
+    *count = atomic_exchange(&r->count, 0);
+    return true;
+}
+
 /* ---- accepting ---------------------------------------------------------- */
+
+static void count_refused(struct loop *w)
+{
+    struct runtime *rt = loop_runtime(w);
+
+    metrics_add(&w->app->metrics.shards[w->idx], rt->ids.conns_refused, 1);
+    runtime_put(rt);
+}
+
+static void count_accept_paused(struct loop *w)
+{
+    struct runtime *rt = loop_runtime(w);
+
+    metrics_add(&w->app->metrics.shards[w->idx], rt->ids.accept_paused, 1);
+    runtime_put(rt);
+}
+
+/* A connection that took one of the last FD_HEADROOM descriptors: every
+ * lower one is in use (the kernel hands out the lowest free), so taking it
+ * would leave the admin port, the upstream pools and the store nothing. */
+static bool fd_headroom_gone(const struct loop *w, evutil_socket_t fd)
+{
+    return (long)fd >= w->app->fd_limit - FD_HEADROOM;
+}
+
+static void refuse_no_headroom(struct loop *w, evutil_socket_t fd)
+{
+    uint64_t n;
+
+    close(fd);
+    count_refused(w);
+    if (repeat_due(&headroom_log, &n))
+        log_warn("worker connections closed at once: fewer than %d file descriptors left "
+                 "below RLIMIT_NOFILE (%ld) (%llu since the last line)", FD_HEADROOM,
+                 w->app->fd_limit, (unsigned long long)n);
+}
 
 /* sluice accepts by itself (MHD has no listening socket) so that a connection
  * beyond max_connections is closed at once, as the contract says, instead of
@@ -491,12 +615,13 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd,
     struct loop *w = arg;
     long max = (long)w->app->fixed.max_connections;
 
+    if (fd_headroom_gone(w, fd)) {
+        refuse_no_headroom(w, fd);
+        return;
+    }
     if (atomic_fetch_add(&w->app->conns, 1) >= max) {
-        struct runtime *rt = loop_runtime(w);
-
         atomic_fetch_sub(&w->app->conns, 1);
-        metrics_add(&w->app->metrics.shards[w->idx], rt->ids.conns_refused, 1);
-        runtime_put(rt);
+        count_refused(w);
         close(fd);
         return;
     }
@@ -508,12 +633,32 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd,
     loop_kick(w);
 }
 
+static void on_accept_resume(evutil_socket_t fd, short what, void *arg)
+{
+    struct loop *w = arg;
+
+    evconnlistener_enable(w->listener);
+}
+
 static void on_accept_error(struct evconnlistener *l, void *arg)
 {
+    struct loop *w = arg;
+    struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
     int e = EVUTIL_SOCKET_ERROR();
+    uint64_t n;
 
-    /* EMFILE and friends: keep the listener; the loop retries next event. */
-    log_warn("accept: %s", evutil_socket_error_to_string(e));
+    if (e != EMFILE && e != ENFILE && e != ENOBUFS && e != ENOMEM) {
+        log_warn("accept: %s", evutil_socket_error_to_string(e));
+        return;
+    }
+    /* Out of descriptors (or kernel memory): the listener would be readable
+     * again at once; it waits instead, and the backlog holds the rest. */
+    evconnlistener_disable(l);
+    evtimer_add(w->accept_resume_ev, &tv);
+    count_accept_paused(w);
+    if (repeat_due(&accept_log, &n))
+        log_warn("accept: %s: accepting paused for %d ms (%llu pauses since the last line)",
+                 evutil_socket_error_to_string(e), ACCEPT_PAUSE_MS, (unsigned long long)n);
 }
 
 static void on_abort(evutil_socket_t fd, short what, void *arg)
@@ -548,8 +693,9 @@ static int events_init(struct loop *w, struct sc_error *err)
     w->quiesce_ev = event_new(w->base, -1, 0, on_quiesce, w);
     w->abort_ev = event_new(w->base, -1, 0, on_abort, w);
     w->runtime_ev = event_new(w->base, -1, 0, on_runtime, w);
+    w->accept_resume_ev = evtimer_new(w->base, on_accept_resume, w);
     if (!w->mhd_read_ev || !w->mhd_timer_ev || !w->quiesce_ev || !w->abort_ev ||
-        !w->runtime_ev ||
+        !w->runtime_ev || !w->accept_resume_ev ||
         event_add(w->mhd_read_ev, NULL) != 0) {
         sc_error_set(err, "cannot create the loop's events");
         return -ENOMEM;
@@ -686,6 +832,7 @@ void loop_stop(struct loop *w)
     free_event(&w->quiesce_ev);
     free_event(&w->abort_ev);
     free_event(&w->runtime_ev);
+    free_event(&w->accept_resume_ev);
     if (w->dns)
         evdns_base_free(w->dns, 0);
     w->dns = NULL;

@@ -47,6 +47,7 @@ struct loop {
     struct event *quiesce_ev;   /* command: stop accepting */
     struct event *abort_ev;     /* command: answer what is still in flight */
     struct event *runtime_ev;   /* command: take the runtime a reload made */
+    struct event *accept_resume_ev; /* out of descriptors: accept again after a pause */
     struct runtime *rt;         /* the loop's current config (a ref); its own */
     _Atomic(struct runtime *) next_rt; /* handed over by a reload (a ref) */
     struct exchange_list waiting; /* exchanges suspended on the upstream */
@@ -102,6 +103,13 @@ void loop_drop_runtime(struct loop *w);
 /* Thread-safe commands for the drain sequence. */
 void loop_quiesce(struct loop *w);
 void loop_abort_inflight(struct loop *w);
+
+/* At start-up: raises the soft RLIMIT_NOFILE toward the hard limit and
+ * warns when it stays below what the config's connection limits and
+ * upstream pools can hold open. Returns the limit in force (LONG_MAX: none
+ * or unknown), which the accept path keeps headroom below. */
+struct sc_config;
+long server_fd_limit(const struct sc_config *cfg, unsigned n_loops);
 
 /* Opens, binds and listens on addr (non-blocking). fd or negative + err. */
 int server_listen(const struct sc_addr *addr, int backlog,
