@@ -624,6 +624,7 @@ static enum MHD_Result on_first_call(struct exchange *ex, const char *url,
     }
     /* Refused before the body: answer now; MHD then closes the connection
      * rather than reading a body nobody wants. */
+    conn_body_done(ex->mc);
     rc = ex->reason == R_MALFORMED_REQUEST ? answer_malformed(ex) : answer(ex);
 out:
     if (l.v != stack)
@@ -671,6 +672,7 @@ enum MHD_Result exchange_access(void *cls, struct MHD_Connection *c,
             *upload_data_size = 0;
             return MHD_YES;
         }
+        conn_body_done(c);
         if (ex->state == EX_REFUSED || !read_attempt(ex))
             return answer(ex);
         return forward(ex);

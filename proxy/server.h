@@ -56,8 +56,7 @@ struct loop {
     uint64_t mhd_error_run;     /* the run in which MHD last answered an error itself */
     struct freelist spare_ex;   /* freed exchanges, for the next requests */
     struct freelist spare_call; /* and their store calls */
-    struct conn *head_conn;     /* the connection whose request line came last */
-    unsigned heads_open;        /* connections between request line and head's end */
+    TAILQ_HEAD(, conn) conns;   /* its worker connections (server.c's struct conn) */
     bool started;
 };
 
@@ -89,6 +88,9 @@ bool conn_head_done(struct MHD_Connection *c);
  * conn_head_begun's count, tells the close of a connection between
  * requests, where MHD refuses a request line without a word. */
 void conn_request_ended(struct MHD_Connection *c);
+/* The request's body is read (its last handler call), or will not be (it
+ * was answered before): MHD parses no more chunks of it. */
+void conn_body_done(struct MHD_Connection *c);
 
 /* The loop's current runtime, with a reference taken for the caller; on
  * the loop's thread only. No lock: a reload hands each loop its runtime

@@ -254,6 +254,76 @@ Test(malformed, unsplittable_request_lines_get_400)
     expect_refused(" /v1/x HTTP/1.1\r\nHost: x\r\n\r\n");
 }
 
+/* Requests libmicrohttpd refuses while parsing, before any callback of
+ * sluice's for that part: it was about to answer with an HTML page of its
+ * own, without Sluice-Outcome; sluice answers first, with its problem. */
+static const char *const library_refusals[] = {
+    "GET /v1/x HTTP/1.1\r\nHost: x\r\nBadLine\r\n\r\n",            /* no colon */
+    "GET /v1/x http/1.1\r\nHost: x\r\n\r\n",                        /* lowercase version */
+    "GET /v1/x\r\nHost: x\r\n\r\n",                                 /* no version */
+    "POST /v1/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    "-5\r\nhello\r\n0\r\n\r\n",                                      /* negative chunk size */
+    "POST /v1/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    "5\r\nhello\r0\r\n\r\n",                                          /* bare CR after the data */
+};
+
+Test(malformed, what_the_server_library_refuses_gets_a_problem)
+{
+    for (size_t i = 0; i < sizeof library_refusals / sizeof *library_refusals; i++) {
+        struct h_resp r;
+        long ms;
+
+        send_raw(library_refusals[i], strlen(library_refusals[i]), &r, &ms);
+        expect_problem(&r, 400, ms);
+        cr_expect(strstr(r.body, "malformed_request"), "case %zu: %s", i, r.body);
+        expect_one_answer(&r);
+        h_resp_free(&r);
+    }
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 0, "nothing reaches the upstream");
+}
+
+/* A version the library does not serve: its 505, as sluice's problem. */
+Test(malformed, an_unsupported_version_gets_a_problem_505)
+{
+    struct h_resp r;
+    long ms;
+    const char *req = "GET /v1/x HTTP/2.0\r\nHost: x\r\n\r\n";
+
+    send_raw(req, strlen(req), &r, &ms);
+    expect_problem(&r, 505, ms);
+    expect_one_answer(&r);
+    h_resp_free(&r);
+}
+
+/* The chunk line that breaks arrives in a later read than the head. */
+Test(malformed, a_chunk_line_broken_in_a_later_read_gets_a_problem)
+{
+    static const char head[] = "POST /v1/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                               "5\r\nhello";
+    static const char rest[] = "\r0\r\n\r\n";
+    char buf[4096] = {0};
+    size_t got = 0;
+    int fd = h_connect(sl.port);
+
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(h_send_all(fd, head, sizeof head - 1), 0);
+    usleep(150 * 1000);
+    cr_assert_eq(h_send_all(fd, rest, sizeof rest - 1), 0);
+    for (;;) {
+        struct pollfd p = {fd, POLLIN, 0};
+        ssize_t n;
+
+        if (poll(&p, 1, 5000) != 1 || (n = recv(fd, buf + got, sizeof buf - 1 - got, 0)) <= 0)
+            break;
+        got += (size_t)n;
+    }
+    close(fd);
+    cr_expect(strncmp(buf, "HTTP/1.1 400 ", 13) == 0, "%s", buf);
+    cr_expect(strstr(buf, "Sluice-Outcome: rejected\r\n"), "%s", buf);
+    cr_expect(strstr(buf, "application/problem+json"), "%s", buf);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 0);
+}
+
 /* Reads one answer of a kept-alive connection: up to the head's end plus
  * Content-Length bytes (the answers here have one). */
 static int read_answer(int fd, char *buf, size_t cap)
@@ -297,6 +367,48 @@ Test(malformed, an_unsplittable_line_after_a_kept_alive_request_gets_400)
     cr_expect(strstr(buf, "malformed_request"), "%s", buf);
     close(fd);
     cr_expect_eq(h_stub_stat(&stub, "requests"), 1);
+}
+
+/* Other workers' connections are open and idle, kept alive after an
+ * answer: the refusal still goes to the connection that sent the bad bytes
+ * (it is the one that just had input), never to an idle one, and those
+ * serve on. A bad line on a kept-alive connection is answered too. */
+Test(malformed, refusals_reach_the_right_one_of_several_connections)
+{
+    static const char ok[] = "GET /v1/x HTTP/1.1\r\nHost: x\r\n\r\n";
+    enum { IDLE = 4 };
+    int idle[IDLE];
+    char buf[8192];
+
+    for (int i = 0; i < IDLE; i++) {
+        idle[i] = h_connect(sl.port);
+        cr_assert_geq(idle[i], 0);
+        cr_assert_eq(h_send_all(idle[i], ok, sizeof ok - 1), 0);
+        cr_assert_eq(read_answer(idle[i], buf, sizeof buf), 0, "no answer on connection %d", i);
+    }
+    usleep(50 * 1000); /* idle for longer than "just had input" */
+    for (size_t i = 0; i < sizeof library_refusals / sizeof *library_refusals; i++) {
+        struct h_resp r;
+        long ms;
+
+        send_raw(library_refusals[i], strlen(library_refusals[i]), &r, &ms);
+        expect_problem(&r, 400, ms);
+        h_resp_free(&r);
+    }
+    cr_assert_eq(h_send_all(idle[0], "GET /v1/x http/1.1\r\nHost: x\r\n\r\n", 34), 0);
+    memset(buf, 0, sizeof buf);
+    cr_expect_eq(read_answer(idle[0], buf, sizeof buf), 0, "no answer on the kept-alive one");
+    cr_expect(strncmp(buf, "HTTP/1.1 400", 12) == 0 && strstr(buf, "Sluice-Outcome: rejected"),
+              "%.300s", buf);
+    for (int i = 1; i < IDLE; i++) {
+        memset(buf, 0, sizeof buf);
+        cr_assert_eq(h_send_all(idle[i], ok, sizeof ok - 1), 0);
+        cr_expect_eq(read_answer(idle[i], buf, sizeof buf), 0, "connection %d is gone", i);
+        cr_expect(strncmp(buf, "HTTP/1.1 200", 12) == 0, "connection %d: %.60s", i, buf);
+    }
+    for (int i = 0; i < IDLE; i++)
+        close(idle[i]);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 2 * IDLE - 1);
 }
 
 /* The answers that end a connection are the only thing on it: neither a
