@@ -460,6 +460,18 @@ static bool check_head(struct exchange *ex, const char *url, const char *version
 
 /* limits.max_header (431) and, by the announced length, max_body (413);
  * the fields passed check_head, so a Content-Length is digits only. */
+/* A chunked body's chunk lines are checked as it arrives (on_body_data):
+ * where in MHD's buffer they start. */
+static void note_chunked(struct exchange *ex, const struct field_list *l)
+{
+    for (size_t i = 0; i < l->n && l->head_size; i++)
+        if (strcasecmp(l->v[i].name, "Transfer-Encoding") == 0) {
+            ex->chunked = true;
+            ex->raw_body = ex->method + l->head_size;
+            return;
+        }
+}
+
 static bool check_limits(struct exchange *ex, const struct field_list *l)
 {
     const struct sc_config *cfg = ex->cfg;
@@ -618,6 +630,7 @@ static enum MHD_Result on_first_call(struct exchange *ex, const char *url,
         ex_refuse(ex, 500, OUT_REJECTED, R_INTERNAL, "out of memory");
     if (!ex->status && check_head(ex, url, version, &l) &&
         check_limits(ex, &l) && check_route(ex) && check_single(ex, &l)) {
+        note_chunked(ex, &l);
         ex_set_body(ex);
         rc = MHD_YES;
         goto out;
@@ -632,10 +645,59 @@ out:
     return rc;
 }
 
+/* The longest chunk line (extensions, size, line ends) sluice reads; a
+ * longer one is refused (RFC 9112 7.1.1 asks servers to bound them). */
+#define CHUNK_LINE_MAX 4096
+
+/* The framing bytes [from, data) before a piece, as a chunk line. */
+static int check_gap(const char *from, const char *data, bool crlf_optional,
+                     struct sc_error *err)
+{
+    if ((size_t)(data - from) > CHUNK_LINE_MAX) {
+        sc_error_set(err, "a chunk line longer than %d bytes", CHUNK_LINE_MAX);
+        return -EINVAL;
+    }
+    return http_chunk_gap_check(from, (size_t)(data - from), crlf_optional, err);
+}
+
+/* MHD decodes the chunks itself, accepts any byte in a chunk extension,
+ * and hands over only the data: the chunk line it skipped lies in its read
+ * buffer just before a piece (libmicrohttpd 0.9.75). Each pass over that
+ * buffer starts where the head ended (the buffer grows in place); within a
+ * pass the pieces come in order with the framing between them. So the
+ * bytes before a piece are those since the end of the one before it, when
+ * that was in the same pass (same MHD run; they then begin with the CRLF
+ * that ends its chunk), else those from the buffer's start. Only those
+ * bytes are read, never past a piece. A line MHD reads at the very end of
+ * a read, with no data after it, is overwritten by the next read before a
+ * piece shows it: its extensions go unchecked. */
+static int check_chunk_line(struct exchange *ex, const char *data, struct sc_error *err)
+{
+    int rc = -EPROTO;
+
+    if (ex->raw_run == ex->loop->mhd_runs && data >= ex->raw_next)
+        rc = check_gap(ex->raw_next, data, false, err);
+    /* Not framing from there: this run began a new pass over the buffer. */
+    if (rc == -EPROTO && data >= ex->raw_body)
+        rc = check_gap(ex->raw_body, data, true, err);
+    return rc;
+}
+
 static void on_body_data(struct exchange *ex, const char *data, size_t len)
 {
+    struct sc_error err = {0};
+
     if (ex->state != EX_BODY)
         return;
+    if (ex->chunked) {
+        if (check_chunk_line(ex, data, &err) == -EINVAL) {
+            ex_refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST, "%s", err.text);
+            ex_set_refused(ex);
+            return;
+        }
+        ex->raw_next = data + len;
+        ex->raw_run = ex->loop->mhd_runs;
+    }
     if (!ex->body && !(ex->body = evbuffer_new())) {
         ex_refuse(ex, 500, OUT_REJECTED, R_INTERNAL, "out of memory");
         ex_set_refused(ex);
@@ -674,7 +736,7 @@ enum MHD_Result exchange_access(void *cls, struct MHD_Connection *c,
         }
         conn_body_done(c);
         if (ex->state == EX_REFUSED || !read_attempt(ex))
-            return answer(ex);
+            return ex->reason == R_MALFORMED_REQUEST ? answer_malformed(ex) : answer(ex);
         return forward(ex);
     case EX_READY:
         return answer_ready(ex);

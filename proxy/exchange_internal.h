@@ -23,6 +23,7 @@
 #include <microhttpd.h>
 
 #include "config/config.h"
+#include "policies/http_head.h"
 #include "policies/instruction.h"
 #include "proxy/pacing.h"
 #include "policies/problem.h"
@@ -159,6 +160,12 @@ struct exchange {
     uint64_t bytes_in;      /* request body bytes read from the worker */
     uint64_t bytes_out;     /* response body bytes handed to MHD */
     TAILQ_ENTRY(exchange) link;
+
+    /* a chunked body's framing, followed in MHD's read buffer (exchange.c) */
+    bool chunked;
+    const char *raw_body;   /* where that buffer starts: the head's end */
+    const char *raw_next;   /* the end of the last piece of data MHD gave */
+    uint64_t raw_run;       /* the MHD run that gave it */
 };
 
 /* exchange.c */
