@@ -370,6 +370,7 @@ Test(descriptors, more_connections_than_descriptors_do_not_spin)
 Test(descriptors, accept_out_of_descriptors_pauses)
 {
     enum { ADMIN = 48, WORKERS = 4 };
+    static const char get[] = "GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     int admin[ADMIN], workers[WORKERS];
     long before, used;
     struct h_resp r;
@@ -392,8 +393,7 @@ Test(descriptors, accept_out_of_descriptors_pauses)
     usleep(300000);
     /* A worker connection that waited in the backlog is served. */
     cr_assert_geq(workers[0], 0);
-    cr_assert_eq(h_send_all(workers[0], "GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-                            47), 0);
+    cr_assert_eq(h_send_all(workers[0], get, strlen(get)), 0);
     {
         char buf[64] = {0};
         struct pollfd p = {workers[0], POLLIN, 0};

@@ -446,6 +446,7 @@ Test(malformed, an_unsplittable_line_after_a_kept_alive_request_gets_400)
 Test(malformed, refusals_reach_the_right_one_of_several_connections)
 {
     static const char ok[] = "GET /v1/x HTTP/1.1\r\nHost: x\r\n\r\n";
+    static const char bad_version[] = "GET /v1/x http/1.1\r\nHost: x\r\n\r\n";
     enum { IDLE = 4 };
     int idle[IDLE];
     char buf[8192];
@@ -465,7 +466,7 @@ Test(malformed, refusals_reach_the_right_one_of_several_connections)
         expect_problem(&r, 400, ms);
         h_resp_free(&r);
     }
-    cr_assert_eq(h_send_all(idle[0], "GET /v1/x http/1.1\r\nHost: x\r\n\r\n", 34), 0);
+    cr_assert_eq(h_send_all(idle[0], bad_version, sizeof bad_version - 1), 0);
     memset(buf, 0, sizeof buf);
     cr_expect_eq(read_answer(idle[0], buf, sizeof buf), 0, "no answer on the kept-alive one");
     cr_expect(strncmp(buf, "HTTP/1.1 400", 12) == 0 && strstr(buf, "Sluice-Outcome: rejected"),
