@@ -81,7 +81,8 @@ static const struct family families[] = {
     {"sluice_store_commit_failures_total", "counter", "Completed results that could not be stored after the upstream answered (the worker still got the answer)."},
     {"sluice_store_replication_timeouts_total", "counter", "Completions stored on the Redis primary that fewer than store.replicas_ack replicas confirmed within store.timeout (answered anyway)."},
     {"sluice_store_duration_seconds", "histogram", "Store calls a request waited for, from start to completion (RocksDB: at once; Redis: a round trip), by operation."},
-    {"sluice_connections_refused_total", "counter", "Worker connections closed at once over limits.max_connections."},
+    {"sluice_connections_refused_total", "counter", "Worker connections closed at once over limits.max_connections, or when fewer than 16 file descriptors were left below RLIMIT_NOFILE."},
+    {"sluice_accept_paused_total", "counter", "Times a loop found no file descriptor for a worker connection (EMFILE, ENFILE) and stopped accepting for 100 ms."},
 };
 
 int metrics_init(struct metrics *m, unsigned n_shards)
@@ -368,6 +369,7 @@ static void build_process(struct build *b)
     b->ids->replication_timeouts =
         reg(b, "sluice_store_replication_timeouts_total", S_COUNTER, 0);
     b->ids->conns_refused = reg(b, "sluice_connections_refused_total", S_COUNTER, 0);
+    b->ids->accept_paused = reg(b, "sluice_accept_paused_total", S_COUNTER, 0);
     for (int op = 0; op < ST__COUNT; op++) {
         setl(b, "op=\"%s\"", store_op_names[op]);
         b->ids->store_duration[op] =

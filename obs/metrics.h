@@ -78,6 +78,7 @@ struct metrics_ids {
     uint32_t *verifications;  /* [policy * 3]: found, absent, failed; see
                                  metrics_verification_slot */
     uint32_t reloads_ok, reloads_error, store_errors, commit_failures, conns_refused;
+    uint32_t accept_paused;
     uint32_t replication_timeouts;
     uint32_t store_duration[ST__COUNT]; /* histogram bases, by op */
 };

@@ -1,5 +1,6 @@
 #include "policies/http_head.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <string.h>
 #include <strings.h>
@@ -133,9 +134,11 @@ static int check_field(const struct http_field *f, struct framing *fr,
             sc_error_set(err, "invalid Content-Length");
             return -EINVAL;
         }
-        if (fr->cl && (fr->cl->value_len != f->value_len ||
-                       memcmp(fr->cl->value, f->value, f->value_len) != 0)) {
-            sc_error_set(err, "conflicting Content-Length values");
+        /* Even two equal ones: RFC 9110 8.6 lets a recipient merge them,
+         * but a next hop that keeps the first of "5" and "5 " or reads a
+         * list differently is where smuggling starts. One field only. */
+        if (fr->cl) {
+            sc_error_set(err, "more than one Content-Length");
             return -EINVAL;
         }
         fr->cl = f;
@@ -163,6 +166,13 @@ static int check_fields(const struct http_head *h, struct sc_error *err)
         sc_error_set(err, "Transfer-Encoding together with Content-Length");
         return -EINVAL;
     }
+    /* RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding has faulty
+     * framing (1.0 has no chunked coding; a 1.0 hop would read the chunk
+     * lines as the body). */
+    if (fr.n_te && !v11) {
+        sc_error_set(err, "Transfer-Encoding in an HTTP/1.0 request");
+        return -EINVAL;
+    }
     /* RFC 9112 3.2: exactly one Host in HTTP/1.1, never two. */
     if (fr.n_host > 1 || (v11 && fr.n_host == 0)) {
         sc_error_set(err, fr.n_host ? "more than one Host header"
@@ -188,6 +198,97 @@ int http_head_check(const struct http_head *h, struct sc_error *err)
         return -EINVAL;
     }
     return check_fields(h, err);
+}
+
+/* ---- chunked request bodies ---------------------------------------------- */
+
+static size_t skip_bws(const char *s, size_t n, size_t i)
+{
+    while (i < n && (s[i] == ' ' || s[i] == '\t'))
+        i++;
+    return i;
+}
+
+static size_t skip_token(const char *s, size_t n, size_t i)
+{
+    while (i < n && is_tchar((unsigned char)s[i]))
+        i++;
+    return i;
+}
+
+/* RFC 9110 5.6.4: DQUOTE *( qdtext / quoted-pair ) DQUOTE; the index after
+ * it, or 0 when s[i..] is not one. */
+static size_t skip_quoted(const char *s, size_t n, size_t i)
+{
+    if (i >= n || s[i] != '"')
+        return 0;
+    for (i++; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+
+        if (c == '"')
+            return i + 1;
+        if (c == '\\' && i + 1 < n)
+            c = (unsigned char)s[++i];
+        if ((c < 0x20 && c != '\t') || c == 0x7f)
+            return 0;
+    }
+    return 0;
+}
+
+bool http_chunk_ext_valid(const char *s, size_t n)
+{
+    size_t i = skip_bws(s, n, 0), k;
+
+    while (i < n) {
+        if (s[i] != ';')
+            return false;
+        i = skip_bws(s, n, i + 1);
+        if ((k = skip_token(s, n, i)) == i)
+            return false; /* an empty name */
+        i = skip_bws(s, n, k);
+        if (i < n && s[i] == '=') {
+            i = skip_bws(s, n, i + 1);
+            k = skip_token(s, n, i);
+            if (k == i && !(k = skip_quoted(s, n, i)))
+                return false;
+            i = skip_bws(s, n, k);
+        }
+    }
+    return true;
+}
+
+/* [ [CR] LF ] 1*HEXDIG: where the extensions start, or 0 when g is not so. */
+static size_t chunk_ext_start(const char *g, size_t n, bool crlf_optional)
+{
+    size_t i = 0, digits;
+
+    if (i < n && g[i] == '\r')
+        i++;
+    if (i < n && g[i] == '\n')
+        i++;
+    else if (i || !crlf_optional)
+        return 0;
+    for (digits = i; i < n && isxdigit((unsigned char)g[i]); i++)
+        ;
+    return i > digits && i - digits <= 16 ? i : 0;
+}
+
+int http_chunk_gap_check(const char *gap, size_t n, bool crlf_optional, struct sc_error *err)
+{
+    size_t ext, end;
+
+    if (n == 0)
+        return 0;
+    if (gap[n - 1] != '\n' || !(ext = chunk_ext_start(gap, n, crlf_optional)))
+        return -EPROTO;
+    end = n - 1;
+    if (end > ext && gap[end - 1] == '\r')
+        end--;
+    if (!http_chunk_ext_valid(gap + ext, end - ext)) {
+        sc_error_set(err, "a malformed chunk extension");
+        return -EINVAL;
+    }
+    return 0;
 }
 
 /* ---- from raw bytes ----------------------------------------------------- */

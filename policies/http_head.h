@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "util/error.h"
 
@@ -54,6 +55,23 @@ bool http_version_valid(const char *s, size_t n);
  * Transfer-Encoding with Content-Length, Transfer-Encoding only "chunked"),
  * and the Host rule of RFC 9112 3.2. 0 or -EINVAL with err set. */
 int http_head_check(const struct http_head *h, struct sc_error *err);
+
+/* ---- chunked request bodies ---------------------------------------------- */
+
+/* The framing bytes the server library skipped before a piece of a chunked
+ * body's data (RFC 9112 7.1): nothing (more data of the same chunk), or a
+ * chunk's size line, "1*HEXDIG ext [CR] LF", after the (CR) LF that ends
+ * the previous chunk's data (optional with crlf_optional: at the start of
+ * the library's buffer, where it may have been consumed before). 0; -EINVAL
+ * with err set when the line's extensions are not *( BWS ";" BWS token
+ * [ BWS "=" BWS ( token / quoted-string ) ] ) (a control character, an
+ * empty name, a stray byte); -EPROTO when the
+ * bytes are not framing at all (the caller's view is off: nothing to say
+ * about the request). */
+int http_chunk_gap_check(const char *gap, size_t n, bool crlf_optional, struct sc_error *err);
+/* The extensions of one chunk line, after its size digits up to (not
+ * including) its CR LF. */
+bool http_chunk_ext_valid(const char *s, size_t n);
 
 /* Splits a raw head (request line, field lines, up to and including the
  * empty line; CRLF or bare LF line ends) and checks it as above; obsolete

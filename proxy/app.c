@@ -469,6 +469,8 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
         return -ENOMEM;
     }
     app->n_loops = resolve_threads(cfg->threads);
+    /* Before anything is opened: the store's files count too. */
+    app->fd_limit = server_fd_limit(cfg, app->n_loops);
     /* One shard per loop plus one for the main and admin threads. */
     metrics_init(&app->metrics, app->n_loops + 1);
     if ((rc = base_init(app, err)) != 0 || (rc = store_init(app, err)) != 0) {

@@ -64,6 +64,7 @@ struct app {
     atomic_bool draining;
     atomic_long inflight;       /* requests between arrival and completion */
     atomic_long conns;          /* open worker connections */
+    long fd_limit;              /* RLIMIT_NOFILE in force (server_fd_limit) */
     uint64_t drain_deadline_ns;
     bool aborted;               /* the drain deadline passed */
     uint64_t abort_ns;

@@ -298,15 +298,27 @@ static enum MHD_Result answer_instruction(struct exchange *ex)
     return queue(ex, resp);
 }
 
+/* For responses MHD sends no body of. */
+static ssize_t no_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    return MHD_CONTENT_READER_END_OF_STREAM;
+}
+
 /* A stored result, byte for byte, with no permit and no upstream call. A
  * replayed failure (4xx) stays permanent_error: "replayed" always means
  * "this already succeeded: ack it". */
 static enum MHD_Result answer_replay(struct exchange *ex)
 {
     const struct store_record *rec = &ex->replay;
-    struct MHD_Response *resp = MHD_create_response_from_buffer(
-        rec->body_len, rec->body, MHD_RESPMEM_MUST_COPY);
+    struct MHD_Response *resp;
 
+    /* The record keeps no Content-Length: a bodiless answer is not given
+     * one of 0 (exchange_stream.c). */
+    if (ex_answer_bodiless(ex, rec->status))
+        resp = ex_bodiless_response(rec->status, false, 0, no_reader, NULL);
+    else
+        resp = MHD_create_response_from_buffer(rec->body_len, rec->body,
+                                               MHD_RESPMEM_MUST_COPY);
     if (!resp)
         return MHD_NO;
     for (size_t i = 0; i < rec->n_headers; i++)
@@ -448,6 +460,18 @@ static bool check_head(struct exchange *ex, const char *url, const char *version
 
 /* limits.max_header (431) and, by the announced length, max_body (413);
  * the fields passed check_head, so a Content-Length is digits only. */
+/* A chunked body's chunk lines are checked as it arrives (on_body_data):
+ * where in MHD's buffer they start. */
+static void note_chunked(struct exchange *ex, const struct field_list *l)
+{
+    for (size_t i = 0; i < l->n && l->head_size; i++)
+        if (strcasecmp(l->v[i].name, "Transfer-Encoding") == 0) {
+            ex->chunked = true;
+            ex->raw_body = ex->method + l->head_size;
+            return;
+        }
+}
+
 static bool check_limits(struct exchange *ex, const struct field_list *l)
 {
     const struct sc_config *cfg = ex->cfg;
@@ -502,6 +526,29 @@ static bool check_route(struct exchange *ex)
     if (ex->pol->partition_header)
         ex->partition = MHD_lookup_connection_value(ex->mc, MHD_HEADER_KIND,
                                                     ex->pol->partition_header);
+    return true;
+}
+
+/* The fields sluice reads one value of (the key, the worker's attempt, the
+ * enqueue time) come once: of two, sluice would act on the first while the
+ * partner, which gets both, may read the other or a list of both. */
+static bool check_single(struct exchange *ex, const struct field_list *l)
+{
+    const char *names[] = {key_header(ex), "Sluice-Attempt", "Sluice-Enqueued-At"};
+    unsigned seen[sizeof names / sizeof *names] = {0};
+
+    for (size_t i = 0; i < l->n; i++) {
+        for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+            if (strcasecmp(l->v[i].name, names[k]) != 0)
+                continue;
+            if (seen[k]++) {
+                ex_refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST,
+                          "more than one %s header", names[k]);
+                return false;
+            }
+            break;
+        }
+    }
     return true;
 }
 
@@ -582,13 +629,15 @@ static enum MHD_Result on_first_call(struct exchange *ex, const char *url,
     if (!ex->status && collect_fields(ex, stack, &l) != 0)
         ex_refuse(ex, 500, OUT_REJECTED, R_INTERNAL, "out of memory");
     if (!ex->status && check_head(ex, url, version, &l) &&
-        check_limits(ex, &l) && check_route(ex)) {
+        check_limits(ex, &l) && check_route(ex) && check_single(ex, &l)) {
+        note_chunked(ex, &l);
         ex_set_body(ex);
         rc = MHD_YES;
         goto out;
     }
     /* Refused before the body: answer now; MHD then closes the connection
      * rather than reading a body nobody wants. */
+    conn_body_done(ex->mc);
     rc = ex->reason == R_MALFORMED_REQUEST ? answer_malformed(ex) : answer(ex);
 out:
     if (l.v != stack)
@@ -596,10 +645,59 @@ out:
     return rc;
 }
 
+/* The longest chunk line (extensions, size, line ends) sluice reads; a
+ * longer one is refused (RFC 9112 7.1.1 asks servers to bound them). */
+#define CHUNK_LINE_MAX 4096
+
+/* The framing bytes [from, data) before a piece, as a chunk line. */
+static int check_gap(const char *from, const char *data, bool crlf_optional,
+                     struct sc_error *err)
+{
+    if ((size_t)(data - from) > CHUNK_LINE_MAX) {
+        sc_error_set(err, "a chunk line longer than %d bytes", CHUNK_LINE_MAX);
+        return -EINVAL;
+    }
+    return http_chunk_gap_check(from, (size_t)(data - from), crlf_optional, err);
+}
+
+/* MHD decodes the chunks itself, accepts any byte in a chunk extension,
+ * and hands over only the data: the chunk line it skipped lies in its read
+ * buffer just before a piece (libmicrohttpd 0.9.75). Each pass over that
+ * buffer starts where the head ended (the buffer grows in place); within a
+ * pass the pieces come in order with the framing between them. So the
+ * bytes before a piece are those since the end of the one before it, when
+ * that was in the same pass (same MHD run; they then begin with the CRLF
+ * that ends its chunk), else those from the buffer's start. Only those
+ * bytes are read, never past a piece. A line MHD reads at the very end of
+ * a read, with no data after it, is overwritten by the next read before a
+ * piece shows it: its extensions go unchecked. */
+static int check_chunk_line(struct exchange *ex, const char *data, struct sc_error *err)
+{
+    int rc = -EPROTO;
+
+    if (ex->raw_run == ex->loop->mhd_runs && data >= ex->raw_next)
+        rc = check_gap(ex->raw_next, data, false, err);
+    /* Not framing from there: this run began a new pass over the buffer. */
+    if (rc == -EPROTO && data >= ex->raw_body)
+        rc = check_gap(ex->raw_body, data, true, err);
+    return rc;
+}
+
 static void on_body_data(struct exchange *ex, const char *data, size_t len)
 {
+    struct sc_error err = {0};
+
     if (ex->state != EX_BODY)
         return;
+    if (ex->chunked) {
+        if (check_chunk_line(ex, data, &err) == -EINVAL) {
+            ex_refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST, "%s", err.text);
+            ex_set_refused(ex);
+            return;
+        }
+        ex->raw_next = data + len;
+        ex->raw_run = ex->loop->mhd_runs;
+    }
     if (!ex->body && !(ex->body = evbuffer_new())) {
         ex_refuse(ex, 500, OUT_REJECTED, R_INTERNAL, "out of memory");
         ex_set_refused(ex);
@@ -636,8 +734,9 @@ enum MHD_Result exchange_access(void *cls, struct MHD_Connection *c,
             *upload_data_size = 0;
             return MHD_YES;
         }
+        conn_body_done(c);
         if (ex->state == EX_REFUSED || !read_attempt(ex))
-            return answer(ex);
+            return ex->reason == R_MALFORMED_REQUEST ? answer_malformed(ex) : answer(ex);
         return forward(ex);
     case EX_READY:
         return answer_ready(ex);
@@ -676,8 +775,7 @@ static void log_exchange(struct exchange *ex)
     e.upstream_status = u->resp.status;
     e.bytes_in = ex->bytes_in;
     /* MHD sends no body with these, whatever the response holds. */
-    e.bytes_out = (ex->method && !strcmp(ex->method, "HEAD")) || ex->status == 204 ||
-                  ex->status == 304 ? 0 : ex->bytes_out;
+    e.bytes_out = ex_answer_bodiless(ex, ex->status) ? 0 : ex->bytes_out;
     log_access(&e);
 }
 

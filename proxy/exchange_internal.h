@@ -23,6 +23,7 @@
 #include <microhttpd.h>
 
 #include "config/config.h"
+#include "policies/http_head.h"
 #include "policies/instruction.h"
 #include "proxy/pacing.h"
 #include "policies/problem.h"
@@ -160,6 +161,12 @@ struct exchange {
     uint64_t bytes_in;      /* request body bytes read from the worker */
     uint64_t bytes_out;     /* response body bytes handed to MHD */
     TAILQ_ENTRY(exchange) link;
+
+    /* a chunked body's framing, followed in MHD's read buffer (exchange.c) */
+    bool chunked;
+    const char *raw_body;   /* where that buffer starts: the head's end */
+    const char *raw_next;   /* the end of the last piece of data MHD gave */
+    uint64_t raw_run;       /* the MHD run that gave it */
 };
 
 /* exchange.c */
@@ -262,5 +269,13 @@ void upstream_drain_answer(struct exchange *ex);
 /* The worker's response for ANSWER_UPSTREAM: from memory when the body is
  * all here, else read from the upstream as it arrives. NULL on failure. */
 struct MHD_Response *ex_stream_response(struct exchange *ex);
+/* An answer of this status to this request has no body: HEAD, 1xx, 204, 304. */
+bool ex_answer_bodiless(const struct exchange *ex, int status);
+/* The response for such an answer: the given Content-Length (the one the
+ * upstream sent), or no framing header at all and the connection closed
+ * after it (a 204 has none and keeps it); never chunked. reader is never
+ * called. */
+struct MHD_Response *ex_bodiless_response(int status, bool has_length, uint64_t length,
+                                          MHD_ContentReaderCallback reader, void *cls);
 
 #endif

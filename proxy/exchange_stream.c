@@ -91,21 +91,53 @@ static ssize_t read_body(void *cls, uint64_t pos, char *buf, size_t max)
  * else unknown (chunked to HTTP/1.1 workers). */
 static uint64_t promised_length(const struct exchange *ex)
 {
-    const struct up_response *ur = &ex->ureq.resp;
     uint64_t n;
 
-    /* A HEAD answer keeps the length a GET would have (MHD sends no body). */
-    if (ur->status != 204 && ur->status != 304 && up_response_length(ur, &n))
-        return n;
-    return ex->ureq.no_body ? 0 : MHD_SIZE_UNKNOWN;
+    return up_response_length(&ex->ureq.resp, &n) ? n : MHD_SIZE_UNKNOWN;
+}
+
+bool ex_answer_bodiless(const struct exchange *ex, int status)
+{
+    return up_status_bodiless(status) || (ex->method && strcmp(ex->method, "HEAD") == 0);
+}
+
+/* No body follows the head (RFC 9112 6.3), so MHD must frame none. It sends
+ * no framing header for a 204, and for a known total it writes that total as
+ * Content-Length, the upstream's own value, with no body after it. What it
+ * must not do is choose chunked: libmicrohttpd 0.9.75 then writes a last
+ * chunk ("0\r\n\r\n") after a HEAD or 304 head, five bytes that a
+ * kept-alive worker reads as the start of its next response. Its flag for
+ * HTTP/1.0-compatible answers keeps it from chunking; an answer with neither
+ * length nor chunks then ends the connection, as HTTP says it must. The
+ * upstream's chunked coding is not announced (nothing is sent in it); a
+ * Content-Length of 0, which the worker would read as the length of the
+ * resource, is never made up. */
+struct MHD_Response *ex_bodiless_response(int status, bool has_length, uint64_t length,
+                                          MHD_ContentReaderCallback reader, void *cls)
+{
+    struct MHD_Response *resp;
+
+    /* A 204 has no framing header at all (MHD drops them): any size will do. */
+    if (status == 204)
+        has_length = true;
+    resp = MHD_create_response_from_callback(has_length ? length : MHD_SIZE_UNKNOWN,
+                                             READ_BLOCK, reader, cls, NULL);
+    if (resp && !has_length)
+        MHD_set_response_options(resp, MHD_RF_HTTP_1_0_COMPATIBLE_STRICT, MHD_RO_END);
+    return resp;
 }
 
 struct MHD_Response *ex_stream_response(struct exchange *ex)
 {
     struct up_response *ur = &ex->ureq.resp;
     struct MHD_Response *resp = NULL;
+    uint64_t n;
 
-    if (ex->up_done && ur->result == UP_OK && !ex->ureq.no_body) {
+    if (ex_answer_bodiless(ex, ur->status)) {
+        /* MHD never calls the reader here: no body is sent. */
+        bool has = up_response_length(ur, &n);
+        resp = ex_bodiless_response(ur->status, has, has ? n : 0, read_body, ex);
+    } else if (ex->up_done && ur->result == UP_OK) {
         size_t whole = evbuffer_get_length(ur->body);
 
         if ((resp = response_whole(ur)))

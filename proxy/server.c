@@ -2,11 +2,16 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netdb.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -29,6 +34,24 @@
 /* Idle keep-alive connections from workers are closed after this, like
  * nginx's keepalive_timeout default. Suspended requests are not affected. */
 #define WORKER_IDLE_TIMEOUT_S 75
+
+/* Out of file descriptors, a listener stays readable and accept() fails at
+ * once: retried at every loop pass, it spins (a core per loop and a log
+ * line per failure). Accepting pauses this long instead, as nginx's
+ * ngx_disable_accept_events does; the backlog holds the connections. */
+#define ACCEPT_PAUSE_MS 100
+/* Worker connections never take the last descriptors below RLIMIT_NOFILE:
+ * the admin port (probes), upstream connections and the store need some. */
+#define FD_HEADROOM 16
+/* Descriptors sluice holds besides worker and upstream connections (the
+ * store's files, the loops' epoll and event fds, the listeners, the log):
+ * about 30 with two loops; counted when the limit is checked at start. */
+#define FD_OWN 64
+/* A limit raised to the hard one stops here: the kernel's default ceiling
+ * (fs.nr_open), and more than any config here uses. */
+#define FD_RAISE_MAX ((rlim_t)1 << 20)
+/* A refusal repeated (EMFILE, no headroom) is logged once a second. */
+#define REPEAT_LOG_NS 1000000000ull
 
 /* ---- listening socket --------------------------------------------------- */
 
@@ -93,25 +116,30 @@ void loop_kick(struct loop *w)
     event_active(w->mhd_read_ev, EV_READ, 0);
 }
 
-static void refuse_content_length(struct loop *w, int status);
+static void refuse_library_answer(struct loop *w, unsigned status, const char *message);
 
 static void mhd_logger(void *cls, const char *fmt, va_list ap)
 {
     struct loop *w = cls;
     char msg[512];
+    va_list args;
 
-    /* MHD says so each time it sends an error answer of its own (a bad
-     * version, a line too long): no answer of ours may follow it. */
-    if (strncmp(fmt, "Error processing request", 24) == 0)
+    /* MHD says so each time it is about to send an error answer of its own
+     * (an HTML page without Sluice-Outcome), on the loop's thread, before
+     * it writes a byte of it: the notice that lets sluice answer instead. */
+    static const char error_notice[] = "Error processing request (HTTP response code is %u ('%s'))";
+
+    if (strncmp(fmt, error_notice, sizeof error_notice - 1) == 0) {
+        unsigned status;
+        const char *message;
+
         w->mhd_error_run = w->mhd_runs;
-    /* A Content-Length MHD cannot read: it queues its own HTML answer and
-     * then (libmicrohttpd 0.9.75) sends its head twice, without calling
-     * us. This message is the only notice, on the loop's thread, in the
-     * middle of reading that head. */
-    if (strncmp(fmt, "Failed to parse `Content-Length'", 32) == 0)
-        refuse_content_length(w, 400);
-    else if (strncmp(fmt, "Too large value of 'Content-Length'", 35) == 0)
-        refuse_content_length(w, 413);
+        va_copy(args, ap);
+        status = va_arg(args, unsigned);
+        message = va_arg(args, const char *);
+        va_end(args);
+        refuse_library_answer(w, status, message ? message : "");
+    }
     vsnprintf(msg, sizeof msg, fmt, ap);
     msg[strcspn(msg, "\n")] = '\0';
     log_debug("http server: %s", msg);
@@ -125,14 +153,16 @@ static void mhd_logger(void *cls, const char *fmt, va_list ap)
 struct conn {
     struct loop *w;
     struct MHD_Connection *mc;
+    TAILQ_ENTRY(conn) link;     /* the loop's connections */
     struct event *head_timer;   /* pending while a request head is incomplete */
     struct timeval head_timeout;
     unsigned begun, ended;      /* request lines MHD read; requests it ended */
     uint64_t ended_run;         /* the MHD run in which the last one ended */
     uint64_t quiet_since_ns;    /* accepted, or its last request ended */
     bool head_open;             /* request line read, head not complete */
-    bool timed_out;             /* answered on the socket (a 408, or a Content-Length
-                                 * MHD cannot read): the connection is closing */
+    bool body_open;             /* head complete, MHD reading the body (chunks) */
+    bool timed_out;             /* answered on the socket (a 408, or an answer in
+                                 * place of MHD's own): the connection is closing */
 };
 
 static struct conn *conn_of(struct MHD_Connection *c)
@@ -232,24 +262,15 @@ static struct conn *conn_new(struct loop *w, struct MHD_Connection *c)
     /* The first head's clock runs from the accept, as nginx's
      * client_header_timeout: a silent new connection is a slow head too. */
     evtimer_add(cn->head_timer, &cn->head_timeout);
+    TAILQ_INSERT_TAIL(&w->conns, cn, link);
     return cn;
-}
-
-static void head_close(struct conn *cn)
-{
-    if (!cn->head_open)
-        return;
-    cn->head_open = false;
-    cn->w->heads_open--;
-    if (cn->w->head_conn == cn)
-        cn->w->head_conn = NULL;
 }
 
 static void conn_free(struct conn *cn)
 {
     if (!cn)
         return;
-    head_close(cn);
+    TAILQ_REMOVE(&cn->w->conns, cn, link);
     event_free(cn->head_timer);
     free(cn);
 }
@@ -264,11 +285,7 @@ void conn_head_begun(struct MHD_Connection *c)
     if (!cn)
         return;
     cn->begun++;
-    if (!cn->head_open) {
-        cn->head_open = true;
-        cn->w->heads_open++;
-    }
-    cn->w->head_conn = cn;
+    cn->head_open = true;
     if (!evtimer_pending(cn->head_timer, NULL))
         evtimer_add(cn->head_timer, &cn->head_timeout);
 }
@@ -282,6 +299,15 @@ void conn_request_ended(struct MHD_Connection *c)
     cn->ended++;
     cn->ended_run = cn->w->mhd_runs;
     cn->quiet_since_ns = clock_mono_ns();
+    cn->body_open = false;
+}
+
+void conn_body_done(struct MHD_Connection *c)
+{
+    struct conn *cn = conn_of(c);
+
+    if (cn)
+        cn->body_open = false;
 }
 
 /* True when MHD is closing the connection because it could not read a
@@ -329,37 +355,146 @@ bool conn_head_done(struct MHD_Connection *c)
 
     if (!cn)
         return true;
-    head_close(cn);
+    cn->head_open = false;
+    cn->body_open = true;
     evtimer_del(cn->head_timer);
     return !cn->timed_out;
 }
 
-/* The head MHD is reading when it logs a Content-Length it cannot read is
- * the one whose request line came last, if no other head is open on this
- * loop (heads in one packet, the usual case, are read in one go). Our
- * answer goes out, then the socket is shut down so that MHD's own write
- * fails and it closes the connection. With two heads open we cannot tell
- * which: MHD's answer stands. */
-static void refuse_content_length(struct loop *w, int status)
-{
-    struct conn *cn = w->head_conn;
-    const union MHD_ConnectionInfo *i;
+/* ---- answering in place of libmicrohttpd ---------------------------------- */
 
-    if (!cn || w->heads_open != 1 || !cn->head_open)
+/* Where in a request MHD found the error it is about to answer (its page's
+ * text tells), hence which connections could have sent it. */
+enum lib_phase {
+    PH_LINE = 1,    /* between requests: a request line (version, length) */
+    PH_HEAD = 2,    /* a head being read: a header line, Content-Length */
+    PH_BODY = 4,    /* a body being read: chunk lines, trailers */
+};
+
+struct lib_error {
+    const char *marker;     /* in MHD's page for it (libmicrohttpd 0.9.75) */
+    unsigned mhd_status;    /* 0: any */
+    unsigned phases;
+    int status;
+    enum reason reason;
+    const char *detail;
+};
+
+/* First match wins. */
+static const struct lib_error lib_errors[] = {
+    {"chunked encoding", 0, PH_BODY, 400, R_MALFORMED_REQUEST,
+     "a malformed chunked body (a chunk size that is not hexadecimal digits, or no CRLF after "
+     "a chunk)"},
+    {"chunk size", 0, PH_BODY, 413, R_BODY_TOO_LARGE, "a chunk size too large to read"},
+    {"too large value for", 0, PH_HEAD, 413, R_BODY_TOO_LARGE,
+     "the Content-Length is too large to read"},
+    {"wrong value for", 0, PH_HEAD, 400, R_MALFORMED_REQUEST, "invalid Content-Length"},
+    {"HTTP version", 0, PH_LINE, 505, R_MALFORMED_REQUEST, "the version is not HTTP/1.x"},
+    {"too big", 414, PH_LINE, 431, R_HEADERS_TOO_LARGE, "the request line is too long"},
+    {"too big", 0, PH_HEAD, 431, R_HEADERS_TOO_LARGE, "the request head is too large"},
+    {"", 400, PH_LINE | PH_HEAD | PH_BODY, 400, R_MALFORMED_REQUEST,
+     "a malformed request line or header line (the version is not \"HTTP/1.x\" in capitals, "
+     "or a line has no colon)"},
+};
+
+static const struct lib_error *lib_error_of(unsigned status, const char *message)
+{
+    for (size_t i = 0; i < sizeof lib_errors / sizeof *lib_errors; i++) {
+        const struct lib_error *e = &lib_errors[i];
+
+        if (strstr(message, e->marker) && (!e->mhd_status || e->mhd_status == status))
+            return e;
+    }
+    return NULL;
+}
+
+static bool in_phase(const struct conn *cn, unsigned phases)
+{
+    if (cn->timed_out)
+        return false;
+    return ((phases & PH_LINE) && !cn->head_open && !cn->body_open &&
+            cn->begun == cn->ended) ||
+           ((phases & PH_HEAD) && cn->head_open) || ((phases & PH_BODY) && cn->body_open);
+}
+
+/* Data arrived within this long counts as what MHD is reading now. */
+#define JUST_READ_MS 10
+/* Past this many candidates, the kernel is not asked about each. */
+#define MAX_NARROWED 256
+
+/* MHD parses what it has just read, so the connection it is refusing has
+ * had data a moment ago and none left unread; a connection idle since its
+ * last answer has not, one MHD has yet to read this pass still holds its
+ * bytes, and one whose request ended in this pass had a request to read.
+ * Asked of the kernel only when more than one connection could be it. */
+static bool input_just_read(const struct conn *cn)
+{
+    const union MHD_ConnectionInfo *i =
+        MHD_get_connection_info(cn->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    int unread = 0;
+
+    if (!i || (cn->ended && cn->ended_run == cn->w->mhd_runs))
+        return false;
+    if (ioctl(i->connect_fd, FIONREAD, &unread) != 0 || unread > 0)
+        return false;
+    if (getsockopt(i->connect_fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0)
+        return false;
+    return ti.tcpi_last_data_recv <= JUST_READ_MS;
+}
+
+/* The connection MHD is refusing, or NULL when no single one can be told:
+ * MHD's notice names none. Among the loop's connections, those in the
+ * phase the error belongs to; of several, the one that just had input. */
+static struct conn *refused_conn(struct loop *w, unsigned phases)
+{
+    struct conn *cn, *found = NULL;
+    size_t n = 0;
+
+    TAILQ_FOREACH(cn, &w->conns, link)
+        if (in_phase(cn, phases) && n++ == 0)
+            found = cn;
+    if (n <= 1)
+        return found;
+    if (n > MAX_NARROWED)
+        return NULL;
+    found = NULL;
+    n = 0;
+    TAILQ_FOREACH(cn, &w->conns, link)
+        if (in_phase(cn, phases) && input_just_read(cn) && n++ == 0)
+            found = cn;
+    return n == 1 ? found : NULL;
+}
+
+/* MHD is about to answer an error itself, in HTML and without
+ * Sluice-Outcome. sluice's problem answer goes out first, then the socket
+ * is shut down, so that MHD's own write fails and it closes the
+ * connection. Without a single connection to blame, MHD's answer stands
+ * (logged: the worker gets a 4xx, without the contract's headers). */
+static void refuse_library_answer(struct loop *w, unsigned status, const char *message)
+{
+    const struct lib_error *e = lib_error_of(status, message);
+    const union MHD_ConnectionInfo *i;
+    struct conn *cn;
+
+    if (!e)
+        return; /* not a request's fault (500s of internal-thread modes) */
+    cn = refused_conn(w, e->phases);
+    /* An answer already queued (MHD then only closes): nothing may cut in. */
+    if (cn && MHD_get_connection_info(cn->mc, MHD_CONNECTION_INFO_HTTP_STATUS))
         return;
-    i = MHD_get_connection_info(cn->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!i)
+    i = cn ? MHD_get_connection_info(cn->mc, MHD_CONNECTION_INFO_CONNECTION_FD) : NULL;
+    if (!i) {
+        log_info("the http server answered %u itself (%s): more than one connection could "
+                 "have sent the request", status, e->detail);
         return;
-    if (status == 413)
-        send_raw_problem(i->connect_fd, 413, R_BODY_TOO_LARGE,
-                         "the Content-Length is too large to read");
-    else
-        send_raw_problem(i->connect_fd, 400, R_MALFORMED_REQUEST,
-                         "invalid Content-Length");
+    }
+    send_raw_problem(i->connect_fd, e->status, e->reason, e->detail);
     shutdown(i->connect_fd, SHUT_RDWR);
     cn->timed_out = true; /* closing, answered: no other answer may follow */
-    log_info("a Content-Length that cannot be read: %d, connection closed", status);
-    count_rejected(w, status == 413 ? R_BODY_TOO_LARGE : R_MALFORMED_REQUEST);
+    log_info("%s: %d, connection closed", e->detail, e->status);
+    count_rejected(w, e->reason);
 }
 
 /* Counts worker connections for max_connections (the accept path adds,
@@ -473,6 +608,7 @@ static void on_quiesce(evutil_socket_t fd, short what, void *arg)
      * connections are refused by the kernel rather than left in a backlog
      * nobody reads; closing earlier could pull the fd from under a loop. */
     evconnlistener_disable(w->listener);
+    evtimer_del(w->accept_resume_ev); /* a pause must not enable it again */
     if (atomic_fetch_add(&w->app->quiesced, 1) + 1 == w->app->n_loops) {
         int lfd = atomic_exchange(&w->app->listen_fd, -1);
         if (lfd >= 0)
@@ -480,7 +616,110 @@ static void on_quiesce(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/* ---- file descriptors ----------------------------------------------------- */
+
+/* What the config can hold open at once: every worker connection, every
+ * upstream pool full (each loop's share rounded up), and sluice's own. */
+static uint64_t fds_needed(const struct sc_config *cfg, unsigned n_loops)
+{
+    uint64_t n = (uint64_t)cfg->limits.max_connections + FD_OWN + FD_HEADROOM;
+
+    for (size_t i = 0; i < cfg->n_upstreams; i++)
+        n += (uint64_t)(cfg->upstreams[i].max_connections + n_loops - 1) / n_loops * n_loops;
+    return n;
+}
+
+long server_fd_limit(const struct sc_config *cfg, unsigned n_loops)
+{
+    struct rlimit rl;
+    uint64_t need = fds_needed(cfg, n_loops);
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return LONG_MAX; /* unknown: no headroom kept */
+    /* The soft limit is often 1024 (select()'s ceiling, kept by systemd and
+     * shells) under a far higher hard one; sluice uses epoll only. */
+    if (rl.rlim_cur < rl.rlim_max && rl.rlim_cur < FD_RAISE_MAX) {
+        rlim_t from = rl.rlim_cur;
+
+        rl.rlim_cur = rl.rlim_max < FD_RAISE_MAX ? rl.rlim_max : FD_RAISE_MAX;
+        if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+            log_info("file descriptors: RLIMIT_NOFILE raised from %llu to %llu",
+                     (unsigned long long)from, (unsigned long long)rl.rlim_cur);
+        else
+            rl.rlim_cur = from;
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need)
+        log_warn("file descriptors: RLIMIT_NOFILE is %llu (hard limit %llu), below the %llu "
+                 "that limits.max_connections (%u), the upstream pools and sluice's own need: "
+                 "worker connections beyond it are closed at once; raise the limit "
+                 "(LimitNOFILE=, ulimit -n) or lower the connection limits",
+                 (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max,
+                 (unsigned long long)need, cfg->limits.max_connections);
+    return rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > LONG_MAX ? LONG_MAX
+                                                                  : (long)rl.rlim_cur;
+}
+
+/* A refusal that can repeat thousands of times a second, logged once a
+ * second for the whole process (every loop counts into it) with how many
+ * happened since its last line. */
+struct repeat_log {
+    _Atomic uint64_t last_ns, count;
+};
+
+static struct repeat_log accept_log, headroom_log;
+
+/* Counts one more; true when it is time for a line (the first, then at
+ * most one a second), *count then holds how many since the last line. */
+static bool repeat_due(struct repeat_log *r, uint64_t *count)
+{
+    uint64_t now = clock_mono_ns(), last = atomic_load(&r->last_ns);
+
+    atomic_fetch_add(&r->count, 1);
+    if (last && now - last < REPEAT_LOG_NS)
+        return false;
+    if (!atomic_compare_exchange_strong(&r->last_ns, &last, now))
+        return false; /* another loop writes this second's line */
+    *count = atomic_exchange(&r->count, 0);
+    return true;
+}
+
 /* ---- accepting ---------------------------------------------------------- */
+
+static void count_refused(struct loop *w)
+{
+    struct runtime *rt = loop_runtime(w);
+
+    metrics_add(&w->app->metrics.shards[w->idx], rt->ids.conns_refused, 1);
+    runtime_put(rt);
+}
+
+static void count_accept_paused(struct loop *w)
+{
+    struct runtime *rt = loop_runtime(w);
+
+    metrics_add(&w->app->metrics.shards[w->idx], rt->ids.accept_paused, 1);
+    runtime_put(rt);
+}
+
+/* A connection that took one of the last FD_HEADROOM descriptors: every
+ * lower one is in use (the kernel hands out the lowest free), so taking it
+ * would leave the admin port, the upstream pools and the store nothing. */
+static bool fd_headroom_gone(const struct loop *w, evutil_socket_t fd)
+{
+    return (long)fd >= w->app->fd_limit - FD_HEADROOM;
+}
+
+static void refuse_no_headroom(struct loop *w, evutil_socket_t fd)
+{
+    uint64_t n;
+
+    close(fd);
+    count_refused(w);
+    if (repeat_due(&headroom_log, &n))
+        log_warn("worker connections closed at once: fewer than %d file descriptors left "
+                 "below RLIMIT_NOFILE (%ld) (%llu since the last line)", FD_HEADROOM,
+                 w->app->fd_limit, (unsigned long long)n);
+}
 
 /* sluice accepts by itself (MHD has no listening socket) so that a connection
  * beyond max_connections is closed at once, as the contract says, instead of
@@ -491,12 +730,13 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd,
     struct loop *w = arg;
     long max = (long)w->app->fixed.max_connections;
 
+    if (fd_headroom_gone(w, fd)) {
+        refuse_no_headroom(w, fd);
+        return;
+    }
     if (atomic_fetch_add(&w->app->conns, 1) >= max) {
-        struct runtime *rt = loop_runtime(w);
-
         atomic_fetch_sub(&w->app->conns, 1);
-        metrics_add(&w->app->metrics.shards[w->idx], rt->ids.conns_refused, 1);
-        runtime_put(rt);
+        count_refused(w);
         close(fd);
         return;
     }
@@ -508,12 +748,32 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd,
     loop_kick(w);
 }
 
+static void on_accept_resume(evutil_socket_t fd, short what, void *arg)
+{
+    struct loop *w = arg;
+
+    evconnlistener_enable(w->listener);
+}
+
 static void on_accept_error(struct evconnlistener *l, void *arg)
 {
+    struct loop *w = arg;
+    struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
     int e = EVUTIL_SOCKET_ERROR();
+    uint64_t n;
 
-    /* EMFILE and friends: keep the listener; the loop retries next event. */
-    log_warn("accept: %s", evutil_socket_error_to_string(e));
+    if (e != EMFILE && e != ENFILE && e != ENOBUFS && e != ENOMEM) {
+        log_warn("accept: %s", evutil_socket_error_to_string(e));
+        return;
+    }
+    /* Out of descriptors (or kernel memory): the listener would be readable
+     * again at once; it waits instead, and the backlog holds the rest. */
+    evconnlistener_disable(l);
+    evtimer_add(w->accept_resume_ev, &tv);
+    count_accept_paused(w);
+    if (repeat_due(&accept_log, &n))
+        log_warn("accept: %s: accepting paused for %d ms (%llu pauses since the last line)",
+                 evutil_socket_error_to_string(e), ACCEPT_PAUSE_MS, (unsigned long long)n);
 }
 
 static void on_abort(evutil_socket_t fd, short what, void *arg)
@@ -548,8 +808,9 @@ static int events_init(struct loop *w, struct sc_error *err)
     w->quiesce_ev = event_new(w->base, -1, 0, on_quiesce, w);
     w->abort_ev = event_new(w->base, -1, 0, on_abort, w);
     w->runtime_ev = event_new(w->base, -1, 0, on_runtime, w);
+    w->accept_resume_ev = evtimer_new(w->base, on_accept_resume, w);
     if (!w->mhd_read_ev || !w->mhd_timer_ev || !w->quiesce_ev || !w->abort_ev ||
-        !w->runtime_ev ||
+        !w->runtime_ev || !w->accept_resume_ev ||
         event_add(w->mhd_read_ev, NULL) != 0) {
         sc_error_set(err, "cannot create the loop's events");
         return -ENOMEM;
@@ -583,6 +844,7 @@ int loop_init(struct loop *w, struct app *app, unsigned idx,
     w->idx = idx;
     w->app = app;
     TAILQ_INIT(&w->waiting);
+    TAILQ_INIT(&w->conns);
     w->base = base_new();
     if (!w->base) {
         sc_error_set(err, "cannot create an event loop");
@@ -686,6 +948,7 @@ void loop_stop(struct loop *w)
     free_event(&w->quiesce_ev);
     free_event(&w->abort_ev);
     free_event(&w->runtime_ev);
+    free_event(&w->accept_resume_ev);
     if (w->dns)
         evdns_base_free(w->dns, 0);
     w->dns = NULL;

@@ -47,6 +47,7 @@ struct loop {
     struct event *quiesce_ev;   /* command: stop accepting */
     struct event *abort_ev;     /* command: answer what is still in flight */
     struct event *runtime_ev;   /* command: take the runtime a reload made */
+    struct event *accept_resume_ev; /* out of descriptors: accept again after a pause */
     struct runtime *rt;         /* the loop's current config (a ref); its own */
     _Atomic(struct runtime *) next_rt; /* handed over by a reload (a ref) */
     struct exchange_list waiting; /* exchanges suspended on the upstream */
@@ -55,8 +56,7 @@ struct loop {
     uint64_t mhd_error_run;     /* the run in which MHD last answered an error itself */
     struct freelist spare_ex;   /* freed exchanges, for the next requests */
     struct freelist spare_call; /* and their store calls */
-    struct conn *head_conn;     /* the connection whose request line came last */
-    unsigned heads_open;        /* connections between request line and head's end */
+    TAILQ_HEAD(, conn) conns;   /* its worker connections (server.c's struct conn) */
     bool started;
 };
 
@@ -88,6 +88,9 @@ bool conn_head_done(struct MHD_Connection *c);
  * conn_head_begun's count, tells the close of a connection between
  * requests, where MHD refuses a request line without a word. */
 void conn_request_ended(struct MHD_Connection *c);
+/* The request's body is read (its last handler call), or will not be (it
+ * was answered before): MHD parses no more chunks of it. */
+void conn_body_done(struct MHD_Connection *c);
 
 /* The loop's current runtime, with a reference taken for the caller; on
  * the loop's thread only. No lock: a reload hands each loop its runtime
@@ -102,6 +105,13 @@ void loop_drop_runtime(struct loop *w);
 /* Thread-safe commands for the drain sequence. */
 void loop_quiesce(struct loop *w);
 void loop_abort_inflight(struct loop *w);
+
+/* At start-up: raises the soft RLIMIT_NOFILE toward the hard limit and
+ * warns when it stays below what the config's connection limits and
+ * upstream pools can hold open. Returns the limit in force (LONG_MAX: none
+ * or unknown), which the accept path keeps headroom below. */
+struct sc_config;
+long server_fd_limit(const struct sc_config *cfg, unsigned n_loops);
 
 /* Opens, binds and listens on addr (non-blocking). fd or negative + err. */
 int server_listen(const struct sc_addr *addr, int backlog,

@@ -160,6 +160,13 @@ bool up_response_length(const struct up_response *resp, uint64_t *len);
 size_t up_response_end_to_end(const struct up_response *resp,
                               const struct up_header **keep);
 
+/* 204 and 304 (and 1xx, never final): a response with no body whatever its
+ * framing headers say (RFC 9112 6.3). */
+static inline bool up_status_bodiless(int status)
+{
+    return status < 200 || status == 204 || status == 304;
+}
+
 /* Counts for the pool (tests, metrics). */
 size_t up_pool_conns(const struct up_pool *pool);
 size_t up_pool_idle(const struct up_pool *pool);

@@ -214,10 +214,14 @@ static int on_headers_complete(http_parser *p)
      * that no longer speaks HTTP. It is a broken response. */
     if (p->status_code == 101)
         return -1;
-    if (p->status_code >= 100 && p->status_code < 200)
-        return 0;
+    /* RFC 9112 6.3: an answer to HEAD, a 1xx, a 204 and a 304 end at their
+     * head whatever Content-Length or Transfer-Encoding say (a 304 carries
+     * the length a 200 would have); http-parser would wait for that body
+     * unless told there is none (1: skip it). */
+    if (p->status_code < 200)
+        return 1;
     ps->head = true;
-    return ps->req->no_body ? 1 : 0;
+    return ps->req->no_body || up_status_bodiless(r->status) ? 1 : 0;
 }
 
 static int on_body(http_parser *p, const char *at, size_t len)

@@ -3,7 +3,9 @@
  * of its own: no NUL and no bare CR before the empty line that ends it,
  * never both Content-Length and Transfer-Encoding, and exactly one Host in
  * HTTP/1.1 - what a smuggled request would need to break. A refusal says
- * why. The field predicates get the whole input as one value as well. */
+ * why. The field predicates get the whole input as one value as well, and
+ * the chunk-line check (the framing before a piece of a chunked body) the
+ * whole input as that framing. */
 #include <errno.h>
 #include <stdbool.h>
 #include <string.h>
@@ -107,6 +109,29 @@ static void check_predicates(const char *s, size_t n)
                    (int)n, s);
 }
 
+/* A chunk line's framing: an accepted one ends with LF, holds no control
+ * character but its line ends and tabs, and has no CR or LF inside its
+ * extensions; a refusal says why. */
+static void check_chunk_gap(const char *s, size_t n)
+{
+    struct sc_error err = {0};
+    int rc = http_chunk_gap_check(s, n, n % 2, &err);
+
+    if (rc == -EINVAL)
+        FUZZ_CHECK(err.text[0], "a refused chunk line without a message");
+    FUZZ_CHECK(rc == 0 || rc == -EINVAL || rc == -EPROTO, "rc %d", rc);
+    if (rc != 0 || n == 0)
+        return;
+    FUZZ_CHECK(s[n - 1] == '\n', "an accepted chunk line does not end with LF");
+    for (size_t i = 0, lf = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        lf += c == '\n';
+        FUZZ_CHECK(c >= 0x20 || c == '\t' || c == '\r' || c == '\n', "0x%02x accepted", c);
+        FUZZ_CHECK(c != 0x7f, "DEL accepted");
+        FUZZ_CHECK(lf <= 2, "more than two line ends in one chunk line");
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     /* An exact copy: the API takes a length, so ASan sees any read past it. */
@@ -124,6 +149,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK((rc == -EINVAL || rc == -E2BIG) && err.text[0],
                    "rc %d, message \"%s\"", rc, err.text);
     check_predicates(raw, size);
+    check_chunk_gap(raw, size);
     free(raw);
     return 0;
 }

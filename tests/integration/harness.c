@@ -14,6 +14,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -202,6 +203,11 @@ static int spawn(struct h_sluice *s)
         int fd;
 
         prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (s->nofile) {
+            struct rlimit rl = {s->nofile, s->nofile_hard ? s->nofile_hard : s->nofile};
+            if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+                _exit(125);
+        }
         fd = open(s->log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
         dup2(fd, STDERR_FILENO);
         dup2(fd, STDOUT_FILENO);

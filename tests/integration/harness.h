@@ -19,6 +19,9 @@ struct h_sluice {
     char *dir;          /* temp dir: config, log, data */
     char *cfg_path;
     char *log_path;     /* sluice's stderr */
+    unsigned long nofile; /* set before a start: sluice's RLIMIT_NOFILE, soft and
+                           * hard (0: the test's own) */
+    unsigned long nofile_hard; /* with nofile: a hard limit above it */
 };
 
 struct h_resp {

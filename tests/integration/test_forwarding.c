@@ -2,9 +2,12 @@
  * byte-exact round trips, routing, strip_prefix and base paths, header rules. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "integration/harness.h"
@@ -283,6 +286,125 @@ Test(forwarding, chunked_request_body)
     cr_expect_eq(r.body_len, 11);
     cr_expect(memcmp(r.body, "hello world", 11) == 0, "%s", r.body);
     h_resp_free(&r);
+}
+
+/* ---- answers without a body (RFC 9112 6.3) -------------------------------- */
+
+/* Sends req on one connection and reads every byte until the server closes
+ * (5 s at most); *ms is how long that took. */
+static char *exchange_bytes(const char *req, size_t *len, long *ms)
+{
+    size_t cap = 65536, got = 0;
+    char *buf = malloc(cap);
+    int fd = h_connect(sl.port);
+    struct timespec a, b;
+
+    cr_assert(buf);
+    cr_assert_geq(fd, 0);
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    cr_assert_eq(h_send_all(fd, req, strlen(req)), 0);
+    for (;;) {
+        struct pollfd p = {fd, POLLIN, 0};
+        ssize_t n;
+
+        if (got + 1 >= cap || poll(&p, 1, 5000) != 1 || (n = recv(fd, buf + got, cap - got - 1, 0)) <= 0)
+            break;
+        got += (size_t)n;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    close(fd);
+    buf[got] = '\0';
+    *len = got;
+    *ms = (b.tv_sec - a.tv_sec) * 1000 + (b.tv_nsec - a.tv_nsec) / 1000000;
+    return buf;
+}
+
+/* The head of the first answer in raw (up to its empty line), as a string. */
+static char *first_head(const char *raw, const char **after)
+{
+    const char *eoh = strstr(raw, "\r\n\r\n");
+
+    cr_assert(eoh, "no whole head: %s", raw);
+    *after = eoh + 4;
+    return strndup(raw, (size_t)(eoh + 2 - raw));
+}
+
+/* A bodiless answer the upstream framed with a length, then a second request
+ * on the same connection: the second answer's status line follows the
+ * first head at once (no body, no last chunk, no wait for the length). */
+static void expect_kept_alive(const char *method, const char *headers, int status,
+                              const char *framing)
+{
+    char *req, *raw, *head;
+    const char *after;
+    size_t len;
+    long ms;
+
+    cr_assert(asprintf(&req, "%s /v1/sync/a HTTP/1.1\r\nHost: x\r\n%s\r\n"
+                             "GET /v1/sync/next HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                       method, headers) > 0);
+    raw = exchange_bytes(req, &len, &ms);
+    head = first_head(raw, &after);
+    cr_expect_eq(atoi(head + 9), status, "%s", head);
+    if (framing)
+        cr_expect(strstr(head, framing), "%s %d: %s", method, status, head);
+    else
+        cr_expect(!strcasestr(head, "Content-Length:"), "%s %d: %s", method, status, head);
+    cr_expect(!strcasestr(head, "Transfer-Encoding:"), "%s %d: %s", method, status, head);
+    cr_expect(strncmp(after, "HTTP/1.1 200 ", 13) == 0,
+              "%s %d: the next answer must follow the head, got %.40s", method, status, after);
+    cr_expect(strstr(after, "X-Stub-Target: /v1/sync/next"), "%.300s", after);
+    cr_expect_lt(ms, 3000, "%s %d: answered at once, not after the upstream's timeout (%ld ms)",
+                 method, status, ms);
+    free(head);
+    free(raw);
+    free(req);
+}
+
+Test(forwarding, bodiless_answers_with_a_length_keep_the_connection)
+{
+    /* 304 and HEAD: the length a 200 would have, the upstream's own. */
+    expect_kept_alive("GET", "X-Stub-Status: 304\r\nX-Stub-Set-Header: Content-Length: 5\r\n",
+                      304, "\r\nContent-Length: 5\r\n");
+    expect_kept_alive("HEAD", "X-Stub-Body-Size: 1234\r\n", 200, "\r\nContent-Length: 1234\r\n");
+    /* A 204 has no framing header, whatever the upstream sent. */
+    expect_kept_alive("GET", "X-Stub-Status: 204\r\nX-Stub-Set-Header: Content-Length: 5\r\n",
+                      204, NULL);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 6);
+}
+
+/* A HEAD or 304 the upstream framed with chunks or nothing: no length is
+ * made up (a Content-Length: 0 would tell the worker the resource is
+ * empty), nothing follows the head, and the connection ends there. */
+Test(forwarding, bodiless_answers_without_a_length_end_at_the_head)
+{
+    static const struct { const char *method, *headers; int status; } c[] = {
+        {"GET", "X-Stub-Status: 304\r\n", 304},
+        {"HEAD", "X-Stub-Chunked: 1\r\n", 200},
+        {"GET", "X-Stub-Status: 304\r\nX-Stub-Set-Header: Transfer-Encoding: chunked\r\n", 304},
+    };
+
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+        char *req, *raw, *head;
+        const char *after;
+        size_t len;
+        long ms;
+
+        cr_assert(asprintf(&req, "%s /v1/sync/a HTTP/1.1\r\nHost: x\r\n%s\r\n",
+                           c[i].method, c[i].headers) > 0);
+        raw = exchange_bytes(req, &len, &ms);
+        head = first_head(raw, &after);
+        cr_expect_eq(atoi(head + 9), c[i].status, "case %zu: %s", i, head);
+        cr_expect(!strcasestr(head, "Content-Length:"), "case %zu: %s", i, head);
+        cr_expect(!strcasestr(head, "Transfer-Encoding:"), "case %zu: %s", i, head);
+        cr_expect(strstr(head, "\r\nConnection: close\r\n"), "case %zu: %s", i, head);
+        cr_expect_eq(strlen(after), 0, "case %zu: %zu bytes after the head: %s", i,
+                     strlen(after), after);
+        cr_expect_lt(ms, 3000, "case %zu: %ld ms", i, ms);
+        free(head);
+        free(raw);
+        free(req);
+    }
 }
 
 Test(forwarding, keep_alive_from_worker)

@@ -246,3 +246,167 @@ Test(limits, garbage_connections_leave_the_server_up)
     usleep(100000);
     cr_expect(still_serving());
 }
+
+/* ---- out of file descriptors ------------------------------------------------ */
+
+/* sluice with RLIMIT_NOFILE 64 (soft and hard: it cannot raise it), on two
+ * loops: about 30 descriptors are its own. */
+#define FD_LIMIT 64
+
+static void start_few_fds(void)
+{
+    char *cfg;
+
+    cr_assert_eq(h_stub_start(&stub, NULL), 0);
+    cr_assert(asprintf(&cfg, "upstreams: {stub: {url: http://127.0.0.1:%d}}\n"
+                             "routes: [{prefix: /, upstream: stub}]\n", stub.port) > 0);
+    sl.nofile = FD_LIMIT;
+    cr_assert_eq(h_sluice_start(&sl, cfg), 0, "sluice did not start with %d descriptors",
+                 FD_LIMIT);
+    free(cfg);
+}
+
+TestSuite(descriptors, .init = start_few_fds, .fini = stop, .timeout = 60);
+
+static void start_low_soft_limit(void)
+{
+    sl.nofile_hard = 8192;
+    start_few_fds();
+}
+
+TestSuite(descriptor_limit, .init = start_low_soft_limit, .fini = stop, .timeout = 60);
+
+/* A soft limit below the hard one (systemd's 1024 under 524288) is raised to
+ * it at start-up. */
+Test(descriptor_limit, the_soft_limit_is_raised_to_the_hard_one)
+{
+    char path[64];
+
+    snprintf(path, sizeof path, "/proc/%d/limits", (int)sl.pid);
+    cr_expect(h_file_contains(sl.log_path, "RLIMIT_NOFILE raised from 64 to 8192"));
+    cr_expect(h_sh("grep -q 'Max open files *8192 *8192' %s", path) == 0,
+              "the process runs with 8192 descriptors");
+    cr_expect(!h_file_contains(sl.log_path, "RLIMIT_NOFILE is"),
+              "no warning: 8192 is enough for this config");
+}
+
+/* CPU seconds (user + system) the process has used, in milliseconds. */
+static long cpu_ms(pid_t pid)
+{
+    char path[64], buf[1024], *p;
+    unsigned long ut = 0, st = 0;
+    FILE *f;
+
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    f = fopen(path, "r");
+    cr_assert(f, "no %s", path);
+    p = fgets(buf, sizeof buf, f);
+    fclose(f);
+    cr_assert(p && (p = strrchr(buf, ')')), "unreadable %s", path);
+    /* After "pid (comm)": state is field 3; utime and stime are 14 and 15. */
+    cr_assert_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st), 2);
+    return (long)((ut + st) * 1000 / (unsigned long)sysconf(_SC_CLK_TCK));
+}
+
+static size_t log_lines(const char *path, const char *text)
+{
+    char line[4096];
+    size_t n = 0;
+    FILE *f = fopen(path, "r");
+
+    cr_assert(f);
+    while (fgets(line, sizeof line, f))
+        n += strstr(line, text) != NULL;
+    fclose(f);
+    return n;
+}
+
+static bool healthz(void)
+{
+    struct h_resp r;
+    bool ok = h_http(sl.admin_port, "GET", "/healthz", NULL, NULL, 0, &r) == 0 &&
+              r.status == 200;
+
+    h_resp_free(&r);
+    return ok;
+}
+
+/* More worker connections than descriptors: accept() used to fail at once
+ * and be retried at every loop pass (5.4 CPU seconds in 3 s, a million log
+ * lines, /healthz unanswered). Worker connections now stop short of the
+ * last descriptors: the rest are closed at once, counted, logged once a
+ * second, and the admin port still answers. */
+Test(descriptors, more_connections_than_descriptors_do_not_spin)
+{
+    enum { N = 80 };
+    int fds[N];
+    long before, used;
+    size_t lines;
+
+    cr_expect(h_file_contains(sl.log_path, "RLIMIT_NOFILE is 64"),
+              "the start-up warns that the limit is below what the config needs");
+    before = cpu_ms(sl.pid);
+    for (int i = 0; i < N; i++)
+        fds[i] = h_connect(sl.port);
+    sleep(3);
+    used = cpu_ms(sl.pid) - before;
+    cr_expect_lt(used, 1000, "%ld ms of CPU in 3 s with %d connections", used, N);
+    cr_expect(healthz(), "/healthz answers while the worker port is out of descriptors");
+    lines = log_lines(sl.log_path, "file descriptors left");
+    cr_expect_geq(lines, 1, "the refusals are logged");
+    cr_expect_leq(lines, 5, "%zu log lines: once a second at most", lines);
+    cr_expect_lt(h_sh("test $(wc -c < %s) -lt 65536", sl.log_path), 1, "the log stays short");
+    for (int i = 0; i < N; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    usleep(200000);
+    cr_expect(still_serving(), "serving again once the connections are gone");
+}
+
+/* Descriptors used up by something else (here: idle admin connections): a
+ * worker connection's accept() fails with EMFILE, and accepting pauses
+ * 100 ms each time instead of spinning; the connections wait in the
+ * backlog and are served once descriptors are free. */
+Test(descriptors, accept_out_of_descriptors_pauses)
+{
+    enum { ADMIN = 48, WORKERS = 4 };
+    static const char get[] = "GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    int admin[ADMIN], workers[WORKERS];
+    long before, used;
+    struct h_resp r;
+    char *n;
+
+    for (int i = 0; i < ADMIN; i++)
+        admin[i] = h_connect(sl.admin_port);
+    usleep(300000); /* the admin thread has taken every descriptor left */
+    before = cpu_ms(sl.pid);
+    for (int i = 0; i < WORKERS; i++)
+        workers[i] = h_connect(sl.port);
+    sleep(2);
+    used = cpu_ms(sl.pid) - before;
+    cr_expect_lt(used, 700, "%ld ms of CPU in 2 s out of descriptors", used);
+    cr_expect_leq(log_lines(sl.log_path, "accepting paused"), 3,
+                  "logged once a second at most");
+    for (int i = 0; i < ADMIN; i++)
+        if (admin[i] >= 0)
+            close(admin[i]);
+    usleep(300000);
+    /* A worker connection that waited in the backlog is served. */
+    cr_assert_geq(workers[0], 0);
+    cr_assert_eq(h_send_all(workers[0], get, strlen(get)), 0);
+    {
+        char buf[64] = {0};
+        struct pollfd p = {workers[0], POLLIN, 0};
+
+        cr_expect(poll(&p, 1, 3000) == 1 && recv(workers[0], buf, sizeof buf - 1, 0) > 12 &&
+                      strncmp(buf, "HTTP/1.1 200", 12) == 0,
+                  "the waiting connection is served: %s", buf);
+    }
+    for (int i = 0; i < WORKERS; i++)
+        if (workers[i] >= 0)
+            close(workers[i]);
+    cr_assert_eq(h_http(sl.admin_port, "GET", "/metrics", NULL, NULL, 0, &r), 0);
+    n = strstr(r.body ? r.body : "", "\nsluice_accept_paused_total ");
+    cr_expect(n && strtoull(n + 28, NULL, 10) >= 1, "the pauses are counted");
+    h_resp_free(&r);
+}

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -165,6 +166,115 @@ Test(malformed, framing_conflicts)
                    "Content-Length: 6\r\n\r\nhello!");
 }
 
+/* Fields sluice reads one value of: with two, sluice would key, count or
+ * time the request by the first while the partner gets both. */
+Test(malformed, repeated_single_value_fields)
+{
+    expect_refused("POST /v1/sync/a HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k1\r\n"
+                   "Idempotency-Key: k2\r\nContent-Length: 1\r\n\r\nx");
+    expect_refused("POST /v1/sync/a HTTP/1.1\r\nHost: x\r\nidempotency-key: k1\r\n"
+                   "Idempotency-Key: k1\r\nContent-Length: 1\r\n\r\nx");
+    expect_refused("POST /v1/x HTTP/1.1\r\nHost: x\r\nSluice-Attempt: 1\r\n"
+                   "Sluice-Attempt: 2\r\nContent-Length: 1\r\n\r\nx");
+    expect_refused("POST /v1/x HTTP/1.1\r\nHost: x\r\nSluice-Enqueued-At: 1700000000\r\n"
+                   "Sluice-Enqueued-At: 1700000001\r\nContent-Length: 1\r\n\r\nx");
+    expect_refused("POST /v1/x HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
+                   "Content-Length: 1\r\n\r\nx");
+}
+
+/* The second key is never keyed on, nor replayed from the first's record. */
+Test(malformed, a_second_key_does_not_reach_a_record)
+{
+    struct h_resp r;
+
+    cr_assert_eq(h_http(sl.port, "POST", "/v1/sync/a", "Idempotency-Key: k1\r\n", "x", 1, &r), 0);
+    cr_expect_eq(r.status, 200);
+    h_resp_free(&r);
+    cr_assert_eq(h_http(sl.port, "POST", "/v1/sync/a",
+                        "Idempotency-Key: k1\r\nIdempotency-Key: k3\r\n", "x", 1, &r), 0);
+    cr_expect_eq(r.status, 400, "two keys: %d", r.status);
+    cr_expect(r.body && strstr(r.body, "more than one Idempotency-Key"), "%s",
+              r.body ? r.body : "");
+    h_resp_free(&r);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 1);
+}
+
+/* RFC 9112 6.1: HTTP/1.0 has no chunked coding. */
+Test(malformed, transfer_encoding_in_http_1_0)
+{
+    expect_refused("POST /v1/x HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"
+                   "5\r\nhello\r\n0\r\n\r\n");
+}
+
+/* Chunk extensions are `;name[=value]`, names and values tokens (values
+ * also quoted strings): control characters and empty names are refused,
+ * before anything is forwarded. */
+Test(malformed, malformed_chunk_extensions)
+{
+    expect_refused("POST /v1/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                   "5;\x01\x02\r\nhello\r\n0\r\n\r\n");
+    expect_refused("POST /v1/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                   "5;;;=\r\nhello\r\n0\r\n\r\n");
+    expect_refused("POST /v1/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                   "5\r\nhello\r\n3;a b\r\nabc\r\n0\r\n\r\n");
+}
+
+/* Sends raw in pieces of step bytes, 20 ms apart, and reads the answer. */
+static void send_in_pieces(const char *raw, size_t step, char *out, size_t cap)
+{
+    size_t len = strlen(raw), got = 0;
+    int fd = h_connect(sl.port), one = 1;
+
+    cr_assert_geq(fd, 0);
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    for (size_t at = 0; at < len; at += step) {
+        cr_assert_eq(h_send_all(fd, raw + at, len - at < step ? len - at : step), 0);
+        usleep(20 * 1000);
+    }
+    for (;;) {
+        struct pollfd p = {fd, POLLIN, 0};
+        ssize_t n;
+
+        if (got + 1 >= cap || poll(&p, 1, 5000) != 1 || (n = recv(fd, out + got, cap - 1 - got, 0)) <= 0)
+            break;
+        got += (size_t)n;
+    }
+    out[got] = '\0';
+    close(fd);
+}
+
+/* Well-formed extensions pass, whatever reads the body arrives in (the
+ * check follows the chunk lines from one read to the next). */
+Test(malformed, well_formed_chunk_extensions_pass)
+{
+    static const char req[] =
+        "POST /v1/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "5;a=b;c=\"x \\\" y\"\r\nhello\r\n6;k = v\r\n world\r\n1;t\r\n!\r\n0\r\n\r\n";
+    static const size_t steps[] = {sizeof req, 2, 3, 7, 16};
+    char out[8192];
+
+    for (size_t i = 0; i < sizeof steps / sizeof *steps; i++) {
+        send_in_pieces(req, steps[i], out, sizeof out);
+        cr_expect(strncmp(out, "HTTP/1.1 200 ", 13) == 0, "reads of %zu: %.300s", steps[i], out);
+        cr_expect(strstr(out, "\r\n\r\nhello world!"), "reads of %zu: %.300s", steps[i], out);
+    }
+}
+
+/* A bad extension in a later read than the head and the chunks before it. */
+Test(malformed, a_bad_chunk_extension_in_a_later_read)
+{
+    static const char req[] =
+        "POST /v1/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "5;ok=1\r\nhello\r\n3;\x7f\r\nabc\r\n0\r\n\r\n";
+    char out[8192];
+
+    send_in_pieces(req, 70, out, sizeof out);
+    cr_expect(strncmp(out, "HTTP/1.1 400 ", 13) == 0, "%.300s", out);
+    cr_expect(strstr(out, "Sluice-Outcome: rejected\r\n") && strstr(out, "chunk extension"),
+              "%.400s", out);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 0, "nothing reaches the upstream");
+}
+
 /* The answer is the only bytes before the close: a second answer (or
  * anything else) after it would make the body longer than announced. */
 static void expect_one_answer(const struct h_resp *r)
@@ -214,6 +324,76 @@ Test(malformed, unsplittable_request_lines_get_400)
     expect_refused(" /v1/x HTTP/1.1\r\nHost: x\r\n\r\n");
 }
 
+/* Requests libmicrohttpd refuses while parsing, before any callback of
+ * sluice's for that part: it was about to answer with an HTML page of its
+ * own, without Sluice-Outcome; sluice answers first, with its problem. */
+static const char *const library_refusals[] = {
+    "GET /v1/x HTTP/1.1\r\nHost: x\r\nBadLine\r\n\r\n",            /* no colon */
+    "GET /v1/x http/1.1\r\nHost: x\r\n\r\n",                        /* lowercase version */
+    "GET /v1/x\r\nHost: x\r\n\r\n",                                 /* no version */
+    "POST /v1/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    "-5\r\nhello\r\n0\r\n\r\n",                                      /* negative chunk size */
+    "POST /v1/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    "5\r\nhello\r0\r\n\r\n",                                          /* bare CR after the data */
+};
+
+Test(malformed, what_the_server_library_refuses_gets_a_problem)
+{
+    for (size_t i = 0; i < sizeof library_refusals / sizeof *library_refusals; i++) {
+        struct h_resp r;
+        long ms;
+
+        send_raw(library_refusals[i], strlen(library_refusals[i]), &r, &ms);
+        expect_problem(&r, 400, ms);
+        cr_expect(strstr(r.body, "malformed_request"), "case %zu: %s", i, r.body);
+        expect_one_answer(&r);
+        h_resp_free(&r);
+    }
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 0, "nothing reaches the upstream");
+}
+
+/* A version the library does not serve: its 505, as sluice's problem. */
+Test(malformed, an_unsupported_version_gets_a_problem_505)
+{
+    struct h_resp r;
+    long ms;
+    const char *req = "GET /v1/x HTTP/2.0\r\nHost: x\r\n\r\n";
+
+    send_raw(req, strlen(req), &r, &ms);
+    expect_problem(&r, 505, ms);
+    expect_one_answer(&r);
+    h_resp_free(&r);
+}
+
+/* The chunk line that breaks arrives in a later read than the head. */
+Test(malformed, a_chunk_line_broken_in_a_later_read_gets_a_problem)
+{
+    static const char head[] = "POST /v1/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                               "5\r\nhello";
+    static const char rest[] = "\r0\r\n\r\n";
+    char buf[4096] = {0};
+    size_t got = 0;
+    int fd = h_connect(sl.port);
+
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(h_send_all(fd, head, sizeof head - 1), 0);
+    usleep(150 * 1000);
+    cr_assert_eq(h_send_all(fd, rest, sizeof rest - 1), 0);
+    for (;;) {
+        struct pollfd p = {fd, POLLIN, 0};
+        ssize_t n;
+
+        if (poll(&p, 1, 5000) != 1 || (n = recv(fd, buf + got, sizeof buf - 1 - got, 0)) <= 0)
+            break;
+        got += (size_t)n;
+    }
+    close(fd);
+    cr_expect(strncmp(buf, "HTTP/1.1 400 ", 13) == 0, "%s", buf);
+    cr_expect(strstr(buf, "Sluice-Outcome: rejected\r\n"), "%s", buf);
+    cr_expect(strstr(buf, "application/problem+json"), "%s", buf);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 0);
+}
+
 /* Reads one answer of a kept-alive connection: up to the head's end plus
  * Content-Length bytes (the answers here have one). */
 static int read_answer(int fd, char *buf, size_t cap)
@@ -257,6 +437,49 @@ Test(malformed, an_unsplittable_line_after_a_kept_alive_request_gets_400)
     cr_expect(strstr(buf, "malformed_request"), "%s", buf);
     close(fd);
     cr_expect_eq(h_stub_stat(&stub, "requests"), 1);
+}
+
+/* Other workers' connections are open and idle, kept alive after an
+ * answer: the refusal still goes to the connection that sent the bad bytes
+ * (it is the one that just had input), never to an idle one, and those
+ * serve on. A bad line on a kept-alive connection is answered too. */
+Test(malformed, refusals_reach_the_right_one_of_several_connections)
+{
+    static const char ok[] = "GET /v1/x HTTP/1.1\r\nHost: x\r\n\r\n";
+    static const char bad_version[] = "GET /v1/x http/1.1\r\nHost: x\r\n\r\n";
+    enum { IDLE = 4 };
+    int idle[IDLE];
+    char buf[8192];
+
+    for (int i = 0; i < IDLE; i++) {
+        idle[i] = h_connect(sl.port);
+        cr_assert_geq(idle[i], 0);
+        cr_assert_eq(h_send_all(idle[i], ok, sizeof ok - 1), 0);
+        cr_assert_eq(read_answer(idle[i], buf, sizeof buf), 0, "no answer on connection %d", i);
+    }
+    usleep(50 * 1000); /* idle for longer than "just had input" */
+    for (size_t i = 0; i < sizeof library_refusals / sizeof *library_refusals; i++) {
+        struct h_resp r;
+        long ms;
+
+        send_raw(library_refusals[i], strlen(library_refusals[i]), &r, &ms);
+        expect_problem(&r, 400, ms);
+        h_resp_free(&r);
+    }
+    cr_assert_eq(h_send_all(idle[0], bad_version, sizeof bad_version - 1), 0);
+    memset(buf, 0, sizeof buf);
+    cr_expect_eq(read_answer(idle[0], buf, sizeof buf), 0, "no answer on the kept-alive one");
+    cr_expect(strncmp(buf, "HTTP/1.1 400", 12) == 0 && strstr(buf, "Sluice-Outcome: rejected"),
+              "%.300s", buf);
+    for (int i = 1; i < IDLE; i++) {
+        memset(buf, 0, sizeof buf);
+        cr_assert_eq(h_send_all(idle[i], ok, sizeof ok - 1), 0);
+        cr_expect_eq(read_answer(idle[i], buf, sizeof buf), 0, "connection %d is gone", i);
+        cr_expect(strncmp(buf, "HTTP/1.1 200", 12) == 0, "connection %d: %.60s", i, buf);
+    }
+    for (int i = 0; i < IDLE; i++)
+        close(idle[i]);
+    cr_expect_eq(h_stub_stat(&stub, "requests"), 2 * IDLE - 1);
 }
 
 /* The answers that end a connection are the only thing on it: neither a

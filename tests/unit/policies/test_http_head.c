@@ -44,8 +44,6 @@ Test(http_head, a_plain_request_passes)
     cr_expect_eq(check(OK_HEAD("X-A: v\tw  \r\n")), 0, "tabs and OWS");
     cr_expect_eq(check(OK_HEAD("X-Utf8: caf\xc3\xa9\r\n")), 0, "obs-text");
     cr_expect_eq(check(OK_HEAD("Transfer-Encoding: Chunked\r\n")), 0);
-    cr_expect_eq(check(OK_HEAD("Content-Length: 5\r\nContent-Length: 5\r\n")), 0,
-                 "identical repeats are one length");
 }
 
 Test(http_head, request_line_shape)
@@ -142,11 +140,23 @@ Test(http_head, framing)
     cr_expect_eq(check(OK_HEAD("Content-Length: \r\n")), -EINVAL);
     cr_expect_eq(check(OK_HEAD("Content-Length: 1234567890123456789\r\n")), -EINVAL);
     cr_expect_eq(check(OK_HEAD("Content-Length: 5\r\nContent-Length: 6\r\n")), -EINVAL);
+    cr_expect_eq(check(OK_HEAD("Content-Length: 5\r\nContent-Length: 5\r\n")), -EINVAL,
+                 "one Content-Length field, even repeated with the same value");
     cr_expect_eq(check(OK_HEAD("Content-Length: 5\r\nTransfer-Encoding: chunked\r\n")),
                  -EINVAL);
     cr_expect_eq(check(OK_HEAD("Transfer-Encoding: gzip, chunked\r\n")), -EINVAL);
     cr_expect_eq(check(OK_HEAD("Transfer-Encoding: chunked\r\n"
                                "Transfer-Encoding: chunked\r\n")), -EINVAL);
+}
+
+/* RFC 9112 6.1: HTTP/1.0 has no chunked coding; such a message's framing is
+ * faulty. */
+Test(http_head, transfer_encoding_in_http_1_0)
+{
+    cr_expect_eq(check("POST /x HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"), -EINVAL);
+    cr_expect_eq(check("POST /x HTTP/1.0\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"),
+                 -EINVAL);
+    cr_expect_eq(check("POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"), 0);
 }
 
 Test(http_head, host_rules)
@@ -165,4 +175,60 @@ Test(http_head, many_fields)
         n += (size_t)sprintf(raw + n, "X-%d: v\r\n", i);
     strcpy(raw + n, "\r\n");
     cr_expect_eq(check(raw), -E2BIG);
+}
+
+/* ---- chunked bodies ------------------------------------------------------ */
+
+static int gap(const char *g, bool crlf_optional)
+{
+    struct sc_error err = {0};
+    int rc = http_chunk_gap_check(g, strlen(g), crlf_optional, &err);
+
+    if (rc == -EINVAL)
+        cr_expect(err.text[0], "a refusal says why");
+    return rc;
+}
+
+Test(http_chunks, extensions)
+{
+    cr_expect(http_chunk_ext_valid("", 0));
+    cr_expect(http_chunk_ext_valid(";a", 2));
+    cr_expect(http_chunk_ext_valid(";a=b;c", 6));
+    cr_expect(http_chunk_ext_valid(" ; a = b ", 9), "BWS around ; and =");
+    cr_expect(http_chunk_ext_valid(";a=\"x y\\\"z\"", 11), "a quoted value");
+    cr_expect(!http_chunk_ext_valid(";\x01\x02", 3), "control characters");
+    cr_expect(!http_chunk_ext_valid(";;;=", 4), "empty names");
+    cr_expect(!http_chunk_ext_valid(";", 1), "an empty name");
+    cr_expect(!http_chunk_ext_valid(";a=", 3), "an empty value");
+    cr_expect(!http_chunk_ext_valid(";a b", 4), "two tokens");
+    cr_expect(!http_chunk_ext_valid(";a\rb", 4), "a bare CR");
+    cr_expect(!http_chunk_ext_valid(";a=\"open", 8), "an unterminated quote");
+    cr_expect(!http_chunk_ext_valid("x", 1), "not after a semicolon");
+}
+
+/* The framing between pieces of data, as the server library leaves it. */
+Test(http_chunks, the_framing_before_a_piece)
+{
+    cr_expect_eq(gap("", false), 0, "more data of the same chunk");
+    cr_expect_eq(gap("5;a=b\r\n", true), 0, "a first line");
+    cr_expect_eq(gap("\r\n6\r\n", false), 0, "the CRLF after a chunk, then a line");
+    cr_expect_eq(gap("\n3\n", false), 0, "bare LFs");
+    cr_expect_eq(gap("1F;x=\"a b\"\r\n", true), 0);
+}
+
+Test(http_chunks, a_bad_extension_is_refused)
+{
+    cr_expect_eq(gap("5;\x01\x02\r\n", true), -EINVAL);
+    cr_expect_eq(gap("5;;;=\r\n", true), -EINVAL);
+    cr_expect_eq(gap("\r\n3;a b\r\n", false), -EINVAL, "on a later chunk");
+    cr_expect_eq(gap("\r\n3;a\rb\r\n", false), -EINVAL, "a bare CR inside");
+}
+
+/* Bytes that are not framing tell that the caller's view is off: no refusal. */
+Test(http_chunks, what_is_not_framing_says_nothing)
+{
+    cr_expect_eq(gap("hello", true), -EPROTO);
+    cr_expect_eq(gap("5;a\r\n", false), -EPROTO, "no CRLF where one must be");
+    cr_expect_eq(gap("\r\n;a\r\n", false), -EPROTO, "no size");
+    cr_expect_eq(gap("\r\n5;a", false), -EPROTO, "not ending the line");
 }
