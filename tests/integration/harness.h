@@ -1,8 +1,8 @@
 /* Integration-test harness: starts the real sluice binary and the real stub
  * on loopback ports, writes configs into a temp dir, and speaks raw HTTP/1.1
  * over sockets (so tests can also send what no well-behaved client would). */
-#ifndef SLUICE_TESTS_HARNESS_H
-#define SLUICE_TESTS_HARNESS_H
+#ifndef SLUICE_TESTS_INTEGRATION_HARNESS_H
+#define SLUICE_TESTS_INTEGRATION_HARNESS_H
 
 #include <stdbool.h>
 #include <stddef.h>
