@@ -2,7 +2,9 @@
  * sc_config, driven by the schema tables of schema.c (one row per key, see
  * config_internal.h). It knows value types, not keys: which keys exist, their
  * defaults and bounds are rows; the rules between keys are the block checks
- * of checks.c, which the rows name. load_internal.h is what the three share.
+ * of checks.c, which the rows name; the rules of an upstream's url and
+ * headers are upstream_url.c and upstream_headers.c. load_internal.h is what
+ * they share.
  *
  * Each mapping is read in two passes: the first matches the document's keys
  * to rows (unknown and duplicate keys are reported there), the second walks
@@ -668,63 +670,7 @@ static void reset_addrs(void *f)
     memset(l, 0, sizeof *l);
 }
 
-/* ---- upstream URL ---------------------------------------------------- */
-
-static int url_fail(char *why, size_t wlen, const char *msg)
-{
-    snprintf(why, wlen, "%s", msg);
-    return -EINVAL;
-}
-
-/* Checks the base path of an upstream URL: printable ASCII, no query. */
-static int url_check_path(const char *path, char *why, size_t wlen)
-{
-    const char *p;
-
-    if (path[strcspn(path, "?#")])
-        return url_fail(why, wlen, "a query or fragment is not allowed");
-    for (p = path; *p; p++)
-        if ((unsigned char)*p <= 0x20 || (unsigned char)*p >= 0x7f)
-            return url_fail(why, wlen, "invalid character in the path");
-    return 0;
-}
-
-/* http(s)://host[:port][/base] into the URL fields of u. */
-static int parse_url(const char *s, struct sc_upstream *u, char *why,
-                     size_t wlen)
-{
-    bool https = !strncasecmp(s, "https://", 8);
-    const char *auth = s + (https ? 8 : 7), *path;
-    size_t alen, plen;
-    char *host = NULL;
-    int port;
-
-    if (!https && strncasecmp(s, "http://", 7))
-        return url_fail(why, wlen, "expected http:// or https://");
-    alen = strcspn(auth, "/?#");
-    if (memchr(auth, '@', alen))
-        return url_fail(why, wlen, "credentials in the URL are not "
-                        "supported; set an Authorization header instead");
-    if (alen == 0)
-        return url_fail(why, wlen, "missing host");
-    path = auth + alen;
-    if (url_check_path(path, why, wlen) ||
-        units_parse_authority(auth, alen, &host, &port, why, wlen))
-        return -EINVAL;
-    if (port == 0) {
-        free(host);
-        return url_fail(why, wlen, "port 0 is not a port to connect to");
-    }
-    for (plen = strlen(path); plen && path[plen - 1] == '/'; plen--)
-        ;
-    u->https = https;
-    u->host = host;
-    u->port = (uint16_t)(port > 0 ? port : https ? 443 : 80);
-    u->url = strdup(s);
-    u->authority = strndup(auth, alen);
-    u->base_path = strndup(path, plen);
-    return 0;
-}
+/* ---- upstream URL (the rule: upstream_url.c) ---------------------- */
 
 static void text_url(struct cfg_loader *lc, const struct cfg_key *k,
                      const char *s, void *obj, const yaml_node_t *at)
@@ -737,7 +683,7 @@ static void text_url(struct cfg_loader *lc, const struct cfg_key *k,
     free(u->authority);
     free(u->base_path);
     u->url = u->host = u->authority = u->base_path = NULL;
-    if (parse_url(s, u, why, sizeof why) != 0)
+    if (config_upstream_url_parse(s, u, why, sizeof why) != 0)
         err_val(lc, at, "invalid URL \"%s\" (%s)", s, why);
     else if (!u->url || !u->authority || !u->base_path)
         lc->oom = true;
@@ -1282,41 +1228,20 @@ static void parse_seq(struct cfg_loader *lc, const struct cfg_key *k,
     }
 }
 
-/* ---- upstream headers ------------------------------------------------ */
-
-/* Headers sluice itself owns on the upstream connection (docs/contract.md
- * §3). Proxy-* are hop-by-hop: Proxy-Authorization comes from the `proxy`
- * URL's userinfo, and one set here would reach the partner through a
- * tunnel. */
-static bool reserved_header(const char *name)
-{
-    static const char *const owned[] = {
-        "Host", "Content-Length", "Transfer-Encoding", "Connection",
-        "Keep-Alive", "TE", "Trailer", "Upgrade", NULL,
-    };
-    const char *const *o;
-
-    if (!strncasecmp(name, "Proxy-", 6))
-        return true;
-    for (o = owned; *o; o++)
-        if (!strcasecmp(*o, name))
-            return true;
-    return false;
-}
+/* ---- upstream headers (the rules: upstream_headers.c) --------------- */
 
 static void header_entry(struct cfg_loader *lc, struct sc_header *hs,
                          size_t *count, yaml_node_t *key, yaml_node_t *val)
 {
-    const char *name = key_name(lc, key), *v;
+    const char *name = key_name(lc, key), *v, *bad;
     struct sc_header *h;
     size_t i, mark;
 
     if (!name)
         return;
-    if (!units_is_token(name) || reserved_header(name)) {
-        err_at(lc, pos_of(key), "%s: %s header name \"%s\"%s", lc->path,
-               reserved_header(name) ? "reserved" : "invalid", name,
-               reserved_header(name) ? " (sluice sets it itself)" : "");
+    if ((bad = config_header_name_problem(name))) {
+        err_at(lc, pos_of(key), "%s: %s header name \"%s\"%s", lc->path, bad, name,
+               !strcmp(bad, "reserved") ? " (sluice sets it itself)" : "");
         return;
     }
     for (i = 0; i < *count; i++)
@@ -1327,8 +1252,8 @@ static void header_entry(struct cfg_loader *lc, struct sc_header *hs,
     if (i < *count)
         err_at(lc, pos_of(key), "duplicate header \"%s\" in %.*s", name,
                (int)mark, lc->path);
-    else if (v && strpbrk(v, "\r\n"))
-        err_val(lc, val, "a header value must not contain CR or LF");
+    else if (v && (bad = config_header_value_problem(v)))
+        err_val(lc, val, "%s", bad);
     else if (v) {
         h = &hs[(*count)++];
         h->from_env = val->type == YAML_SCALAR_NODE && strstr(raw(val), "${");
