@@ -66,11 +66,45 @@ static void one_line(const char *s, char *out, size_t len)
     out[used] = '\0';
 }
 
+/* A block check's problem at the place of a value that did not parse (or
+ * was out of bounds) is about what was left in its stead ("0s is less than
+ * pause" after "must be at most 1h"): the first message there is the cause,
+ * so the check's is dropped. Other checks' messages at one place (a lease
+ * too short for two routes) all stay. */
+static bool value_failed_at(const struct cfg_loader *lc, struct sc_pos p)
+{
+    for (size_t i = 0; p.line && i < lc->n_bad; i++)
+        if (lc->bad[i].line == p.line && lc->bad[i].col == p.col)
+            return true;
+    return false;
+}
+
+static void note_failed_value(struct cfg_loader *lc, struct sc_pos p)
+{
+    struct sc_pos *v;
+
+    if (!p.line || lc->in_check)
+        return;
+    if (lc->n_bad == lc->cap_bad) {
+        size_t cap = lc->cap_bad ? lc->cap_bad * 2 : 16;
+        if (!(v = realloc(lc->bad, cap * sizeof *v))) {
+            lc->oom = true;
+            return;
+        }
+        lc->bad = v;
+        lc->cap_bad = cap;
+    }
+    lc->bad[lc->n_bad++] = p;
+}
+
 void err_at(struct cfg_loader *lc, struct sc_pos p, const char *fmt, ...)
 {
     char text[SC_ERROR_TEXT_MAX], line[SC_ERROR_TEXT_MAX];
     va_list ap;
 
+    if (lc->in_check && value_failed_at(lc, p))
+        return;
+    note_failed_value(lc, p);
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
@@ -290,30 +324,54 @@ static bool is_env_name(const char *s, size_t n)
     return true;
 }
 
-/* Appends the value of ${NAME} at *s (just past "${") and advances *s past
- * the "}". False, with the error recorded, when it cannot. */
+/* ${NAME:?} and ${NAME:?text}, as in sh: set but empty is refused too (an
+ * empty secret would send "Bearer " to the partner), with text as the
+ * reason. Sets *msg to the text (may be ""), or NULL for a plain ${NAME}. */
+static size_t split_required(const char *s, size_t len, const char **msg,
+                             size_t *msg_len)
+{
+    const char *q = memchr(s, ':', len);
+
+    *msg = NULL;
+    *msg_len = 0;
+    if (!q || (size_t)(q - s) + 1 >= len || q[1] != '?')
+        return len;
+    *msg = q + 2;
+    *msg_len = len - (size_t)(q + 2 - s);
+    return (size_t)(q - s);
+}
+
+/* Appends the value of ${NAME} (or ${NAME:?...}) at *s (just past "${") and
+ * advances *s past the "}". False, with the error recorded, when it cannot. */
 static bool expand_one(struct cfg_loader *lc, const yaml_node_t *n,
                        const char **s, struct sbuf *b)
 {
     const char *close = strchr(*s, '}');
-    const char *val;
+    const char *val, *msg;
     char name[256];
-    size_t len;
+    size_t len, msg_len;
 
     if (!close) {
         err_val(lc, n, "unterminated \"${\" in \"%s\"", raw(n));
         return false;
     }
-    len = (size_t)(close - *s);
+    len = split_required(*s, (size_t)(close - *s), &msg, &msg_len);
     if (!is_env_name(*s, len) || len >= sizeof name) {
-        err_val(lc, n, "invalid variable name \"${%.*s}\"", (int)len, *s);
+        err_val(lc, n, "invalid variable name \"${%.*s}\"", (int)(close - *s), *s);
         return false;
     }
     memcpy(name, *s, len);
     name[len] = '\0';
     val = getenv(name);
     if (!val) {
-        err_val(lc, n, "environment variable \"%s\" is not set", name);
+        err_val(lc, n, "environment variable \"%s\" is not set%s%.*s", name,
+                msg_len ? ": " : "", (int)msg_len, msg ? msg : "");
+        return false;
+    }
+    if (msg && !*val) {
+        err_val(lc, n, "environment variable \"%s\" is set but empty, which "
+                "${%s:?} refuses%s%.*s", name, name, msg_len ? ": " : "",
+                (int)msg_len, msg);
         return false;
     }
     sb_add(b, val, strlen(val));
@@ -1086,8 +1144,13 @@ static void parse_block(struct cfg_loader *lc, const struct cfg_block *b,
     }
     for (i = 0; i < b->n_keys; i++)
         parse_key(lc, &b->keys[i], keys[i], vals[i], obj, given, where);
-    if (given && b->check)
+    if (given && b->check) {
+        bool outer = lc->in_check;
+
+        lc->in_check = true;
         b->check(lc, obj, vals, where);
+        lc->in_check = outer;
+    }
 }
 
 static void parse_subblock(struct cfg_loader *lc, const struct cfg_key *k,
@@ -1145,6 +1208,11 @@ static long coll_find(const struct coll *c, const char *name)
     return -1;
 }
 
+static const char *article(const char *noun)
+{
+    return strchr("aeiou", noun[0]) ? "an" : "a";
+}
+
 /* One "name: {block}" entry of upstreams or policies. */
 static void named_entry(struct cfg_loader *lc, struct coll *c,
                         yaml_node_t *key, yaml_node_t *val)
@@ -1160,6 +1228,17 @@ static void named_entry(struct cfg_loader *lc, struct coll *c,
         err_at(lc, pos_of(key), "%s: invalid %s name \"%s\" (use up to 64 "
                "letters, digits, \"-\", \"_\" and \".\")", lc->path,
                c->b->what, name);
+        return;
+    }
+    /* "idempotency:" at the level of the policies' names is the policy
+     * above it missing an indent, not a policy called idempotency: said so,
+     * rather than the unknown keys its block would then have, or a silent
+     * extra policy when it has none. */
+    if (find_key(c->b, name) >= 0) {
+        err_at(lc, pos_of(key), "%s: \"%s\" is a key of %s %s, read here as the "
+               "name of one: indent it one level deeper, under the name of the %s "
+               "it belongs to", lc->path, name, article(c->b->what), c->b->what,
+               c->b->what);
         return;
     }
     if ((dup = coll_find(c, name)) >= 0) {
@@ -1397,6 +1476,7 @@ static int loader_end(struct cfg_loader *lc, int rc)
     for (i = 0; i < lc->n_scratch; i++)
         free(lc->scratch[i]);
     free(lc->scratch);
+    free(lc->bad);
     if (lc->have_doc)
         yaml_document_delete(&lc->doc);
     if (lc->oom || rc == -ENOMEM) {

@@ -40,6 +40,9 @@ struct cfg_loader {
     char path[512];        /* dotted path of the key being parsed */
     char **scratch;        /* expanded scalars, freed with the loader */
     size_t n_scratch, cap_scratch;
+    bool in_check;         /* a block check is reporting */
+    struct sc_pos *bad;    /* where problems other than checks' were reported */
+    size_t n_bad, cap_bad;
 };
 
 /* ---- engine helpers (load_engine.c) ----------------------------------- */
