@@ -424,9 +424,20 @@ static bool asks_body(struct admin_req *rq)
 
 static enum MHD_Result ep_index(struct admin_req *rq);
 
+/* A liveness probe: the process answers, and every request loop still turns
+ * (a wedged loop holds its workers' requests forever; a restart frees them). */
 static enum MHD_Result ep_healthz(struct admin_req *rq)
 {
-    return reply(rq->c, 200, "text/plain", "ok\n", false);
+    uint64_t ms = 0;
+    long i = app_stalled_loop(rq->app, &ms);
+    char *text;
+
+    if (i < 0)
+        return reply(rq->c, 200, "text/plain", "ok\n", false);
+    if (asprintf(&text, "{\"healthy\": false, \"reason\": \"loop_stalled\", \"loop\": %ld, "
+                        "\"stalled_ms\": %llu}\n", i, (unsigned long long)ms) < 0)
+        return reply_error(rq->c, 503, "loop_stalled");
+    return reply(rq->c, 503, "application/json", text, true);
 }
 
 static enum MHD_Result ep_readyz(struct admin_req *rq)
@@ -481,7 +492,8 @@ static enum MHD_Result ep_cooldown_delete(struct admin_req *rq)
 
 static const struct endpoint endpoints[] = {
     {M_GET, "/", "/", "this list", ep_index, NULL},
-    {M_GET, "/healthz", "/healthz", "200 while the process runs", ep_healthz, NULL},
+    {M_GET, "/healthz", "/healthz", "200 while every request loop turns; 503 when one "
+     "has not for 10 s", ep_healthz, NULL},
     {M_GET, "/readyz", "/readyz", "200 once the config is loaded and the store open; "
      "503 while starting, draining or the store is unavailable", ep_readyz, NULL},
     {M_GET, "/config", "/config", "the effective config as JSON, secrets redacted",

@@ -85,6 +85,11 @@ void app_begin_drain(struct app *app);
  * one that changes what only a restart can change, changes nothing. */
 int app_reload(struct app *app, char **msg);
 
+/* The first request loop that has not turned for LOOP_STALL_MS (its index,
+ * and in *ms how long since it last did), or -1 when every loop turns: what
+ * /healthz and the systemd watchdog answer on. Thread-safe. */
+long app_stalled_loop(struct app *app, uint64_t *ms);
+
 void app_free(struct app *app);
 
 #endif
