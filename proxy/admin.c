@@ -180,6 +180,20 @@ static void policy_gauges(FILE *f, struct runtime *rt)
         if (pc->pol[i]->has_bucket)
             fprintf(f, "sluice_bucket_tokens{policy=\"%s\"} %u\n", cfg->policies[i].name,
                     gcra_available(&pc->pol[i]->bucket.g, now, NULL));
+    /* Beside the tokens, what they are out of: a panel or an alert reads
+     * "tokens / burst" without the config at hand. */
+    gauge_head(f, "sluice_bucket_rate", "The policy's configured rate, in permits per second "
+               "(for a shared policy, the fleet's).");
+    for (size_t i = 0; i < cfg->n_policies; i++)
+        if (cfg->policies[i].has_rate)
+            fprintf(f, "sluice_bucket_rate{policy=\"%s\"} %.17g\n", cfg->policies[i].name,
+                    cfg->policies[i].rate);
+    gauge_head(f, "sluice_bucket_burst", "The policy's configured burst: the most permits its "
+               "bucket holds.");
+    for (size_t i = 0; i < cfg->n_policies; i++)
+        if (cfg->policies[i].has_rate)
+            fprintf(f, "sluice_bucket_burst{policy=\"%s\"} %u\n", cfg->policies[i].name,
+                    cfg->policies[i].burst);
     gauge_head(f, "sluice_inflight", "Requests of the policy in flight upstream.");
     for (size_t i = 0; i <= cfg->n_policies; i++) {
         struct policy_state *ps = pacing_policy(pc, i < cfg->n_policies ? (long)i : -1);
@@ -233,6 +247,17 @@ static char *gauges(struct app *app)
     rt = runtime_acquire(app);
     policy_gauges(f, rt);
     runtime_put(rt);
+    /* As Prometheus exports its own (prometheus_config_last_reload_*): an
+     * alert on "== 0" catches a refused file, which the counter only shows
+     * as a rate. */
+    gauge_head(f, "sluice_config_last_reload_successful",
+               "1 when the last config load (start or reload) succeeded, 0 when refused.");
+    fprintf(f, "sluice_config_last_reload_successful %d\n",
+            atomic_load(&app->last_reload_ok) ? 1 : 0);
+    gauge_head(f, "sluice_config_last_reload_success_timestamp_seconds",
+               "Unix time of the last config load that succeeded.");
+    fprintf(f, "sluice_config_last_reload_success_timestamp_seconds %.3f\n",
+            (double)atomic_load(&app->last_reload_ok_ms) / 1000.0);
     gauge_head(f, "sluice_leases_active", "Durable idempotency leases held by requests in flight.");
     fprintf(f, "sluice_leases_active %ld\n", atomic_load(&app->leases_active));
     gauge_head(f, "sluice_store_up", "1 while the idempotency store answers and accepts writes.");

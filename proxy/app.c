@@ -424,6 +424,9 @@ int app_reload(struct app *app, char **msg)
     fclose(out);
     rt = runtime_acquire(app);
     metrics_add(sh, rc == 0 ? rt->ids.reloads_ok : rt->ids.reloads_error, 1);
+    atomic_store(&app->last_reload_ok, rc == 0);
+    if (rc == 0)
+        atomic_store(&app->last_reload_ok_ms, clock_wall_ms());
     runtime_put(rt);
     if (rc == 0)
         log_info("config reloaded: %s", *msg);
@@ -527,6 +530,8 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
      * wedges, the pings stop and systemd restarts sluice. */
     if ((rc = notify_watchdog_start(app->main_base, &app->watchdog, app_alive, app, err)) != 0)
         return rc;
+    atomic_store(&app->last_reload_ok, true);
+    atomic_store(&app->last_reload_ok_ms, clock_wall_ms());
     atomic_store(&app->ready, true);
     log_info("sluice %s (%s) listening on %s:%u (admin %s:%u), %u threads",
              version_sluice(), version_revision(), app->fixed.listen.host,
