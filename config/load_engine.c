@@ -1213,13 +1213,27 @@ static const char *article(const char *noun)
     return strchr("aeiou", noun[0]) ? "an" : "a";
 }
 
+/* "idempotency:" at the level of the policies' names is most often the
+ * policy above it missing an indent, not a policy called idempotency. A
+ * name may be a key's (a policy called "shared" is fine), so this is said
+ * only when the entry does not work as a block of its own: its value is no
+ * mapping, or the block had errors (then after them: they show what went
+ * wrong, this says why). */
+static void key_as_name(struct cfg_loader *lc, const struct coll *c,
+                        const yaml_node_t *key, const char *name)
+{
+    err_at(lc, pos_of(key), "%s: \"%s\" is a key of %s %s, read here as the name of "
+           "one: if it belongs to the %s above, indent it one level deeper", lc->path,
+           name, article(c->b->what), c->b->what, c->b->what);
+}
+
 /* One "name: {block}" entry of upstreams or policies. */
 static void named_entry(struct cfg_loader *lc, struct coll *c,
                         yaml_node_t *key, yaml_node_t *val)
 {
     const char *name = key_name(lc, key);
     void *elem;
-    size_t mark;
+    size_t mark, errs;
     long dup;
 
     if (!name)
@@ -1230,15 +1244,8 @@ static void named_entry(struct cfg_loader *lc, struct coll *c,
                c->b->what, name);
         return;
     }
-    /* "idempotency:" at the level of the policies' names is the policy
-     * above it missing an indent, not a policy called idempotency: said so,
-     * rather than the unknown keys its block would then have, or a silent
-     * extra policy when it has none. */
-    if (find_key(c->b, name) >= 0) {
-        err_at(lc, pos_of(key), "%s: \"%s\" is a key of %s %s, read here as the "
-               "name of one: indent it one level deeper, under the name of the %s "
-               "it belongs to", lc->path, name, article(c->b->what), c->b->what,
-               c->b->what);
+    if (find_key(c->b, name) >= 0 && (!val || val->type != YAML_MAPPING_NODE)) {
+        key_as_name(lc, c, key, name);
         return;
     }
     if ((dup = coll_find(c, name)) >= 0) {
@@ -1249,8 +1256,11 @@ static void named_entry(struct cfg_loader *lc, struct coll *c,
     elem = coll_elem(c, (*c->count)++);
     set_string(lc, CFG_FIELD(elem, c->b->name_off - 1), name);
     mark = path_push(lc, name);
+    errs = lc->errs->n;
     parse_block(lc, c->b, val, elem, pos_of(key));
     path_pop(lc, mark);
+    if (lc->errs->n > errs && find_key(c->b, name) >= 0)
+        key_as_name(lc, c, key, name);
 }
 
 static void parse_named(struct cfg_loader *lc, const struct cfg_key *k,

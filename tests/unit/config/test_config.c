@@ -755,9 +755,11 @@ Test(config_errors, no_cascade_after_a_bad_value)
 }
 
 /* A key of an upstream or a policy written at the level of their names (the
- * block above it lacks an indent) is said to be one, not taken for a name. */
+ * block above it lacks an indent) is said to be one, when the entry does not
+ * work as a block of its own; a policy may still be called "shared". */
 Test(config_errors, block_key_read_as_a_name_gets_an_indentation_hint)
 {
+    struct sc_config *cfg;
     size_t n = 0;
     char *all = load_fail(
         "upstreams:\n"
@@ -769,20 +771,21 @@ Test(config_errors, block_key_read_as_a_name_gets_an_indentation_hint)
         "    rate: 1/s\n"
         "  idempotency:\n"
         "    required: false\n"
-        "  retry: {}\n"
         "routes: [ { prefix: /, upstream: up, policy: p } ]\n", &n);
 
     cr_expect_eq(n, 3, "%s", all);
     cr_expect_str_eq(all,
         "test.yaml:4:3: upstreams: \"timeout\" is a key of an upstream, read here as the "
-        "name of one: indent it one level deeper, under the name of the upstream it "
-        "belongs to\n"
+        "name of one: if it belongs to the upstream above, indent it one level deeper\n"
         "test.yaml:8:3: policies: \"idempotency\" is a key of a policy, read here as the "
-        "name of one: indent it one level deeper, under the name of the policy it belongs "
-        "to\n"
-        "test.yaml:10:3: policies: \"retry\" is a key of a policy, read here as the name "
-        "of one: indent it one level deeper, under the name of the policy it belongs to\n");
+        "name of one: if it belongs to the policy above, indent it one level deeper\n"
+        "test.yaml:9:5: unknown key \"required\" in policies.idempotency\n");
     free(all);
+    cfg = load_ok("upstreams: { up: { url: http://h/ } }\n"
+                  "policies: { shared: { concurrency: 2 }, retry: {} }\n"
+                  "routes: [ { prefix: /, upstream: up, policy: shared } ]\n");
+    cr_expect_eq(cfg->n_policies, 2);
+    config_free(cfg);
 }
 
 Test(config_errors, every_error_is_collected_and_sorted)
