@@ -1390,8 +1390,9 @@ Test(metrics, dashboard_queries_live_families)
     names_free(&used);
 }
 
-/* Every alert carries runbook_url "docs/runbook.md#<alert in lower case>",
- * and the runbook has that section ("## SluiceDown" is #sluicedown). */
+/* Every alert carries runbook_url "@RUNBOOK_URL@#<alert in lower case>"
+ * (render-rules.sh puts the published runbook's address there), and the
+ * runbook has that section ("## SluiceDown" is #sluicedown). */
 static void check_runbook_links(const char *rules)
 {
     char *runbook = tu_read_file(RUNBOOK, NULL);
@@ -1409,7 +1410,7 @@ static void check_runbook_links(const char *rules)
         snprintf(heading, sizeof heading, "\n## %s\n", name);
         for (char *c = name; *c; c++)
             *c = (char)tolower((unsigned char)*c);
-        snprintf(want, sizeof want, "runbook_url: \"docs/runbook.md#%s\"", name);
+        snprintf(want, sizeof want, "runbook_url: \"@RUNBOOK_URL@#%s\"", name);
         found = strstr(p, want);
         cr_expect(found && (!next || found < next), "alert %s: no %s", name, want);
         cr_expect(strstr(runbook, heading), "docs/runbook.md has no section%s", heading);
@@ -1457,6 +1458,48 @@ Test(metrics, rules_query_live_families_and_pass_promtool)
     promtool(false, "check rules " RULES);
     /* The alerts fire (and stay quiet) on series shaped like sluice's. */
     promtool(false, "test rules " RULES_TEST);
+}
+
+/* render-rules.sh makes every runbook_url the published address plus the
+ * alert's section, and the result still passes promtool; as a
+ * PrometheusRule, too (its groups parse as the same rules). */
+Test(metrics, rendered_rules_link_the_runbook)
+{
+    const char *url = "https://git.example.com/sluice/blob/main/docs/runbook.md";
+    char *dir = tu_mkdtemp("rules"), *args, *text, *p;
+    int alerts = 0, links = 0;
+
+    cr_assert_eq(h_sh("sh %s/deploy/prometheus/render-rules.sh %s > %s/rules.yaml",
+                      SLUICE_SOURCE_DIR, url, dir), 0);
+    cr_assert(asprintf(&p, "%s/rules.yaml", dir) > 0);
+    text = tu_read_file(p, NULL);
+    free(p);
+    cr_assert_not_null(text);
+    for (p = text; (p = strstr(p, "- alert: ")); p++)
+        alerts++;
+    for (p = text; (p = strstr(p, "runbook_url: \"https://git.example.com/sluice/blob/main/"
+                                  "docs/runbook.md#sluice")); p++)
+        links++;
+    cr_expect_geq(alerts, 11);
+    cr_expect_eq(links, alerts, "%d alerts, %d absolute runbook links", alerts, links);
+    cr_expect_null(strstr(text, "@RUNBOOK_URL@"));
+    free(text);
+    cr_assert(asprintf(&args, "check rules %s/rules.yaml", dir) > 0);
+    promtool(false, args);
+    free(args);
+    cr_expect_eq(h_sh("sh %s/deploy/prometheus/render-rules.sh %s --prometheus-rule monitoring "
+                      "| python3 -c 'import sys, yaml; d = yaml.safe_load(sys.stdin); "
+                      "g = d[\"spec\"]; yaml.safe_dump(g, open(\"%s/pr.yaml\", \"w\")); "
+                      "sys.exit(d[\"kind\"] != \"PrometheusRule\")'", SLUICE_SOURCE_DIR, url, dir),
+                 0);
+    cr_assert(asprintf(&args, "check rules %s/pr.yaml", dir) > 0);
+    promtool(false, args);
+    free(args);
+    /* A relative address is what this replaces: refused. */
+    cr_expect_eq(h_sh("sh %s/deploy/prometheus/render-rules.sh docs/runbook.md >/dev/null "
+                      "2>&1; test $? = 2", SLUICE_SOURCE_DIR), 0);
+    tu_rm_rf(dir);
+    free(dir);
 }
 
 Test(metrics, promtool_lints_live_metrics)
