@@ -44,8 +44,9 @@ static void help(FILE *f)
             "signals: SIGHUP reloads FILE; SIGTERM/SIGINT drain (limits.drain_timeout) and exit 0\n"
             "admin (the config's admin address): /healthz /readyz /metrics /config POST /reload\n"
             "\n"
-            "docs: README.md (running and operating), docs/contract.md (command line, config,\n"
-            "      headers, metrics), docs/runbook.md (alerts) in the source tree\n");
+            "docs: README.md (first steps), docs/operating.md (running and operating),\n"
+            "      docs/contract.md (command line, config, headers, metrics), docs/runbook.md\n"
+            "      (alerts) in the source tree\n");
 }
 
 static void print_errors(const struct sc_errors *errs)

@@ -238,13 +238,16 @@ def check_sluice_container(spec, sluice, cfg, where):
 
 def check_env(sluice, text, where):
     """Every ${NAME} of the config is set in sluice's env; tokens come from a Secret."""
-    names = sorted(set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", text)))
+    names = sorted(set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::\?[^}]*)?\}", text)))
     env = {e["name"]: e for e in sluice.get("env") or []}
     for n in names:
         src = (env.get(n) or {}).get("valueFrom") or {}
         check(n in env, "%s: ${%s} of the config is in sluice's env" % (where, n))
         if "TOKEN" in n or "SECRET" in n or "PASSWORD" in n:
             check("secretKeyRef" in src, "%s: %s comes from a Secret" % (where, n))
+            # A Secret with an empty key would send "Bearer " to the partner.
+            check(re.search(r"\$\{%s:\?[^}]*\}" % n, text) is not None,
+                  "%s: ${%s:?} refuses an empty secret" % (where, n))
     return names
 
 
