@@ -2,7 +2,9 @@
  * sc_config, driven by the schema tables of schema.c (one row per key, see
  * config_internal.h). It knows value types, not keys: which keys exist, their
  * defaults and bounds are rows; the rules between keys are the block checks
- * of checks.c, which the rows name. load_internal.h is what the three share.
+ * of checks.c, which the rows name; the rules of an upstream's url and
+ * headers are upstream_url.c and upstream_headers.c. load_internal.h is what
+ * they share.
  *
  * Each mapping is read in two passes: the first matches the document's keys
  * to rows (unknown and duplicate keys are reported there), the second walks
@@ -64,11 +66,45 @@ static void one_line(const char *s, char *out, size_t len)
     out[used] = '\0';
 }
 
+/* A block check's problem at the place of a value that did not parse (or
+ * was out of bounds) is about what was left in its stead ("0s is less than
+ * pause" after "must be at most 1h"): the first message there is the cause,
+ * so the check's is dropped. Other checks' messages at one place (a lease
+ * too short for two routes) all stay. */
+static bool value_failed_at(const struct cfg_loader *lc, struct sc_pos p)
+{
+    for (size_t i = 0; p.line && i < lc->n_bad; i++)
+        if (lc->bad[i].line == p.line && lc->bad[i].col == p.col)
+            return true;
+    return false;
+}
+
+static void note_failed_value(struct cfg_loader *lc, struct sc_pos p)
+{
+    struct sc_pos *v;
+
+    if (!p.line || lc->in_check)
+        return;
+    if (lc->n_bad == lc->cap_bad) {
+        size_t cap = lc->cap_bad ? lc->cap_bad * 2 : 16;
+        if (!(v = realloc(lc->bad, cap * sizeof *v))) {
+            lc->oom = true;
+            return;
+        }
+        lc->bad = v;
+        lc->cap_bad = cap;
+    }
+    lc->bad[lc->n_bad++] = p;
+}
+
 void err_at(struct cfg_loader *lc, struct sc_pos p, const char *fmt, ...)
 {
     char text[SC_ERROR_TEXT_MAX], line[SC_ERROR_TEXT_MAX];
     va_list ap;
 
+    if (lc->in_check && value_failed_at(lc, p))
+        return;
+    note_failed_value(lc, p);
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
@@ -288,30 +324,54 @@ static bool is_env_name(const char *s, size_t n)
     return true;
 }
 
-/* Appends the value of ${NAME} at *s (just past "${") and advances *s past
- * the "}". False, with the error recorded, when it cannot. */
+/* ${NAME:?} and ${NAME:?text}, as in sh: set but empty is refused too (an
+ * empty secret would send "Bearer " to the partner), with text as the
+ * reason. Sets *msg to the text (may be ""), or NULL for a plain ${NAME}. */
+static size_t split_required(const char *s, size_t len, const char **msg,
+                             size_t *msg_len)
+{
+    const char *q = memchr(s, ':', len);
+
+    *msg = NULL;
+    *msg_len = 0;
+    if (!q || (size_t)(q - s) + 1 >= len || q[1] != '?')
+        return len;
+    *msg = q + 2;
+    *msg_len = len - (size_t)(q + 2 - s);
+    return (size_t)(q - s);
+}
+
+/* Appends the value of ${NAME} (or ${NAME:?...}) at *s (just past "${") and
+ * advances *s past the "}". False, with the error recorded, when it cannot. */
 static bool expand_one(struct cfg_loader *lc, const yaml_node_t *n,
                        const char **s, struct sbuf *b)
 {
     const char *close = strchr(*s, '}');
-    const char *val;
+    const char *val, *msg;
     char name[256];
-    size_t len;
+    size_t len, msg_len;
 
     if (!close) {
         err_val(lc, n, "unterminated \"${\" in \"%s\"", raw(n));
         return false;
     }
-    len = (size_t)(close - *s);
+    len = split_required(*s, (size_t)(close - *s), &msg, &msg_len);
     if (!is_env_name(*s, len) || len >= sizeof name) {
-        err_val(lc, n, "invalid variable name \"${%.*s}\"", (int)len, *s);
+        err_val(lc, n, "invalid variable name \"${%.*s}\"", (int)(close - *s), *s);
         return false;
     }
     memcpy(name, *s, len);
     name[len] = '\0';
     val = getenv(name);
     if (!val) {
-        err_val(lc, n, "environment variable \"%s\" is not set", name);
+        err_val(lc, n, "environment variable \"%s\" is not set%s%.*s", name,
+                msg_len ? ": " : "", (int)msg_len, msg ? msg : "");
+        return false;
+    }
+    if (msg && !*val) {
+        err_val(lc, n, "environment variable \"%s\" is set but empty, which "
+                "${%s:?} refuses%s%.*s", name, name, msg_len ? ": " : "",
+                (int)msg_len, msg);
         return false;
     }
     sb_add(b, val, strlen(val));
@@ -695,63 +755,7 @@ static void reset_addrs(void *f)
     memset(l, 0, sizeof *l);
 }
 
-/* ---- upstream URL ---------------------------------------------------- */
-
-static int url_fail(char *why, size_t wlen, const char *msg)
-{
-    snprintf(why, wlen, "%s", msg);
-    return -EINVAL;
-}
-
-/* Checks the base path of an upstream URL: printable ASCII, no query. */
-static int url_check_path(const char *path, char *why, size_t wlen)
-{
-    const char *p;
-
-    if (path[strcspn(path, "?#")])
-        return url_fail(why, wlen, "a query or fragment is not allowed");
-    for (p = path; *p; p++)
-        if ((unsigned char)*p <= 0x20 || (unsigned char)*p >= 0x7f)
-            return url_fail(why, wlen, "invalid character in the path");
-    return 0;
-}
-
-/* http(s)://host[:port][/base] into the URL fields of u. */
-static int parse_url(const char *s, struct sc_upstream *u, char *why,
-                     size_t wlen)
-{
-    bool https = !strncasecmp(s, "https://", 8);
-    const char *auth = s + (https ? 8 : 7), *path;
-    size_t alen, plen;
-    char *host = NULL;
-    int port;
-
-    if (!https && strncasecmp(s, "http://", 7))
-        return url_fail(why, wlen, "expected http:// or https://");
-    alen = strcspn(auth, "/?#");
-    if (memchr(auth, '@', alen))
-        return url_fail(why, wlen, "credentials in the URL are not "
-                        "supported; set an Authorization header instead");
-    if (alen == 0)
-        return url_fail(why, wlen, "missing host");
-    path = auth + alen;
-    if (url_check_path(path, why, wlen) ||
-        units_parse_authority(auth, alen, &host, &port, why, wlen))
-        return -EINVAL;
-    if (port == 0) {
-        free(host);
-        return url_fail(why, wlen, "port 0 is not a port to connect to");
-    }
-    for (plen = strlen(path); plen && path[plen - 1] == '/'; plen--)
-        ;
-    u->https = https;
-    u->host = host;
-    u->port = (uint16_t)(port > 0 ? port : https ? 443 : 80);
-    u->url = strdup(s);
-    u->authority = strndup(auth, alen);
-    u->base_path = strndup(path, plen);
-    return 0;
-}
+/* ---- upstream URL (the rule: upstream_url.c) ---------------------- */
 
 static void text_url(struct cfg_loader *lc, const struct cfg_key *k,
                      const char *s, void *obj, const yaml_node_t *at)
@@ -764,7 +768,7 @@ static void text_url(struct cfg_loader *lc, const struct cfg_key *k,
     free(u->authority);
     free(u->base_path);
     u->url = u->host = u->authority = u->base_path = NULL;
-    if (parse_url(s, u, why, sizeof why) != 0)
+    if (config_upstream_url_parse(s, u, why, sizeof why) != 0)
         err_val(lc, at, "invalid URL \"%s\" (%s)", s, why);
     else if (!u->url || !u->authority || !u->base_path)
         lc->oom = true;
@@ -1186,8 +1190,13 @@ static void parse_block(struct cfg_loader *lc, const struct cfg_block *b,
     }
     for (i = 0; i < b->n_keys; i++)
         parse_key(lc, &b->keys[i], keys[i], vals[i], obj, given, where);
-    if (given && b->check)
+    if (given && b->check) {
+        bool outer = lc->in_check;
+
+        lc->in_check = true;
         b->check(lc, obj, vals, where);
+        lc->in_check = outer;
+    }
 }
 
 static void parse_subblock(struct cfg_loader *lc, const struct cfg_key *k,
@@ -1245,13 +1254,32 @@ static long coll_find(const struct coll *c, const char *name)
     return -1;
 }
 
+static const char *article(const char *noun)
+{
+    return strchr("aeiou", noun[0]) ? "an" : "a";
+}
+
+/* "idempotency:" at the level of the policies' names is most often the
+ * policy above it missing an indent, not a policy called idempotency. A
+ * name may be a key's (a policy called "shared" is fine), so this is said
+ * only when the entry does not work as a block of its own: its value is no
+ * mapping, or the block had errors (then after them: they show what went
+ * wrong, this says why). */
+static void key_as_name(struct cfg_loader *lc, const struct coll *c,
+                        const yaml_node_t *key, const char *name)
+{
+    err_at(lc, pos_of(key), "%s: \"%s\" is a key of %s %s, read here as the name of "
+           "one: if it belongs to the %s above, indent it one level deeper", lc->path,
+           name, article(c->b->what), c->b->what, c->b->what);
+}
+
 /* One "name: {block}" entry of upstreams or policies. */
 static void named_entry(struct cfg_loader *lc, struct coll *c,
                         yaml_node_t *key, yaml_node_t *val)
 {
     const char *name = key_name(lc, key);
     void *elem;
-    size_t mark;
+    size_t mark, errs;
     long dup;
 
     if (!name)
@@ -1262,6 +1290,10 @@ static void named_entry(struct cfg_loader *lc, struct coll *c,
                c->b->what, name);
         return;
     }
+    if (find_key(c->b, name) >= 0 && (!val || val->type != YAML_MAPPING_NODE)) {
+        key_as_name(lc, c, key, name);
+        return;
+    }
     if ((dup = coll_find(c, name)) >= 0) {
         duplicate_key(lc, key, name, *(struct sc_pos *)CFG_FIELD(
                           coll_elem(c, (size_t)dup), c->b->pos_off - 1));
@@ -1270,8 +1302,11 @@ static void named_entry(struct cfg_loader *lc, struct coll *c,
     elem = coll_elem(c, (*c->count)++);
     set_string(lc, CFG_FIELD(elem, c->b->name_off - 1), name);
     mark = path_push(lc, name);
+    errs = lc->errs->n;
     parse_block(lc, c->b, val, elem, pos_of(key));
     path_pop(lc, mark);
+    if (lc->errs->n > errs && find_key(c->b, name) >= 0)
+        key_as_name(lc, c, key, name);
 }
 
 static void parse_named(struct cfg_loader *lc, const struct cfg_key *k,
@@ -1328,41 +1363,20 @@ static void parse_seq(struct cfg_loader *lc, const struct cfg_key *k,
     }
 }
 
-/* ---- upstream headers ------------------------------------------------ */
-
-/* Headers sluice itself owns on the upstream connection (docs/contract.md
- * §3). Proxy-* are hop-by-hop: Proxy-Authorization comes from the `proxy`
- * URL's userinfo, and one set here would reach the partner through a
- * tunnel. */
-static bool reserved_header(const char *name)
-{
-    static const char *const owned[] = {
-        "Host", "Content-Length", "Transfer-Encoding", "Connection",
-        "Keep-Alive", "TE", "Trailer", "Upgrade", NULL,
-    };
-    const char *const *o;
-
-    if (!strncasecmp(name, "Proxy-", 6))
-        return true;
-    for (o = owned; *o; o++)
-        if (!strcasecmp(*o, name))
-            return true;
-    return false;
-}
+/* ---- upstream headers (the rules: upstream_headers.c) --------------- */
 
 static void header_entry(struct cfg_loader *lc, struct sc_header *hs,
                          size_t *count, yaml_node_t *key, yaml_node_t *val)
 {
-    const char *name = key_name(lc, key), *v;
+    const char *name = key_name(lc, key), *v, *bad;
     struct sc_header *h;
     size_t i, mark;
 
     if (!name)
         return;
-    if (!units_is_token(name) || reserved_header(name)) {
-        err_at(lc, pos_of(key), "%s: %s header name \"%s\"%s", lc->path,
-               reserved_header(name) ? "reserved" : "invalid", name,
-               reserved_header(name) ? " (sluice sets it itself)" : "");
+    if ((bad = config_header_name_problem(name))) {
+        err_at(lc, pos_of(key), "%s: %s header name \"%s\"%s", lc->path, bad, name,
+               !strcmp(bad, "reserved") ? " (sluice sets it itself)" : "");
         return;
     }
     for (i = 0; i < *count; i++)
@@ -1373,8 +1387,8 @@ static void header_entry(struct cfg_loader *lc, struct sc_header *hs,
     if (i < *count)
         err_at(lc, pos_of(key), "duplicate header \"%s\" in %.*s", name,
                (int)mark, lc->path);
-    else if (v && strpbrk(v, "\r\n"))
-        err_val(lc, val, "a header value must not contain CR or LF");
+    else if (v && (bad = config_header_value_problem(v)))
+        err_val(lc, val, "%s", bad);
     else if (v) {
         h = &hs[(*count)++];
         h->from_env = val->type == YAML_SCALAR_NODE && strstr(raw(val), "${");
@@ -1518,6 +1532,7 @@ static int loader_end(struct cfg_loader *lc, int rc)
     for (i = 0; i < lc->n_scratch; i++)
         free(lc->scratch[i]);
     free(lc->scratch);
+    free(lc->bad);
     if (lc->have_doc)
         yaml_document_delete(&lc->doc);
     if (lc->oom || rc == -ENOMEM) {

@@ -5,6 +5,9 @@
  *   schema.c       the rows themselves (every key of sidecar.yaml) and the
  *                  string validators they name
  *   checks.c       the block checks and cross-checks the rows point at
+ *   upstream_url.c, upstream_headers.c
+ *                  the rules of the two value types that are an upstream's
+ *                  own (its url, its headers), which the engine applies
  *
  * The schema and the checks are data and rules about sluice's config; the
  * engine knows neither. They meet here: the loader state the checks report
@@ -37,6 +40,9 @@ struct cfg_loader {
     char path[512];        /* dotted path of the key being parsed */
     char **scratch;        /* expanded scalars, freed with the loader */
     size_t n_scratch, cap_scratch;
+    bool in_check;         /* a block check is reporting */
+    struct sc_pos *bad;    /* where problems other than checks' were reported */
+    size_t n_bad, cap_bad;
 };
 
 /* ---- engine helpers (load_engine.c) ----------------------------------- */
@@ -83,6 +89,21 @@ enum { RK_ON, RK_BASE, RK_MULTIPLIER, RK_CAP, RK_MAX_ATTEMPTS, RK_MAX_DELAY,
 enum { RT_NAME, RT_PREFIX, RT_METHODS, RT_UPSTREAM, RT_POLICY, RT_STRIP,
        RT_TIMEOUT, RT_LANE };
 enum { VK_METHOD, VK_PATH, VK_FOUND, VK_ABSENT, VK_AFTER, VK_ATTEMPTS };
+
+/* ---- an upstream's url and headers (upstream_url.c, upstream_headers.c) */
+
+/* Parses http(s)://host[:port][/base] into u's url, host, port, authority
+ * and base_path (allocated; host NULL on failure). 0, or -EINVAL with the
+ * reason in why. */
+int config_upstream_url_parse(const char *s, struct sc_upstream *u, char *why,
+                              size_t wlen);
+
+/* NULL when an upstream may set header `name`; else "reserved" (sluice sets
+ * it itself) or "invalid" (not an RFC 9110 token). */
+const char *config_header_name_problem(const char *name);
+
+/* NULL when `value` may be sent, else why not. */
+const char *config_header_value_problem(const char *value);
 
 /* ---- block checks (checks.c), named by the rows of schema.c ----------- */
 

@@ -48,17 +48,41 @@ static void emit(char *buf, size_t pos, size_t len)
     }
 }
 
+/* Text that ends in a newline (a reload's summary, every error of a refused
+ * file, one a line) would end its "msg" in a literal \u000a: the newline at
+ * the end goes, and those between lines become "; ", so a line of the log is
+ * one readable line of text too. */
+static void one_line(const char *in, char *out, size_t len)
+{
+    size_t n = strlen(in), o = 0;
+
+    while (n && (in[n - 1] == '\n' || in[n - 1] == '\r' || in[n - 1] == ' '))
+        n--;
+    for (size_t i = 0; i < n && o + 3 < len; i++) {
+        if (in[i] == '\r')
+            continue;
+        if (in[i] == '\n') {
+            out[o++] = ';';
+            out[o++] = ' ';
+        } else {
+            out[o++] = in[i];
+        }
+    }
+    out[o] = '\0';
+}
+
 void log_msg(enum sc_log_level level, const char *fmt, ...)
 {
-    char msg[1024], buf[1400];
+    char raw[1024], msg[1100], buf[1400];
     size_t pos = 0;
     va_list ap;
 
     if (!log_enabled(level))
         return;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    one_line(raw, msg, sizeof msg);
     text_put(buf, sizeof buf, &pos, "{\"time\":");
     put_time(buf, sizeof buf, &pos);
     text_put(buf, sizeof buf, &pos, ",\"level\":\"");

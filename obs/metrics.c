@@ -17,6 +17,8 @@ static const double b_permit[] = {0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2
                                   5, 10, 30, 60, 120, 300};
 static const double b_store[] = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
                                  0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5};
+static const double b_connect[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                   0.1, 0.25, 0.5, 1, 2.5, 5, 10};
 static const double b_days[] = {1, 5, 10, 30, 60, 300, 900, 1800, 3600, 21600,
                                 86400, 259200, 604800};
 
@@ -29,6 +31,7 @@ static const struct {
     [H_QUEUE_AGE] = {b_days, sizeof b_days / sizeof *b_days},
     [H_REQUEUE_DELAY] = {b_days, sizeof b_days / sizeof *b_days},
     [H_STORE] = {b_store, sizeof b_store / sizeof *b_store},
+    [H_CONNECT] = {b_connect, sizeof b_connect / sizeof *b_connect},
 };
 
 static const char *const store_op_names[ST__COUNT] = {
@@ -51,7 +54,7 @@ static size_t hist_slots(enum hist_kind k)
 
 /* ---- the registry ------------------------------------------------------- */
 
-enum series_type { S_COUNTER = 0, S_HIST };
+enum series_type { S_COUNTER = 0, S_HIST, S_GAUGE };
 
 struct series {
     const char *name;       /* static */
@@ -83,6 +86,15 @@ static const struct family families[] = {
     {"sluice_store_duration_seconds", "histogram", "Store calls a request waited for, from start to completion (RocksDB: at once; Redis: a round trip), by operation."},
     {"sluice_connections_refused_total", "counter", "Worker connections closed at once over limits.max_connections, or when fewer than 16 file descriptors were left below RLIMIT_NOFILE."},
     {"sluice_accept_paused_total", "counter", "Times a loop found no file descriptor for a worker connection (EMFILE, ENFILE) and stopped accepting for 100 ms."},
+    {"sluice_upstream_connections_open", "gauge", "Connections to the upstream open now (pooled, in use or being set up), all loops."},
+    {"sluice_upstream_connections_idle", "gauge", "Of those, kept alive idle in the pool for the next request."},
+    {"sluice_upstream_connect_duration_seconds", "histogram", "Time to a TCP connection to the upstream (or its egress proxy), name lookup included."},
+    {"sluice_upstream_tls_handshake_duration_seconds", "histogram", "Time of the TLS handshake with the upstream."},
+    {"sluice_upstream_connect_failures_total", "counter", "Upstream connections that failed before a request could be sent, by phase: connect, proxy (the egress proxy's CONNECT), tls."},
+};
+
+static const char *const up_phase_names[UPH__COUNT] = {
+    [UPH_CONNECT] = "connect", [UPH_PROXY] = "proxy", [UPH_TLS] = "tls",
 };
 
 int metrics_init(struct metrics *m, unsigned n_shards)
@@ -282,9 +294,13 @@ static void build_routes(struct build *b)
         setl(b, "route=\"%s\",outcome=\"requeue\",reason=\"rate_limited\",shadow=\"true\"", rl);
         b->zero = route_is_shadow(cfg, r);
         b->ids->shadow[r] = reg(b, "sluice_requests_total", S_COUNTER, 0);
+        for (int o = 0; o < OUT__COUNT; o++) {
+            setl(b, "route=\"%s\",outcome=\"%s\"", rl, outcome_name(o));
+            b->ids->req_duration[r * OUT__COUNT + o] =
+                reg(b, "sluice_request_duration_seconds", S_HIST, H_DURATION);
+        }
         b->zero = r < cfg->n_routes;   /* route="none" carries no queue age */
         setl(b, "route=\"%s\"", rl);
-        b->ids->req_duration[r] = reg(b, "sluice_request_duration_seconds", S_HIST, H_DURATION);
         b->ids->queue_age[r] = reg(b, "sluice_queue_age_seconds", S_HIST, H_QUEUE_AGE);
         b->ids->queue_age_bad[r] = reg(b, "sluice_queue_age_invalid_total", S_COUNTER, 0);
         free(rl);
@@ -353,6 +369,18 @@ static void build_upstreams(struct build *b)
         }
         setl(b, "upstream=\"%s\"", cfg->upstreams[u].name);
         b->ids->up_duration[u] = reg(b, "sluice_upstream_duration_seconds", S_HIST, H_DURATION);
+        b->ids->up_open[u] = reg(b, "sluice_upstream_connections_open", S_GAUGE, 0);
+        b->ids->up_idle[u] = reg(b, "sluice_upstream_connections_idle", S_GAUGE, 0);
+        b->ids->up_connect[u] =
+            reg(b, "sluice_upstream_connect_duration_seconds", S_HIST, H_CONNECT);
+        b->ids->up_tls[u] =
+            reg(b, "sluice_upstream_tls_handshake_duration_seconds", S_HIST, H_CONNECT);
+        for (int ph = 0; ph < UPH__COUNT; ph++) {
+            setl(b, "upstream=\"%s\",phase=\"%s\"", cfg->upstreams[u].name,
+                 up_phase_names[ph]);
+            b->ids->up_connect_fail[u * UPH__COUNT + ph] =
+                reg(b, "sluice_upstream_connect_failures_total", S_COUNTER, 0);
+        }
     }
 }
 
@@ -387,7 +415,7 @@ static int ids_alloc(struct metrics_ids *ids, const struct sc_config *cfg)
     ids->n_upstreams = u;
     ids->requests = calloc(r * OUT__COUNT * R__COUNT, sizeof(uint32_t));
     ids->shadow = calloc(r, sizeof(uint32_t));
-    ids->req_duration = calloc(r, sizeof(uint32_t));
+    ids->req_duration = calloc(r * OUT__COUNT, sizeof(uint32_t));
     ids->queue_age = calloc(r, sizeof(uint32_t));
     ids->queue_age_bad = calloc(r, sizeof(uint32_t));
     ids->permit_wait = calloc(p, sizeof(uint32_t));
@@ -395,9 +423,15 @@ static int ids_alloc(struct metrics_ids *ids, const struct sc_config *cfg)
     ids->verifications = calloc(p * N_VERIFY_RESULTS, sizeof(uint32_t));
     ids->up_codes = calloc(u * UC__COUNT + 1, sizeof(uint32_t));
     ids->up_duration = calloc(u + 1, sizeof(uint32_t));
+    ids->up_open = calloc(u + 1, sizeof(uint32_t));
+    ids->up_idle = calloc(u + 1, sizeof(uint32_t));
+    ids->up_connect = calloc(u + 1, sizeof(uint32_t));
+    ids->up_tls = calloc(u + 1, sizeof(uint32_t));
+    ids->up_connect_fail = calloc(u * UPH__COUNT + 1, sizeof(uint32_t));
     return ids->requests && ids->shadow && ids->req_duration && ids->queue_age &&
                    ids->queue_age_bad && ids->permit_wait && ids->requeue_delay &&
-                   ids->verifications && ids->up_codes && ids->up_duration
+                   ids->verifications && ids->up_codes && ids->up_duration && ids->up_open &&
+                   ids->up_idle && ids->up_connect && ids->up_tls && ids->up_connect_fail
                ? 0 : -ENOMEM;
 }
 
@@ -413,6 +447,11 @@ void metrics_ids_free(struct metrics_ids *ids)
     free(ids->verifications);
     free(ids->up_codes);
     free(ids->up_duration);
+    free(ids->up_open);
+    free(ids->up_idle);
+    free(ids->up_connect);
+    free(ids->up_tls);
+    free(ids->up_connect_fail);
     memset(ids, 0, sizeof *ids);
 }
 
@@ -537,6 +576,11 @@ static void render_family(FILE *f, struct metrics *m, const struct family *fam)
             continue;
         if (s->type == S_HIST) {
             render_hist(f, m, s);
+            continue;
+        }
+        if (s->type == S_GAUGE) {
+            fprintf(f, "%s{%s} %lld\n", s->name, s->labels,
+                    (long long)(int64_t)metrics_sum(m, s->slot));
             continue;
         }
         /* Counters of known label sets are listed at zero (the Prometheus

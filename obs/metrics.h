@@ -27,6 +27,7 @@ enum hist_kind {
     H_QUEUE_AGE,      /* 1 s .. 7 d */
     H_REQUEUE_DELAY,  /* 1 s .. 7 d */
     H_STORE,          /* a store call: 50 µs .. 5 s */
+    H_CONNECT,        /* an upstream connect or TLS handshake: 0.5 ms .. 10 s */
     H__COUNT
 };
 
@@ -46,6 +47,12 @@ enum up_code {
     UC_2XX = 0, UC_3XX, UC_4XX, UC_429, UC_5XX, UC_CONNECT_ERROR,
     UC_CONNECTION_LOST, UC_TIMEOUT, UC__COUNT
 };
+
+/* Where setting up an upstream connection failed, as
+ * sluice_upstream_connect_failures_total's phase label: the TCP connect (or
+ * the name lookup) to the partner or its egress proxy, the proxy's CONNECT
+ * tunnel, the TLS handshake with the partner. */
+enum up_phase { UPH_CONNECT = 0, UPH_PROXY, UPH_TLS, UPH__COUNT };
 
 struct metrics_shard {
     _Atomic uint64_t *chunks[METRICS_MAX_CHUNKS];
@@ -69,11 +76,14 @@ struct metrics_ids {
     uint32_t *requests;       /* [(route+1) * OUT__COUNT * R__COUNT], route n = none */
     uint32_t *shadow;         /* [route+1]: shadow rate_limited */
     uint32_t *up_codes;       /* [upstream * UC__COUNT] */
-    uint32_t *req_duration;   /* [route+1] histogram base */
+    uint32_t *req_duration;   /* [(route+1) * OUT__COUNT] histogram base */
     uint32_t *queue_age;      /* [route+1] */
     uint32_t *queue_age_bad;  /* [route+1] counter */
     uint32_t *permit_wait;    /* [policy+1], policy n = default */
     uint32_t *up_duration;    /* [upstream] */
+    uint32_t *up_open, *up_idle; /* [upstream] gauges: pool connections */
+    uint32_t *up_connect, *up_tls; /* [upstream] histogram bases */
+    uint32_t *up_connect_fail; /* [upstream * UPH__COUNT] */
     uint32_t *requeue_delay;  /* [(policy+1) * R__COUNT] */
     uint32_t *verifications;  /* [policy * 3]: found, absent, failed; see
                                  metrics_verification_slot */
@@ -103,6 +113,12 @@ static inline void metrics_add(struct metrics_shard *s, uint32_t slot, uint64_t 
 {
     atomic_fetch_add_explicit(&s->chunks[slot / METRICS_CHUNK][slot % METRICS_CHUNK],
                               v, memory_order_relaxed);
+}
+/* A gauge slot moves both ways: its shards sum, modulo 2^64, to the signed
+ * value (one shard's share may be negative). */
+static inline void metrics_gauge_add(struct metrics_shard *s, uint32_t slot, int64_t d)
+{
+    metrics_add(s, slot, (uint64_t)d);
 }
 void metrics_observe(struct metrics_shard *s, enum hist_kind k, uint32_t base,
                      double value);

@@ -2,8 +2,8 @@
  * arrival and its forwarding (while it waits for a permit and a slot) its
  * claim lives only here, shared by every thread, and ends with the process:
  * nothing was sent, so nothing durable is left behind. */
-#ifndef SLUICE_PROXY_CLAIMS_H
-#define SLUICE_PROXY_CLAIMS_H
+#ifndef SLUICE_POLICIES_CLAIMS_H
+#define SLUICE_POLICIES_CLAIMS_H
 
 #include <pthread.h>
 #include <stdbool.h>

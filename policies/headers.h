@@ -2,8 +2,8 @@
  * (Connection and the tokens it names, Keep-Alive, Proxy-*, TE, Trailer,
  * Transfer-Encoding, Upgrade); request headers starting with "Sluice-" stay
  * with sluice; Host is always rewritten. */
-#ifndef SLUICE_PROXY_HEADERS_H
-#define SLUICE_PROXY_HEADERS_H
+#ifndef SLUICE_POLICIES_HEADERS_H
+#define SLUICE_POLICIES_HEADERS_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,7 +1,7 @@
 /* Requeue and dead-letter instructions (docs/contract.md §4): the status, the
  * headers and the JSON body a worker hands to its queue. */
-#ifndef SLUICE_PROXY_INSTRUCTION_H
-#define SLUICE_PROXY_INSTRUCTION_H
+#ifndef SLUICE_POLICIES_INSTRUCTION_H
+#define SLUICE_POLICIES_INSTRUCTION_H
 
 #include <stddef.h>
 #include <stdint.h>

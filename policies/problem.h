@@ -1,7 +1,7 @@
 /* What sluice tells the worker: the Sluice-Outcome values and reasons of
  * docs/contract.md §4, and RFC 9457 problem+json bodies for sluice's own refusals. */
-#ifndef SLUICE_PROXY_PROBLEM_H
-#define SLUICE_PROXY_PROBLEM_H
+#ifndef SLUICE_POLICIES_PROBLEM_H
+#define SLUICE_POLICIES_PROBLEM_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -46,6 +46,24 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status,
     return rc;
 }
 
+/* Every error answer is JSON, {"error": TEXT}, like the 403s and the 404 of
+ * a missing record: a script reading the admin port parses one format. */
+static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status,
+                                   const char *text)
+{
+    json_t *j = json_pack("{ss}", "error", text);
+    char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    char *line = NULL;
+
+    json_decref(j);
+    if (body && asprintf(&line, "%s\n", body) < 0)
+        line = NULL;
+    free(body);
+    if (!line)
+        return reply(c, status, "application/json", "{\"error\":\"out of memory\"}\n", false);
+    return reply(c, status, "application/json", line, true);
+}
+
 static enum MHD_Result get_config(struct app *app, struct MHD_Connection *c)
 {
     struct runtime *rt = runtime_acquire(app);
@@ -53,7 +71,7 @@ static enum MHD_Result get_config(struct app *app, struct MHD_Connection *c)
 
     runtime_put(rt);
     if (!json)
-        return reply(c, 500, "text/plain", "out of memory\n", false);
+        return reply_error(c, 500, "out of memory");
     return reply(c, 200, "application/json", json, true);
 }
 
@@ -118,11 +136,11 @@ static enum MHD_Result idempotency(struct app *app, struct MHD_Connection *c,
     int rc;
 
     if (!slash || slash == rest || !slash[1] || (size_t)(slash - rest) >= sizeof policy)
-        return reply(c, 404, "text/plain", "use /idempotency/{policy}/{key}\n", false);
+        return reply_error(c, 404, "use /idempotency/{policy}/{key}");
     memcpy(policy, rest, (size_t)(slash - rest));
     policy[slash - rest] = '\0';
     if (!known_policy(app, policy))
-        return reply(c, 404, "text/plain", "no such policy\n", false);
+        return reply_error(c, 404, "no such policy");
     if (del) {
         rc = store_forget(app->store, policy, slash + 1, &err);
         if (rc == 0)
@@ -135,12 +153,12 @@ static enum MHD_Result idempotency(struct app *app, struct MHD_Connection *c,
             json_decref(j);
             store_record_clear(&rec);
             return json ? reply(c, 200, "application/json", json, true)
-                        : reply(c, 500, "text/plain", "out of memory\n", false);
+                        : reply_error(c, 500, "out of memory");
         }
     }
     if (rc == -ENOENT)
         return reply(c, 404, "application/json", "{\"error\":\"no record\"}\n", false);
-    return reply(c, 503, "text/plain", "idempotency store unavailable\n", false);
+    return reply_error(c, 503, "idempotency store unavailable");
 }
 
 /* ---- /metrics ----------------------------------------------------------- */
@@ -162,6 +180,20 @@ static void policy_gauges(FILE *f, struct runtime *rt, bool store_up)
         if (pc->pol[i]->has_bucket)
             fprintf(f, "sluice_bucket_tokens{policy=\"%s\"} %u\n", cfg->policies[i].name,
                     gcra_available(&pc->pol[i]->bucket.g, now, NULL));
+    /* Beside the tokens, what they are out of: a panel or an alert reads
+     * "tokens / burst" without the config at hand. */
+    gauge_head(f, "sluice_bucket_rate", "The policy's configured rate, in permits per second "
+               "(for a shared policy, the fleet's).");
+    for (size_t i = 0; i < cfg->n_policies; i++)
+        if (cfg->policies[i].has_rate)
+            fprintf(f, "sluice_bucket_rate{policy=\"%s\"} %.17g\n", cfg->policies[i].name,
+                    cfg->policies[i].rate);
+    gauge_head(f, "sluice_bucket_burst", "The policy's configured burst: the most permits its "
+               "bucket holds.");
+    for (size_t i = 0; i < cfg->n_policies; i++)
+        if (cfg->policies[i].has_rate)
+            fprintf(f, "sluice_bucket_burst{policy=\"%s\"} %u\n", cfg->policies[i].name,
+                    cfg->policies[i].burst);
     gauge_head(f, "sluice_inflight", "Requests of the policy in flight upstream.");
     for (size_t i = 0; i <= cfg->n_policies; i++) {
         struct policy_state *ps = pacing_policy(pc, i < cfg->n_policies ? (long)i : -1);
@@ -220,6 +252,17 @@ static char *gauges(struct app *app)
     rt = runtime_acquire(app);
     policy_gauges(f, rt, store_up);
     runtime_put(rt);
+    /* As Prometheus exports its own (prometheus_config_last_reload_*): an
+     * alert on "== 0" catches a refused file, which the counter only shows
+     * as a rate. */
+    gauge_head(f, "sluice_config_last_reload_successful",
+               "1 when the last config load (start or reload) succeeded, 0 when refused.");
+    fprintf(f, "sluice_config_last_reload_successful %d\n",
+            atomic_load(&app->last_reload_ok) ? 1 : 0);
+    gauge_head(f, "sluice_config_last_reload_success_timestamp_seconds",
+               "Unix time of the last config load that succeeded.");
+    fprintf(f, "sluice_config_last_reload_success_timestamp_seconds %.3f\n",
+            (double)atomic_load(&app->last_reload_ok_ms) / 1000.0);
     gauge_head(f, "sluice_leases_active", "Durable idempotency leases held by requests in flight.");
     fprintf(f, "sluice_leases_active %ld\n", atomic_load(&app->leases_active));
     gauge_head(f, "sluice_store_up", "1 while the idempotency store answers and accepts writes.");
@@ -244,20 +287,54 @@ static enum MHD_Result get_metrics(struct app *app, struct MHD_Connection *c)
 
     free(g);
     if (!text)
-        return reply(c, 500, "text/plain", "out of memory\n", false);
+        return reply_error(c, 500, "out of memory");
     return reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, true);
 }
 
 /* ---- /reload ------------------------------------------------------------ */
 
+/* {"reloaded": true, "summary": LINE}, or {"reloaded": false, "error": ...,
+ * "errors": [LINE, ...]} with each problem as FILE:LINE:COL: message. */
+static char *reload_json(int rc, const char *msg)
+{
+    json_t *j = json_object(), *lines = json_array();
+    const char *p = msg, *nl;
+    char *text, *out = NULL;
+
+    for (; *p; p = *nl ? nl + 1 : nl) {
+        nl = p + strcspn(p, "\n");
+        if (nl > p)
+            json_array_append_new(lines, json_stringn(p, (size_t)(nl - p)));
+    }
+    json_object_set_new(j, "reloaded", json_boolean(rc == 0));
+    if (rc == 0) {
+        json_object_set_new(j, "summary", json_array_size(lines)
+                                              ? json_incref(json_array_get(lines, 0))
+                                              : json_string(""));
+    } else {
+        json_object_set_new(j, "error", json_string("config refused: the running config "
+                                                    "is kept"));
+        json_object_set(j, "errors", lines);
+    }
+    json_decref(lines);
+    text = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (text && asprintf(&out, "%s\n", text) < 0)
+        out = NULL;
+    free(text);
+    return out;
+}
+
 static enum MHD_Result post_reload(struct app *app, struct MHD_Connection *c)
 {
-    char *msg = NULL;
+    char *msg = NULL, *json;
     int rc = app_reload(app, &msg);
 
-    if (!msg)
-        return reply(c, 500, "text/plain", "out of memory\n", false);
-    return reply(c, rc == 0 ? 200 : 400, "text/plain", msg, true);
+    json = msg ? reload_json(rc, msg) : NULL;
+    free(msg);
+    if (!json)
+        return reply_error(c, 500, "out of memory");
+    return reply(c, rc == 0 ? 200 : 400, "application/json", json, true);
 }
 
 /* ---- /cooldowns ----------------------------------------------------------- */
@@ -302,7 +379,7 @@ static enum MHD_Result get_cooldowns(struct app *app, struct MHD_Connection *c)
     text = json_dumps(root, JSON_COMPACT);
     json_decref(root);
     if (!text)
-        return reply(c, 500, "text/plain", "out of memory\n", false);
+        return reply_error(c, 500, "out of memory");
     return reply(c, 200, "application/json", text, true);
 }
 
@@ -335,7 +412,7 @@ static enum MHD_Result delete_cooldown(struct app *app, struct MHD_Connection *c
     log_info("admin: cooldown of policy %s ended by an operator (%zu pauses running)",
              policy, ended);
     if (asprintf(&text, "{\"policy\":\"%s\",\"ended\":%zu}\n", policy, ended) < 0)
-        return reply(c, 500, "text/plain", "out of memory\n", false);
+        return reply_error(c, 500, "out of memory");
     return reply(c, 200, "application/json", text, true);
 }
 
@@ -377,9 +454,20 @@ static bool asks_body(struct admin_req *rq)
 
 static enum MHD_Result ep_index(struct admin_req *rq);
 
+/* A liveness probe: the process answers, and every request loop still turns
+ * (a wedged loop holds its workers' requests forever; a restart frees them). */
 static enum MHD_Result ep_healthz(struct admin_req *rq)
 {
-    return reply(rq->c, 200, "text/plain", "ok\n", false);
+    uint64_t ms = 0;
+    long i = app_stalled_loop(rq->app, &ms);
+    char *text;
+
+    if (i < 0)
+        return reply(rq->c, 200, "text/plain", "ok\n", false);
+    if (asprintf(&text, "{\"healthy\": false, \"reason\": \"loop_stalled\", \"loop\": %ld, "
+                        "\"stalled_ms\": %llu}\n", i, (unsigned long long)ms) < 0)
+        return reply_error(rq->c, 503, "loop_stalled");
+    return reply(rq->c, 503, "application/json", text, true);
 }
 
 static enum MHD_Result ep_readyz(struct admin_req *rq)
@@ -434,7 +522,8 @@ static enum MHD_Result ep_cooldown_delete(struct admin_req *rq)
 
 static const struct endpoint endpoints[] = {
     {M_GET, "/", "/", "this list", ep_index, NULL},
-    {M_GET, "/healthz", "/healthz", "200 while the process runs", ep_healthz, NULL},
+    {M_GET, "/healthz", "/healthz", "200 while every request loop turns; 503 when one "
+     "has not for 10 s", ep_healthz, NULL},
     {M_GET, "/readyz", "/readyz", "200 once the config is loaded and the store open; "
      "503 while starting, draining or the store is unavailable", ep_readyz, NULL},
     {M_GET, "/config", "/config", "the effective config as JSON, secrets redacted",
@@ -464,7 +553,7 @@ static enum MHD_Result ep_index(struct admin_req *rq)
     FILE *f = open_memstream(&buf, &len);
 
     if (!f)
-        return reply(rq->c, 500, "text/plain", "out of memory\n", false);
+        return reply_error(rq->c, 500, "out of memory");
     fputs("sluice admin endpoints (* guarded: served on loopback connections only, or\n"
           "  with Authorization: Bearer <admin_token> once admin_token is set)\n\n", f);
     for (size_t i = 0; i < N_ENDPOINTS; i++) {
@@ -474,7 +563,7 @@ static enum MHD_Result ep_index(struct admin_req *rq)
     }
     if (fclose(f) != 0) {
         free(buf);
-        return reply(rq->c, 500, "text/plain", "out of memory\n", false);
+        return reply_error(rq->c, 500, "out of memory");
     }
     return reply(rq->c, 200, "text/plain; charset=utf-8", buf, true);
 }
@@ -498,6 +587,8 @@ static const char *match(const struct endpoint *e, const char *url)
     return strcmp(url, e->path) == 0 ? url + n : NULL;
 }
 
+#define NOT_ALLOWED "{\"error\":\"method not allowed (see the Allow header)\"}\n"
+
 static enum MHD_Result not_allowed(struct MHD_Connection *c, unsigned allowed)
 {
     static const char *const names[] = {"GET, HEAD", "POST", "DELETE"};
@@ -510,12 +601,12 @@ static enum MHD_Result not_allowed(struct MHD_Connection *c, unsigned allowed)
         if (allowed & (1u << i))
             used += (size_t)snprintf(allow + used, sizeof allow - used, "%s%s",
                                      used ? ", " : "", names[i]);
-    r = MHD_create_response_from_buffer(strlen("method not allowed\n"),
-                                        "method not allowed\n", MHD_RESPMEM_PERSISTENT);
+    r = MHD_create_response_from_buffer(strlen(NOT_ALLOWED), NOT_ALLOWED,
+                                        MHD_RESPMEM_PERSISTENT);
     if (!r)
         return MHD_NO;
     MHD_add_response_header(r, "Allow", allow);
-    MHD_add_response_header(r, "Content-Type", "text/plain");
+    MHD_add_response_header(r, "Content-Type", "application/json");
     MHD_add_response_header(r, "Cache-Control", "no-store");
     rc = MHD_queue_response(c, 405, r);
     MHD_destroy_response(r);
@@ -540,7 +631,7 @@ static enum MHD_Result forbidden(struct admin_req *rq, const struct endpoint *e,
     log_warn("admin: %s %s from %s refused: %s", method_name(e->method), e->usage, peer,
              admin_access_why(a));
     if (asprintf(&text, "{\"error\":\"forbidden\",\"why\":\"%s\"}\n", admin_access_why(a)) < 0)
-        return reply(rq->c, 403, "text/plain", "forbidden\n", false);
+        return reply_error(rq->c, 403, "forbidden");
     return reply(rq->c, 403, "application/json", text, true);
 }
 
@@ -579,7 +670,7 @@ static enum MHD_Result route_admin(struct app *app, struct MHD_Connection *c,
     }
     if (!hit)
         return allowed ? not_allowed(c, allowed)
-                       : reply(c, 404, "text/plain", "not found (GET / lists the endpoints)\n", false);
+                       : reply_error(c, 404, "not found (GET / lists the endpoints)");
     if (hit->guard && hit->guard(&rq) && (a = check_access(&rq)) != ADMIN_ALLOWED)
         return forbidden(&rq, hit, a);
     return hit->fn(&rq);

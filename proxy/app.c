@@ -425,6 +425,9 @@ int app_reload(struct app *app, char **msg)
     fclose(out);
     rt = runtime_acquire(app);
     metrics_add(sh, rc == 0 ? rt->ids.reloads_ok : rt->ids.reloads_error, 1);
+    atomic_store(&app->last_reload_ok, rc == 0);
+    if (rc == 0)
+        atomic_store(&app->last_reload_ok_ms, clock_wall_ms());
     runtime_put(rt);
     if (rc == 0)
         log_info("config reloaded: %s", *msg);
@@ -435,6 +438,37 @@ int app_reload(struct app *app, char **msg)
     notify_ready();
     pthread_mutex_unlock(&app->reload_mu);
     return rc;
+}
+
+/* ---- liveness ----------------------------------------------------------- */
+
+long app_stalled_loop(struct app *app, uint64_t *ms)
+{
+    uint64_t now = clock_mono_ns();
+
+    for (unsigned i = 0; i < app->n_loops; i++) {
+        uint64_t late = loop_stalled_ms(&app->loops[i], now);
+        if (late >= LOOP_STALL_MS) {
+            *ms = late;
+            return (long)i;
+        }
+    }
+    return -1;
+}
+
+/* Said once per stall, from the main loop, before the pings stop. */
+static bool app_alive(void *arg)
+{
+    static long said = -1;
+    struct app *app = arg;
+    uint64_t ms = 0;
+    long i = app_stalled_loop(app, &ms);
+
+    if (i >= 0 && said != i)
+        log_error("event loop %ld has not turned for %llu ms: no more watchdog pings "
+                  "(systemd restarts sluice)", i, (unsigned long long)ms);
+    said = i;
+    return i < 0;
 }
 
 /* ---- lifecycle ---------------------------------------------------------- */
@@ -497,8 +531,10 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
         return rc;
     /* On the main loop, which also runs the signals and the drain: if it
      * wedges, the pings stop and systemd restarts sluice. */
-    if ((rc = notify_watchdog_start(app->main_base, &app->watchdog, err)) != 0)
+    if ((rc = notify_watchdog_start(app->main_base, &app->watchdog, app_alive, app, err)) != 0)
         return rc;
+    atomic_store(&app->last_reload_ok, true);
+    atomic_store(&app->last_reload_ok_ms, clock_wall_ms());
     atomic_store(&app->ready, true);
     log_info("sluice %s (%s) listening on %s:%u (admin %s:%u), %u threads",
              version_sluice(), version_revision(), app->fixed.listen.host,

@@ -61,6 +61,8 @@ struct app {
     struct event *sig_term, *sig_int, *sig_hup, *drain_tick;
     struct event *watchdog;     /* systemd WATCHDOG=1 pings; NULL when off */
     atomic_bool ready;          /* config loaded, store open, accepting */
+    atomic_bool last_reload_ok; /* the last load (start, reload) succeeded */
+    _Atomic uint64_t last_reload_ok_ms; /* wall time of the last that did */
     atomic_bool draining;
     atomic_long inflight;       /* requests between arrival and completion */
     atomic_long conns;          /* open worker connections */
@@ -85,6 +87,11 @@ void app_begin_drain(struct app *app);
  * and every error, one per line, in msg (owned, free()). An invalid file, or
  * one that changes what only a restart can change, changes nothing. */
 int app_reload(struct app *app, char **msg);
+
+/* The first request loop that has not turned for LOOP_STALL_MS (its index,
+ * and in *ms how long since it last did), or -1 when every loop turns: what
+ * /healthz and the systemd watchdog answer on. Thread-safe. */
+long app_stalled_loop(struct app *app, uint64_t *ms);
 
 void app_free(struct app *app);
 

@@ -882,7 +882,7 @@ __attribute__((unused)) static void record_metrics(const struct exchange *ex)
     double total_s = (double)(clock_mono_ns() - ex->t0_ns) / 1e9;
 
     metrics_add(sh, ids->requests[(r * OUT__COUNT + ex->outcome) * R__COUNT + ex->reason], 1);
-    metrics_observe(sh, H_DURATION, ids->req_duration[r], total_s);
+    metrics_observe(sh, H_DURATION, ids->req_duration[r * OUT__COUNT + ex->outcome], total_s);
     record_statsd(ex, r, total_s);
     record_queue_age(ex, sh, ids, r);
     if (!ex->route)

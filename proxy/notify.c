@@ -43,13 +43,25 @@ void notify_stopping(void)
     send_state("STOPPING=1\nSTATUS=draining");
 }
 
+struct watchdog {
+    notify_alive_fn alive;
+    void *arg;
+};
+
+static struct watchdog watchdog;
+
+/* A skipped ping is the point: systemd restarts a process whose request
+ * loops stopped, not only one whose main loop did. */
 static void on_watchdog(evutil_socket_t fd, short what, void *arg)
 {
-    send_state("WATCHDOG=1");
+    const struct watchdog *wd = arg;
+
+    if (!wd->alive || wd->alive(wd->arg))
+        send_state("WATCHDOG=1");
 }
 
 int notify_watchdog_start(struct event_base *base, struct event **ev,
-                          struct sc_error *err)
+                          notify_alive_fn alive, void *arg, struct sc_error *err)
 {
     uint64_t usec = 0;
     struct timeval tv;
@@ -67,7 +79,9 @@ int notify_watchdog_start(struct event_base *base, struct event **ev,
     usec /= 2;
     tv.tv_sec = (time_t)(usec / 1000000);
     tv.tv_usec = (suseconds_t)(usec % 1000000);
-    *ev = event_new(base, -1, EV_PERSIST, on_watchdog, NULL);
+    watchdog.alive = alive;
+    watchdog.arg = arg;
+    *ev = event_new(base, -1, EV_PERSIST, on_watchdog, &watchdog);
     if (!*ev || event_add(*ev, &tv) != 0) {
         if (*ev)
             event_free(*ev);

@@ -95,8 +95,14 @@ static int pools_init(struct runtime *rt, struct sc_error *err)
             /* The keep-alive limit is per upstream; each loop gets its share. */
             uint32_t share = (u->max_connections + rt->n_loops - 1) / rt->n_loops;
 
+            struct up_pool_metrics m = {
+                &app->metrics.shards[w], rt->ids.up_open[i], rt->ids.up_idle[i],
+                rt->ids.up_connect[i], rt->ids.up_tls[i],
+                &rt->ids.up_connect_fail[i * UPH__COUNT],
+            };
+
             rt->pools[w][i] = up_pool_new(app->loops[w].base, app->loops[w].dns,
-                                          u, rt->tls[i], rt->proxies[i], share);
+                                          u, rt->tls[i], rt->proxies[i], share, &m);
             if (!rt->pools[w][i])
                 goto nomem;
         }

@@ -793,6 +793,35 @@ void loop_abort_inflight(struct loop *w)
 
 /* ---- lifecycle ---------------------------------------------------------- */
 
+/* ---- liveness ------------------------------------------------------------- */
+
+static void on_beat(evutil_socket_t fd, short what, void *arg)
+{
+    struct loop *w = arg;
+
+    atomic_store_explicit(&w->beat_ns, clock_mono_ns(), memory_order_relaxed);
+}
+
+uint64_t loop_stalled_ms(const struct loop *w, uint64_t now_ns)
+{
+    uint64_t beat = atomic_load_explicit(&w->beat_ns, memory_order_relaxed);
+    uint64_t late = now_ns > beat ? (now_ns - beat) / 1000000 : 0;
+
+    /* A beat is due every LOOP_BEAT_MS: only the time beyond it is late. */
+    if (!atomic_load(&w->beating) || late <= LOOP_BEAT_MS)
+        return 0;
+    return late;
+}
+
+static int beat_init(struct loop *w)
+{
+    struct timeval tv = clock_ms_to_tv(LOOP_BEAT_MS);
+
+    atomic_store(&w->beat_ns, clock_mono_ns());
+    w->beat_ev = event_new(w->base, -1, EV_PERSIST, on_beat, w);
+    return w->beat_ev && event_add(w->beat_ev, &tv) == 0 ? 0 : -ENOMEM;
+}
+
 static int events_init(struct loop *w, struct sc_error *err)
 {
     const union MHD_DaemonInfo *info =
@@ -810,7 +839,7 @@ static int events_init(struct loop *w, struct sc_error *err)
     w->runtime_ev = event_new(w->base, -1, 0, on_runtime, w);
     w->accept_resume_ev = evtimer_new(w->base, on_accept_resume, w);
     if (!w->mhd_read_ev || !w->mhd_timer_ev || !w->quiesce_ev || !w->abort_ev ||
-        !w->runtime_ev || !w->accept_resume_ev ||
+        !w->runtime_ev || !w->accept_resume_ev || beat_init(w) != 0 ||
         event_add(w->mhd_read_ev, NULL) != 0) {
         sc_error_set(err, "cannot create the loop's events");
         return -ENOMEM;
@@ -885,7 +914,10 @@ static void *loop_main(void *arg)
 {
     struct loop *w = arg;
 
+    atomic_store(&w->beat_ns, clock_mono_ns());
+    atomic_store(&w->beating, true);
     event_base_loop(w->base, EVLOOP_NO_EXIT_ON_EMPTY);
+    atomic_store(&w->beating, false);
     return NULL;
 }
 
@@ -949,6 +981,7 @@ void loop_stop(struct loop *w)
     free_event(&w->abort_ev);
     free_event(&w->runtime_ev);
     free_event(&w->accept_resume_ev);
+    free_event(&w->beat_ev);
     if (w->dns)
         evdns_base_free(w->dns, 0);
     w->dns = NULL;

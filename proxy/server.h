@@ -57,8 +57,22 @@ struct loop {
     struct freelist spare_ex;   /* freed exchanges, for the next requests */
     struct freelist spare_call; /* and their store calls */
     TAILQ_HEAD(, conn) conns;   /* its worker connections (server.c's struct conn) */
+    struct event *beat_ev;      /* every LOOP_BEAT_MS: the loop still turns */
+    _Atomic uint64_t beat_ns;   /* monotonic time of its last beat */
+    atomic_bool beating;        /* the thread runs the loop */
     bool started;
 };
+
+/* A loop beats every LOOP_BEAT_MS; one that has not beaten for LOOP_STALL_MS
+ * is wedged (a blocking call, a log pipe nobody reads, a bug): /healthz fails
+ * and the systemd watchdog is no longer pinged, so the process is restarted.
+ * No request work blocks a loop, so 10 s is far beyond a busy loop's pass. */
+#define LOOP_BEAT_MS 1000
+#define LOOP_STALL_MS 10000
+
+/* How long (ms) since w last beat; 0 while it beats on time or does not
+ * run. Thread-safe. */
+uint64_t loop_stalled_ms(const struct loop *w, uint64_t now_ns);
 
 /* Creates worker w (loop, MHD daemon on listen_fd, pools); does not start
  * its thread. 0 or negative + err. */

@@ -17,6 +17,7 @@
 #include <openssl/err.h>
 #include <openssl/x509v3.h>
 
+#include "obs/metrics.h"
 #include "util/clock.h"
 
 static int conn_start(struct up_conn *c, struct up_request *req);
@@ -33,14 +34,75 @@ static bool is_ip_literal(const char *host)
            inet_pton(AF_INET6, host, buf) == 1;
 }
 
-/* Verification of the name (or IP) and SNI, per connection. */
-SSL *tls_new(struct up_pool *pool)
+/* ---- connection metrics -------------------------------------------------- */
+
+static void pool_gauge(const struct up_pool *pool, uint32_t slot, int64_t d)
 {
+    if (pool->m.shard)
+        metrics_gauge_add(pool->m.shard, slot, d);
+}
+
+static void conn_observe(const struct up_conn *c, uint32_t base, uint64_t from_ns)
+{
+    if (c->pool->m.shard)
+        metrics_observe(c->pool->m.shard, H_CONNECT, base,
+                        (double)(clock_mono_ns() - from_ns) / 1e9);
+}
+
+void conn_tcp_up(struct up_conn *c)
+{
+    if (c->tcp_ns)
+        return;
+    conn_observe(c, c->pool->m.connect, c->dial_ns);
+    c->tcp_ns = clock_mono_ns();
+}
+
+/* The bufferevent's CONNECTED: for TLS, the handshake is done. */
+static void conn_established(struct up_conn *c)
+{
+    if (c->established)
+        return;
+    c->established = true;
+    conn_tcp_up(c);
+    if (c->tls_ns)
+        conn_observe(c, c->pool->m.tls, c->tls_ns);
+}
+
+/* A connection that failed before a request could go: counted by where. */
+static void conn_setup_failed(const struct up_conn *c)
+{
+    enum up_phase ph = c->tls_ns ? UPH_TLS
+                       : c->pool->proxy && c->tcp_ns ? UPH_PROXY : UPH_CONNECT;
+
+    if (!c->established && c->pool->m.shard)
+        metrics_add(c->pool->m.shard, c->pool->m.failures[ph], 1);
+}
+
+/* OpenSSL starts the handshake once the TCP connection is up: that moment
+ * ends the connect and begins the TLS time. Only the first start counts
+ * (TLS 1.3 session tickets come as handshake messages later). */
+static void tls_info(const SSL *ssl, int where, int ret)
+{
+    struct up_conn *c = SSL_get_app_data(ssl);
+
+    (void)ret;
+    if (!c || !(where & SSL_CB_HANDSHAKE_START) || c->tls_ns)
+        return;
+    conn_tcp_up(c);
+    c->tls_ns = clock_mono_ns();
+}
+
+/* Verification of the name (or IP) and SNI, per connection. */
+SSL *tls_new(struct up_conn *c)
+{
+    struct up_pool *pool = c->pool;
     SSL *ssl = SSL_new(pool->ssl_ctx);
     const char *host = pool->u->host;
 
     if (!ssl)
         return NULL;
+    SSL_set_app_data(ssl, c);
+    SSL_set_info_callback(ssl, tls_info);
     if (is_ip_literal(host)) {
         if (pool->u->tls.verify)
             X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), host);
@@ -56,12 +118,15 @@ SSL *tls_new(struct up_pool *pool)
 
 struct up_pool *up_pool_new(struct event_base *base, struct evdns_base *dns,
                             const struct sc_upstream *u, SSL_CTX *ssl_ctx,
-                            const struct up_proxy *proxy, uint32_t max_conns)
+                            const struct up_proxy *proxy, uint32_t max_conns,
+                            const struct up_pool_metrics *m)
 {
     struct up_pool *pool = calloc(1, sizeof *pool);
 
     if (!pool)
         return NULL;
+    if (m)
+        pool->m = *m;
     pool->base = base;
     pool->dns = dns;
     pool->u = u;
@@ -109,6 +174,7 @@ static void conn_unlink(struct up_conn *c)
     if (c->state == C_IDLE) {
         TAILQ_REMOVE(&c->pool->idle, c, link);
         c->pool->n_idle--;
+        pool_gauge(c->pool, c->pool->m.idle, -1);
     } else {
         TAILQ_REMOVE(&c->pool->busy, c, link);
     }
@@ -118,6 +184,7 @@ void conn_free(struct up_conn *c)
 {
     conn_unlink(c);
     c->pool->n_conns--;
+    pool_gauge(c->pool, c->pool->m.open, -1);
     if (c->connect_timer)
         event_free(c->connect_timer);
     if (c->rd)
@@ -179,6 +246,7 @@ static void conn_release(struct up_conn *c)
     c->state = C_IDLE;
     TAILQ_INSERT_HEAD(&pool->idle, c, link);
     pool->n_idle++;
+    pool_gauge(pool, pool->m.idle, 1);
 }
 
 /* A connection failed: the request learns how, the connection goes. */
@@ -186,6 +254,7 @@ void conn_fail(struct up_conn *c, enum up_result r, const char *detail)
 {
     struct up_request *req = c->req;
 
+    conn_setup_failed(c);
     conn_free(c);
     if (req)
         req_finish(req, r, "%s", detail);
@@ -426,6 +495,8 @@ void conn_on_event(struct bufferevent *bev, short what, void *arg)
     unsigned long ssl_err;
     char why[192];
 
+    if (what & BEV_EVENT_CONNECTED)
+        conn_established(c);
     if (c->in_setup) {
         c->setup_failed = !(what & BEV_EVENT_CONNECTED);
         c->connected = !c->setup_failed;
@@ -566,14 +637,15 @@ int conn_write_request(struct up_conn *c)
     return 0;
 }
 
-static struct bufferevent *bev_new(struct up_pool *pool)
+static struct bufferevent *bev_new(struct up_conn *c)
 {
+    struct up_pool *pool = c->pool;
     SSL *ssl;
     struct bufferevent *bev;
 
     if (!pool->ssl_ctx)
         return bufferevent_socket_new(pool->base, -1, BEV_OPT_CLOSE_ON_FREE);
-    ssl = tls_new(pool);
+    ssl = tls_new(c);
     if (!ssl)
         return NULL;
     bev = bufferevent_openssl_socket_new(pool->base, -1, ssl,
@@ -611,8 +683,10 @@ static struct up_conn *conn_new(struct up_pool *pool)
         return NULL;
     c->pool = pool;
     c->state = C_CONNECTING;
+    c->dial_ns = clock_mono_ns();
     TAILQ_INSERT_TAIL(&pool->busy, c, link);
     pool->n_conns++;
+    pool_gauge(pool, pool->m.open, 1);
     c->connect_timer = evtimer_new(pool->base, on_connect_timeout, c);
     if (!c->connect_timer)
         goto fail;
@@ -622,13 +696,15 @@ static struct up_conn *conn_new(struct up_pool *pool)
     if (pool->proxy && pool->ssl_ctx) {
         if (tunnel_open(c) != 0)
             goto fail;
-    } else if (!(c->bev = bev_new(pool)) || conn_dial(c) != 0)
+    } else if (!(c->bev = bev_new(c)) || conn_dial(c) != 0)
         goto fail;
     c->in_setup = false;
     if (!c->connected)
         evtimer_add(c->connect_timer, &tv);
     return c;
 fail:
+    if (c->setup_failed)
+        conn_setup_failed(c);
     conn_free(c);
     return NULL;
 }
@@ -662,6 +738,7 @@ int up_pool_send(struct up_pool *pool, struct up_request *req)
     if (c) {
         TAILQ_REMOVE(&pool->idle, c, link);
         pool->n_idle--;
+        pool_gauge(pool, pool->m.idle, -1);
         c->state = C_BUSY;
         TAILQ_INSERT_TAIL(&pool->busy, c, link);
         return conn_start(c, req) == 0 ? 0 : fail_later(req, c);

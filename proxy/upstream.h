@@ -122,12 +122,24 @@ struct up_proxy {
 struct up_proxy *up_proxy_new(const struct sc_upstream *u, struct sc_error *err);
 void up_proxy_free(struct up_proxy *p);
 
+/* Where a pool counts its connections: slots of obs/metrics.h on the shard
+ * of the pool's loop (sluice_upstream_connections_open and _idle, the connect
+ * and TLS handshake durations, the failures by phase). */
+struct metrics_shard;
+struct up_pool_metrics {
+    struct metrics_shard *shard;    /* NULL: nothing is counted */
+    uint32_t open, idle;            /* gauges */
+    uint32_t connect, tls;          /* histogram bases (H_CONNECT) */
+    const uint32_t *failures;       /* [UPH__COUNT] counters */
+};
+
 /* A pool of at most max_conns connections to u, driven by base. ssl_ctx
- * (NULL for http) and proxy (NULL: direct) are borrowed. Returns NULL on
- * allocation failure. */
+ * (NULL for http), proxy (NULL: direct) and m's failures are borrowed; m may
+ * be NULL. Returns NULL on allocation failure. */
 struct up_pool *up_pool_new(struct event_base *base, struct evdns_base *dns,
                             const struct sc_upstream *u, SSL_CTX *ssl_ctx,
-                            const struct up_proxy *proxy, uint32_t max_conns);
+                            const struct up_proxy *proxy, uint32_t max_conns,
+                            const struct up_pool_metrics *m);
 void up_pool_free(struct up_pool *pool);
 
 /* Starts the exchange. Returns 0, or a negative code (done is then not

@@ -42,6 +42,10 @@ struct up_conn {
     struct event *rd;       /* plain and established: sluice reads the
                              * socket itself (conn_read_direct), not the
                              * bufferevent */
+    uint64_t dial_ns;       /* monotonic: set-up began */
+    uint64_t tcp_ns;        /* ... the TCP connection was up (0: not yet) */
+    uint64_t tls_ns;        /* ... the TLS handshake began (0: not yet) */
+    bool established;       /* set up: a request can be sent */
     TAILQ_ENTRY(up_conn) link;
 };
 
@@ -56,6 +60,7 @@ struct up_pool {
     const struct up_proxy *proxy; /* NULL: direct */
     uint32_t max_conns;
     size_t n_conns, n_idle;
+    struct up_pool_metrics m;   /* m.shard NULL: not counted */
     struct conn_list idle;      /* most recently used first */
     struct conn_list busy;
     struct req_list waiting;    /* FIFO of requests without a connection */
@@ -65,8 +70,11 @@ struct up_pool {
 void conn_free(struct up_conn *c);
 /* A connection failed: the request learns how, the connection goes. */
 void conn_fail(struct up_conn *c, enum up_result r, const char *detail);
-/* A TLS session for one connection: SNI and the name (or IP) verified. */
-SSL *tls_new(struct up_pool *pool);
+/* A TLS session for connection c: SNI and the name (or IP) verified, the
+ * handshake timed. */
+SSL *tls_new(struct up_conn *c);
+/* c's TCP connection (to the upstream or its proxy) is up: timed once. */
+void conn_tcp_up(struct up_conn *c);
 /* The bufferevent callbacks of an established connection. */
 void conn_on_read(struct bufferevent *bev, void *arg);
 void conn_on_write(struct bufferevent *bev, void *arg);

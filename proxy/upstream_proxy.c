@@ -128,7 +128,7 @@ static void tunnel_fail(struct up_conn *c, const char *fmt, ...)
 /* The tunnel is up: TLS with the partner over it, then the request. */
 static void tunnel_wrap(struct up_conn *c)
 {
-    SSL *ssl = tls_new(c->pool);
+    SSL *ssl = tls_new(c);
     struct bufferevent *tls;
 
     if (!ssl) {
@@ -221,6 +221,8 @@ static void tunnel_on_event(struct bufferevent *bev, short what, void *arg)
     int e = EVUTIL_SOCKET_ERROR();
     int dns = bufferevent_socket_get_dns_error(bev);
 
+    if (what & BEV_EVENT_CONNECTED)
+        conn_tcp_up(c);
     if (c->in_setup) {
         c->setup_failed = !(what & BEV_EVENT_CONNECTED);
         if (!c->setup_failed && send_connect(c) != 0)

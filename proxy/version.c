@@ -3,6 +3,8 @@
 #include <errno.h>
 
 #include <event2/event.h>
+#include <hiredis/hiredis.h>
+#include <http_parser.h>
 #include <jansson.h>
 #include <microhttpd.h>
 #include <openssl/crypto.h>
@@ -18,6 +20,9 @@
 #endif
 #ifndef SLUICE_ROCKSDB_VERSION
 #define SLUICE_ROCKSDB_VERSION "unknown"
+#endif
+#ifndef SLUICE_SYSTEMD_VERSION
+#define SLUICE_SYSTEMD_VERSION "unknown"
 #endif
 
 const char *version_sluice(void)
@@ -36,10 +41,12 @@ const char *version_build_type(void)
 }
 
 /* Runtime versions where the library can say (a distribution upgrade
- * changes them under an unchanged binary); RocksDB's and jansson's are
- * those of the headers built against, since neither offers a C call. */
+ * changes them under an unchanged binary); RocksDB's, jansson's, hiredis's
+ * and libsystemd's are those built against, since none offers a C call. */
 int version_report(FILE *f)
 {
+    unsigned long hp = http_parser_version();
+
     fprintf(f, "sluice %s\n", version_sluice());
     fprintf(f, "revision: %s\n", version_revision());
     fprintf(f, "build type: %s\n", version_build_type());
@@ -50,5 +57,9 @@ int version_report(FILE *f)
     fprintf(f, "  jansson %s (built against)\n", JANSSON_VERSION);
     fprintf(f, "  libyaml %s\n", yaml_get_version_string());
     fprintf(f, "  %s\n", OpenSSL_version(OPENSSL_VERSION));
+    fprintf(f, "  hiredis %d.%d.%d (built against)\n", HIREDIS_MAJOR, HIREDIS_MINOR,
+            HIREDIS_PATCH);
+    fprintf(f, "  http-parser %lu.%lu.%lu\n", (hp >> 16) & 255, (hp >> 8) & 255, hp & 255);
+    fprintf(f, "  libsystemd %s (built against)\n", SLUICE_SYSTEMD_VERSION);
     return ferror(f) ? -EIO : 0;
 }

@@ -184,6 +184,8 @@ expect_body "hi sluice"
 expect_upstream_calls 1
 
 step 2 "A burst of 8 at once (the demo policy: 2 at once, then 2/s; a wait of 1 s at most)"
+note "step 1 spent one of the bucket's 2 permits; it refills at 2/s, so it is full again 0.5 s"
+note "later: by the time this is pasted, the burst meets a full bucket (the test waits for it)"
 settle
 START=$(date +%s%N)
 # One echo per answer: curl writes a body and its -w text separately, and

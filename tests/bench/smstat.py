@@ -73,7 +73,9 @@ def metric_values(path, name, labels):
         if not m:
             continue
         le = re.search(r'le="([^"]+)"', m.group(2) or "")
-        out[(m.group(1), le.group(1) if le else "")] = float(m.group(3))
+        # summed over the series that match (request durations carry an outcome too)
+        key = (m.group(1), le.group(1) if le else "")
+        out[key] = out.get(key, 0.0) + float(m.group(3))
     return out
 
 

@@ -238,13 +238,16 @@ def check_sluice_container(spec, sluice, cfg, where):
 
 def check_env(sluice, text, where):
     """Every ${NAME} of the config is set in sluice's env; tokens come from a Secret."""
-    names = sorted(set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", text)))
+    names = sorted(set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::\?[^}]*)?\}", text)))
     env = {e["name"]: e for e in sluice.get("env") or []}
     for n in names:
         src = (env.get(n) or {}).get("valueFrom") or {}
         check(n in env, "%s: ${%s} of the config is in sluice's env" % (where, n))
         if "TOKEN" in n or "SECRET" in n or "PASSWORD" in n:
             check("secretKeyRef" in src, "%s: %s comes from a Secret" % (where, n))
+            # A Secret with an empty key would send "Bearer " to the partner.
+            check(re.search(r"\$\{%s:\?[^}]*\}" % n, text) is not None,
+                  "%s: ${%s:?} refuses an empty secret" % (where, n))
     return names
 
 
@@ -292,6 +295,29 @@ def check_network_policy(docs, apps, admin_ports, where):
         check(ports and ports <= admin_ports, "%s: NetworkPolicy opens only the admin port" % where)
 
 
+def check_pod_monitor(docs, apps, where):
+    for pm in (d for d in docs if d.get("kind") == "PodMonitor"):
+        spec = pm.get("spec") or {}
+        sel = spec.get("selector") or {}
+        values = {v for e in sel.get("matchExpressions") or [] for v in e.get("values") or []}
+        values |= set((sel.get("matchLabels") or {}).values())
+        check(apps <= values, "%s: PodMonitor selects the workloads' pods (%s)"
+              % (where, ", ".join(sorted(apps))))
+        eps = spec.get("podMetricsEndpoints") or []
+        check(eps and all(e.get("port") == "admin" and e.get("path") == "/metrics" for e in eps),
+              "%s: PodMonitor scrapes /metrics on the port named admin" % where)
+
+
+def check_admin_guard_described(manifests):
+    """The admin port's write endpoints are guarded (loopback or admin_token):
+    the NetworkPolicy's comment must say so, not that the port is open to all."""
+    path = os.path.join(DEPLOY, "kubernetes", "networkpolicy.yaml")
+    with open(path) as f:
+        text = f.read()
+    check("admin_token" in text and "loopback" in text and "no authentication" not in text,
+          "networkpolicy.yaml: its comment says writes need loopback or admin_token")
+
+
 def check_kubernetes(sluice_bin):
     print("== deploy/kubernetes")
     manifests = load_manifests()
@@ -308,6 +334,10 @@ def check_kubernetes(sluice_bin):
     check(("StatefulSet", "claim") in kinds, "a persistent variant (StatefulSet with a volumeClaimTemplate)")
     for name, docs in manifests.items():
         check_network_policy(docs, apps, admin_ports, name)
+        check_pod_monitor(docs, apps, name)
+    check(any(d.get("kind") == "PodMonitor" for docs in manifests.values() for d in docs),
+          "a PodMonitor beside the prometheus.io annotations")
+    check_admin_guard_described(manifests)
     with open(os.path.join(DEPLOY, "README.md")) as f:
         readme = f.read()
     for name in manifests:

@@ -3,8 +3,8 @@
 (policies/problem.c), every metric family with its type (obs/metrics.c, obs/process.c,
 proxy/admin.c), every admin endpoint (proxy/admin.c), every access-log field (obs/log.c) and
 every header name sluice reads or writes (proxy/, policies/) must appear in its reference page,
-and every relative link of those pages, README.md and docs/contract.md must name a file that
-exists. So a new reason, metric or header cannot ship undocumented.
+and every relative link of README.md, deploy/README.md and the pages of docs/ must name a file
+that exists, and README.md must link every page of docs/. So a new reason, metric or header cannot ship undocumented.
 
 Usage: check_reference.py REPO_ROOT. Exit 0 when all is documented, 1 with one line per gap."""
 import os
@@ -122,8 +122,16 @@ def check_headers():
 
 
 def check_links():
-    pages = [os.path.join("README.md"), os.path.join("docs", "contract.md")]
+    docs = os.path.join(ROOT, "docs")
+    pages = ["README.md", os.path.join("deploy", "README.md")]
+    pages += [os.path.join("docs", f) for f in sorted(os.listdir(docs)) if f.endswith(".md")]
     pages += [os.path.join("docs", "reference", f) for f in sorted(os.listdir(REF)) if f.endswith(".md")]
+    # Every page of docs/ is reachable from the README: none is written and then lost.
+    readme_links = {os.path.normpath(t.split("#")[0])
+                    for t in re.findall(r"\]\(([^)\s]+)\)", read("README.md"))}
+    for page in pages[2:]:
+        if page not in readme_links:
+            problems.append(f"README.md: no link to {page}")
     for page in pages:
         base = os.path.dirname(os.path.join(ROOT, page))
         for target in re.findall(r"\]\(([^)\s]+)\)", read(page)):

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The burst-and-restart experiment (../../README.md, "Run the experiment").
+"""The burst-and-restart experiment (docs/experiments.md).
 
 A fixed batch of jobs on a real Redis delayed queue, a pool of workers that call a rate-limited
 downstream (the stub) through sluice and follow its instructions, and the failures of the seed
@@ -314,7 +314,7 @@ def plan(args):
     sluice dies in the middle of the burst, while its policy cools down and the bounced jobs wait
     in the delayed set ("a restart during the delay window"), and comes back as the
     burst ends. Nothing is in flight to the downstream then, so the outcome does not depend on
-    where in a request the kill lands (see the README on unknown outcomes). The worker killed for
+    where in a request the kill lands (see docs/experiments.md on unknown outcomes). The worker killed for
     good dies after the others are back from their kill -9, so that a running worker's periodic
     reap (not only the reap at start) has to find its jobs."""
     t = args.jobs / args.rate

@@ -1,8 +1,8 @@
 /* What the fuzz targets share: an invariant check that stops the run with a
  * message libFuzzer keeps next to the crashing input, and a copy of the
  * input as a C string for parsers that take one. */
-#ifndef SLUICE_TESTS_FUZZ_CHECK_H
-#define SLUICE_TESTS_FUZZ_CHECK_H
+#ifndef SLUICE_TESTS_FUZZ_FUZZ_CHECK_H
+#define SLUICE_TESTS_FUZZ_FUZZ_CHECK_H
 
 #include <stdint.h>
 #include <stdio.h>

@@ -16,6 +16,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -217,6 +218,34 @@ static int spawn(struct h_sluice *s)
         _exit(127);
     }
     return s->pid > 0 ? 0 : -1;
+}
+
+int h_log_pipe(struct h_sluice *s, int size)
+{
+    int fd;
+
+    if (!s->dir)
+        s->dir = tu_mkdtemp("it");
+    free(s->log_path);
+    if (asprintf(&s->log_path, "%s/sluice.log", s->dir) < 0 ||
+        mkfifo(s->log_path, 0600) != 0)
+        return -1;
+    /* Non-blocking, so the open does not wait for sluice's end. */
+    fd = open(s->log_path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0)
+        fcntl(fd, F_SETPIPE_SZ, size);
+    return fd;
+}
+
+long h_log_pipe_drain(int fd)
+{
+    char buf[4096];
+    long total = 0;
+    ssize_t n;
+
+    while ((n = read(fd, buf, sizeof buf)) > 0)
+        total += n;
+    return n == 0 && total == 0 ? -1 : total;
 }
 
 int h_sluice_wait_ready(struct h_sluice *s)

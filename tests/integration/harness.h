@@ -1,8 +1,8 @@
 /* Integration-test harness: starts the real sluice binary and the real stub
  * on loopback ports, writes configs into a temp dir, and speaks raw HTTP/1.1
  * over sockets (so tests can also send what no well-behaved client would). */
-#ifndef SLUICE_TESTS_HARNESS_H
-#define SLUICE_TESTS_HARNESS_H
+#ifndef SLUICE_TESTS_INTEGRATION_HARNESS_H
+#define SLUICE_TESTS_INTEGRATION_HARNESS_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -83,6 +83,15 @@ int h_http(int port, const char *method, const char *target,
 /* First header value (owned copy) or NULL. */
 char *h_header(const struct h_resp *r, const char *name);
 void h_resp_free(struct h_resp *r);
+
+/* Makes sluice's stderr a pipe the test reads instead of a file (call before
+ * h_sluice_spawn, which then opens it): while the test stops reading, a loop
+ * that logs blocks in write(2), as behind a stalled log collector. size: the
+ * pipe's capacity (at least a page). Returns the read end (non-blocking), or
+ * -1. */
+int h_log_pipe(struct h_sluice *s, int size);
+/* Reads and drops what the pipe holds now; the bytes read, or -1 at EOF. */
+long h_log_pipe_drain(int fd);
 
 /* Runs a command line via /bin/sh; returns its exit status. */
 int h_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -152,6 +152,61 @@ Test(admin, unknown_path_is_404)
     cr_expect_eq(admin("HEAD", "/healthz", NULL), 200);
 }
 
+/* Every error answer is {"error": TEXT} with a JSON Content-Type, so a
+ * script parses one format whatever went wrong. */
+Test(admin, errors_are_json_everywhere)
+{
+    static const char *const cases[][3] = {
+        {"GET", "/nope", "404"},
+        {"GET", "/idempotency/no-such-policy/k", "404"},
+        {"DELETE", "/idempotency/no-such-policy/k", "404"},
+        {"GET", "/idempotency/idem", "404"},
+        {"GET", "/idempotency/idem/k", "404"},
+        {"DELETE", "/cooldowns/no-such-policy", "404"},
+        {"POST", "/healthz", "405"},
+        {"GET", "/reload", "405"},
+    };
+
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const char *m = cases[i][0], *t = cases[i][1];
+        struct h_resp r;
+        json_t *j;
+        char *ct;
+
+        cr_assert_eq(h_http(sl.admin_port, m, t, NULL, NULL, 0, &r), 0);
+        cr_expect_eq(r.status, atoi(cases[i][2]), "%s %s: %d", m, t, r.status);
+        ct = h_header(&r, "Content-Type");
+        cr_expect_str_eq(ct ? ct : "(none)", "application/json", "%s %s", m, t);
+        j = json_loads(r.body ? r.body : "", 0, NULL);
+        cr_expect(j && json_is_string(json_object_get(j, "error")), "%s %s: %s", m, t, r.body);
+        json_decref(j);
+        free(ct);
+        h_resp_free(&r);
+    }
+}
+
+/* POST /reload answers JSON too: the summary, or every error of the file. */
+Test(admin, reload_answers_json)
+{
+    json_t *j = admin_json("POST", "/reload", 200), *errs;
+
+    cr_expect(json_is_true(json_object_get(j, "reloaded")));
+    cr_expect(strstr(json_string_value(json_object_get(j, "summary")), ": reloaded (1 upstreams, "
+                                                                       "4 policies, 4 routes)"));
+    json_decref(j);
+    cr_assert_eq(h_sluice_rewrite(&sl, "upstreams: {stub: {url: http://127.0.0.1:1, timeout: 3x}}\n"
+                                       "routes: [{prefix: /, upstream: nope}]\n"), 0);
+    j = admin_json("POST", "/reload", 400);
+    errs = json_object_get(j, "errors");
+    cr_expect(json_is_false(json_object_get(j, "reloaded")));
+    cr_expect(json_is_string(json_object_get(j, "error")));
+    cr_expect_eq(json_array_size(errs), 2, "%s", json_dumps(j, 0));
+    cr_expect(strstr(json_string_value(json_array_get(errs, 0)), "sidecar.yaml:") != NULL &&
+              strstr(json_string_value(json_array_get(errs, 0)), ": upstreams.stub.timeout: ")
+                  != NULL, "%s", json_string_value(json_array_get(errs, 0)));
+    json_decref(j);
+}
+
 /* Without admin_token, a loopback peer may do everything. */
 Test(admin, loopback_without_token_may_change_state)
 {

@@ -177,6 +177,21 @@ Test(mtls, a_reload_loads_a_rotated_pair)
 #define PROXY_USER "egress"
 #define PROXY_PASS "s3cret-pr0xy"
 
+/* The value of one /metrics line (name and labels as rendered), -1 absent. */
+static double metric(const char *series)
+{
+    struct h_resp r;
+    double v = -1;
+    size_t n = strlen(series);
+
+    cr_assert_eq(h_http(sl.admin_port, "GET", "/metrics", NULL, NULL, 0, &r), 0);
+    for (const char *p = r.body; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (!strncmp(p, series, n) && p[n] == ' ')
+            v = strtod(p + n + 1, NULL);
+    h_resp_free(&r);
+    return v;
+}
+
 static void start_proxy_suite(void)
 {
     const char *fargs[] = {"--auth", PROXY_USER ":" PROXY_PASS, NULL};
@@ -235,6 +250,10 @@ Test(proxy, https_through_one_tunnel)
         h_resp_free(&r);
     }
     cr_expect_eq(h_stub_stat(&fwd, "tunnels"), 1, "the tunnel is reused");
+    /* Through the tunnel: one TCP connect (to the proxy), one handshake. */
+    cr_expect_eq(metric("sluice_upstream_tls_handshake_duration_seconds_count"
+                        "{upstream=\"secure\"}"), 1);
+    cr_expect_eq(metric("sluice_upstream_connections_open{upstream=\"secure\"}"), 1);
 }
 
 Test(proxy, http_in_absolute_form)
@@ -262,11 +281,23 @@ Test(proxy, wrong_credentials_are_connect_error)
     expect("/noauth/a", 502, "\"reason\":\"connect_error\"");
     cr_expect_eq(h_stub_stat(&fwd, "refused"), 2);
     cr_expect_eq(h_stub_stat(&stub, "requests"), 0);
+    /* The tunnel was refused: a failure of the proxy phase, after a TCP
+     * connection to the proxy that was timed. */
+    cr_expect_eq(metric("sluice_upstream_connect_failures_total"
+                        "{upstream=\"badauth\",phase=\"proxy\"}"), 1);
+    cr_expect_eq(metric("sluice_upstream_connect_duration_seconds_count"
+                        "{upstream=\"badauth\"}"), 1);
+    cr_expect_eq(metric("sluice_upstream_tls_handshake_duration_seconds_count"
+                        "{upstream=\"badauth\"}"), -1);
 }
 
 Test(proxy, refused_proxy_is_connect_error)
 {
     expect("/deadproxy/a", 502, "\"reason\":\"connect_error\"");
+    cr_expect_eq(metric("sluice_upstream_connect_failures_total"
+                        "{upstream=\"deadproxy\",phase=\"connect\"}"), 1);
+    cr_expect_eq(metric("sluice_upstream_connect_failures_total"
+                        "{upstream=\"deadproxy\",phase=\"proxy\"}"), 0);
 }
 
 /* ---- what else a proxy may answer to CONNECT -------------------------------- */

@@ -38,10 +38,12 @@ Test(cli, version_and_help)
         "^build type: [A-Za-z]+$", "^  libmicrohttpd [0-9]+\\.[0-9]+",
         "^  libevent [0-9]+\\.[0-9]+", "^  RocksDB [0-9]+\\.[0-9]+\\.[0-9]+ ",
         "^  jansson [0-9]+\\.[0-9]+", "^  libyaml [0-9]+\\.[0-9]+",
-        "^  OpenSSL [0-9]+\\.[0-9]+",
+        "^  OpenSSL [0-9]+\\.[0-9]+", "^  hiredis [0-9]+\\.[0-9]+\\.[0-9]+ ",
+        "^  http-parser [0-9]+\\.[0-9]+\\.[0-9]+$", "^  libsystemd [0-9]+ ",
     };
     static const char *const help_lines[] = {
-        "-c, --config FILE", "--check-config FILE", "-V, --version", "-h, --help",
+        "-c, --config FILE", "--check-config [FILE]", "  -t ", "  -T ", "-V, --version",
+        "-h, --help",
         "README.md", "docs/contract.md",
     };
 
@@ -96,6 +98,72 @@ Test(cli, check_config_valid_and_invalid)
     free(dir);
     free(good);
     free(bad);
+}
+
+/* nginx -t / -T: the file that would run (-c, $SLUICE_CONFIG, ./sidecar.yaml)
+ * is checked; -T prints it as it would run, secrets redacted, on stdout
+ * alone, so that it pipes into jq. */
+Test(cli, t_checks_the_config_that_would_run)
+{
+    char *dir = tu_mkdtemp("cli");
+    char *good = tu_write_file(dir, "sidecar.yaml",
+        "admin_token: s3cret-token\n"
+        "upstreams: {a: {url: http://127.0.0.1:1, headers: {Authorization: Bearer tok3n}}}\n"
+        "routes: [{prefix: /, upstream: a}]\n");
+    char *bad = tu_write_file(dir, "bad.yaml", "routes: 5\n");
+
+    cr_expect_eq(h_sh("cd %s && env -u SLUICE_CONFIG %s -t > out 2>&1", dir, bin()), 0);
+    cr_expect_eq(h_sh("grep -qx './sidecar.yaml: ok (1 upstreams, 0 policies, 1 routes)' "
+                      "%s/out", dir), 0);
+    cr_expect_eq(h_sh("cd %s && SLUICE_CONFIG=bad.yaml %s -t 2>&1 | grep -q '^bad.yaml:1:'",
+                      dir, bin()), 0);
+    cr_expect_eq(h_sh("cd %s && SLUICE_CONFIG=bad.yaml %s -t -c sidecar.yaml >/dev/null",
+                      dir, bin()), 0, "-c wins over $SLUICE_CONFIG");
+    cr_expect_eq(h_sh("cd %s && SLUICE_CONFIG=bad.yaml %s -t 2>/dev/null; test $? = 1",
+                      dir, bin()), 0);
+    /* --check-config without FILE is -t. */
+    cr_expect_eq(h_sh("cd %s && env -u SLUICE_CONFIG %s --check-config >/dev/null", dir, bin()),
+                 0);
+    cr_expect_eq(h_sh("cd %s && %s --check-config bad.yaml 2>/dev/null; test $? = 1", dir,
+                      bin()), 0);
+    /* -T: the JSON on stdout, parsed; the verdict on stderr; no secret. */
+    cr_expect_eq(h_sh("cd %s && env -u SLUICE_CONFIG %s -T > json 2> verdict", dir, bin()), 0);
+    cr_expect_eq(h_sh("cd %s && python3 -c 'import json,sys; c=json.load(open(\"json\")); "
+                      "sys.exit(c[\"admin_token\"] != \"<redacted>\" or "
+                      "c[\"upstreams\"][\"a\"][\"headers\"][\"Authorization\"] != "
+                      "\"<redacted>\" or c[\"limits\"][\"max_body\"] != \"8MiB\")'", dir), 0);
+    cr_expect_eq(h_sh("grep -q 's3cret-token\\|tok3n' %s/json; test $? = 1", dir), 0);
+    cr_expect_eq(h_sh("grep -qx './sidecar.yaml: ok (1 upstreams, 0 policies, 1 routes)' "
+                      "%s/verdict", dir), 0);
+    cr_expect_eq(h_sh("cd %s && %s -T -c bad.yaml >json 2>/dev/null; test $? = 1 && test ! -s json",
+                      dir, bin()), 0);
+    tu_rm_rf(dir);
+    free(dir);
+    free(good);
+    free(bad);
+}
+
+/* An argument sluice does not use is a mistake (a second file, a typo of an
+ * option's value): exit 2 with the usage, never ignored. */
+Test(cli, extra_arguments_are_errors)
+{
+    char *dir = tu_mkdtemp("cli");
+    char *good = tu_write_file(dir, "good.yaml",
+        "upstreams: {a: {url: http://127.0.0.1:1}}\nroutes: [{prefix: /, upstream: a}]\n");
+    static const char *const cases[] = {
+        "--check-config good.yaml extra", "-t extra", "-T good.yaml", "-c good.yaml extra",
+        "-V extra", "-c good.yaml --check-config good.yaml", "-t -V", "--help -t",
+    };
+
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        cr_expect_eq(h_sh("cd %s && %s %s >out 2>err; test $? = 2", dir, bin(), cases[i]), 0,
+                     "sluice %s: expected exit 2", cases[i]);
+        cr_expect_eq(h_sh("grep -q '^usage: sluice' %s/err && test ! -s %s/out", dir, dir), 0,
+                     "sluice %s: the usage on stderr, nothing on stdout", cases[i]);
+    }
+    tu_rm_rf(dir);
+    free(dir);
+    free(good);
 }
 
 Test(cli, default_config_from_environment)

@@ -115,7 +115,7 @@ Test(reload, invalid_file_changes_nothing)
     cr_expect_eq(reload(&msg), 400);
     /* every error, with its position */
     cr_expect(strstr(msg, "sidecar.yaml:") != NULL && strstr(msg, "timeout") != NULL, "%s", msg);
-    cr_expect(strstr(msg, "\"nope\"") != NULL, "%s", msg);
+    cr_expect(strstr(msg, "unknown upstream \\\"nope\\\"") != NULL, "%s", msg);
     free(msg);
     cr_expect_eq(status_of(sl.port, "GET", "/slow"), 200, "the running config is kept");
     cr_expect(metrics_has("sluice_config_reloads_total{result=\"error\"} 1"));

@@ -205,6 +205,22 @@ static int get_status(char **body)
     return s;
 }
 
+/* One line of /metrics: the value of `series` (name and labels as
+ * rendered), or -1 when absent. */
+static double metric(const char *series)
+{
+    struct h_resp r;
+    double v = -1;
+    size_t n = strlen(series);
+
+    cr_assert_eq(h_http(sl.admin_port, "GET", "/metrics", NULL, NULL, 0, &r), 0);
+    for (const char *p = r.body; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (!strncmp(p, series, n) && p[n] == ' ')
+            v = strtod(p + n + 1, NULL);
+    h_resp_free(&r);
+    return v;
+}
+
 Test(tls, good_certificate_by_ip)
 {
     char *body;
@@ -213,6 +229,14 @@ Test(tls, good_certificate_by_ip)
     cr_expect_eq(get_status(&body), 200);
     cr_expect_str_eq(body, "tls!");
     free(body);
+    /* One connection, its connect and its handshake timed, kept idle. */
+    cr_expect_eq(metric("sluice_upstream_connect_duration_seconds_count{upstream=\"secure\"}"), 1);
+    cr_expect_eq(metric("sluice_upstream_tls_handshake_duration_seconds_count"
+                        "{upstream=\"secure\"}"), 1);
+    cr_expect_eq(metric("sluice_upstream_connections_open{upstream=\"secure\"}"), 1);
+    cr_expect_eq(metric("sluice_upstream_connections_idle{upstream=\"secure\"}"), 1);
+    cr_expect_eq(metric("sluice_upstream_connect_failures_total"
+                        "{upstream=\"secure\",phase=\"tls\"}"), 0);
 }
 
 Test(tls, good_certificate_by_name_with_sni)
@@ -229,6 +253,13 @@ Test(tls, wrong_name_is_refused)
     cr_expect_eq(get_status(&body), 503);
     cr_expect(strstr(body, "connect_error") != NULL, "%s", body);
     free(body);
+    /* The TCP connection came up; the handshake is what failed. */
+    cr_expect_eq(metric("sluice_upstream_connect_failures_total"
+                        "{upstream=\"secure\",phase=\"tls\"}"), 1);
+    cr_expect_eq(metric("sluice_upstream_connect_failures_total"
+                        "{upstream=\"secure\",phase=\"connect\"}"), 0);
+    cr_expect_eq(metric("sluice_upstream_connect_duration_seconds_count{upstream=\"secure\"}"), 1);
+    cr_expect_eq(metric("sluice_upstream_connections_open{upstream=\"secure\"}"), 0);
 }
 
 Test(tls, untrusted_self_signed_is_refused)

@@ -1,8 +1,8 @@
 /* A real redis-server for tests: on 127.0.0.1, a free port, a temp dir, no
  * persistence; started and stopped by its pid; a primary, or a replica of
  * one. Linked only by the tests that need it (tests/CMakeLists.txt). */
-#ifndef SLUICE_TESTS_REDIS_SERVER_H
-#define SLUICE_TESTS_REDIS_SERVER_H
+#ifndef SLUICE_TESTS_SUPPORT_REDIS_SERVER_H
+#define SLUICE_TESTS_SUPPORT_REDIS_SERVER_H
 
 #include <stdbool.h>
 #include <sys/types.h>

@@ -3,8 +3,8 @@
  * a kill -9 of the primary is followed by a failover within seconds.
  * Started and stopped by its pid. Linked only by the tests that need it
  * (tests/CMakeLists.txt). */
-#ifndef SLUICE_TESTS_SENTINEL_SERVER_H
-#define SLUICE_TESTS_SENTINEL_SERVER_H
+#ifndef SLUICE_TESTS_SUPPORT_SENTINEL_SERVER_H
+#define SLUICE_TESTS_SUPPORT_SENTINEL_SERVER_H
 
 #include <stdbool.h>
 #include <sys/types.h>

@@ -1,6 +1,6 @@
 /* Small helpers shared by the unit and integration tests. */
-#ifndef SLUICE_TESTS_TESTUTIL_H
-#define SLUICE_TESTS_TESTUTIL_H
+#ifndef SLUICE_TESTS_SUPPORT_TESTUTIL_H
+#define SLUICE_TESTS_SUPPORT_TESTUTIL_H
 
 #include <stddef.h>
 #include <sys/types.h>

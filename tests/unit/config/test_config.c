@@ -707,7 +707,104 @@ Test(config_env, malformed_references)
                        "name \"${}\"");
 }
 
+/* ${NAME:?} as in sh: an empty value is refused too (an empty secret would
+ * otherwise go out as "Bearer "), with the text after "?" as the reason. */
+Test(config_env, required_variable_refuses_empty)
+{
+    struct sc_config *cfg;
+
+    setenv("SLUICE_T_EMPTY", "", 1);
+    setenv("SLUICE_T_TOKEN", "tok", 1);
+    unsetenv("SLUICE_T_SURELY_UNSET_2");
+    expect_first_error(
+        "upstreams:\n"
+        "  up: { url: \"http://h/\", headers: { Authorization: \"Bearer ${SLUICE_T_EMPTY:?}\" } }\n"
+        "routes: [ { prefix: /, upstream: up } ]\n",
+        "test.yaml:2:53: upstreams.up.headers.Authorization: environment variable "
+        "\"SLUICE_T_EMPTY\" is set but empty, which ${SLUICE_T_EMPTY:?} refuses");
+    expect_first_error(
+        "upstreams:\n"
+        "  up: { url: \"http://h/\", headers: { X-K: \"${SLUICE_T_EMPTY:?the partner key}\" } }\n"
+        "routes: [ { prefix: /, upstream: up } ]\n",
+        "test.yaml:2:43: upstreams.up.headers.X-K: environment variable "
+        "\"SLUICE_T_EMPTY\" is set but empty, which ${SLUICE_T_EMPTY:?} refuses: "
+        "the partner key");
+    expect_first_error(
+        "upstreams:\n"
+        "  up: { url: \"http://h/\", headers: { X-K: \"${SLUICE_T_SURELY_UNSET_2:?the key}\" } }\n"
+        "routes: [ { prefix: /, upstream: up } ]\n",
+        "test.yaml:2:43: upstreams.up.headers.X-K: environment variable "
+        "\"SLUICE_T_SURELY_UNSET_2\" is not set: the key");
+    /* Set and not empty: expanded as ${NAME}; a plain ${NAME} still takes "". */
+    cfg = load_ok(
+        "upstreams:\n"
+        "  up: { url: \"http://h/\", headers: { A: \"Bearer ${SLUICE_T_TOKEN:?}\", "
+        "B: \"x${SLUICE_T_EMPTY}y\" } }\n"
+        "routes: [ { prefix: /, upstream: up } ]\n");
+    cr_expect_str_eq(cfg->upstreams[0].headers[0].value, "Bearer tok");
+    cr_expect_str_eq(cfg->upstreams[0].headers[1].value, "xy");
+    config_free(cfg);
+}
+
 /* ---- errors ------------------------------------------------------------------- */
+
+/* A value out of bounds is one error: the block check that would compare
+ * what was left in its place ("0s is less than pause") stays quiet, and so
+ * does the lease check after a lease that did not parse. Two checks' errors
+ * at one place still both show. */
+Test(config_errors, no_cascade_after_a_bad_value)
+{
+    size_t n = 0;
+    char *all = load_fail(
+        "upstreams: { up: { url: \"http://h/\" } }\n"
+        "policies:\n"
+        "  p:\n"
+        "    rate: 1/s\n"
+        "    breaker: { pause: 1s, max_pause: 2h }\n"
+        "    idempotency: { lease: 5x }\n"
+        "routes: [ { prefix: /, upstream: up, policy: p } ]\n", &n);
+
+    cr_expect_eq(n, 2, "%s", all);
+    cr_expect_str_eq(all,
+        "test.yaml:5:38: policies.p.breaker.max_pause: must be at most 1h, got \"2h\"\n"
+        "test.yaml:6:27: policies.p.idempotency.lease: invalid duration \"5x\" (expected a "
+        "number followed by ms, s, m, h or d)\n");
+    free(all);
+}
+
+/* A key of an upstream or a policy written at the level of their names (the
+ * block above it lacks an indent) is said to be one, when the entry does not
+ * work as a block of its own; a policy may still be called "shared". */
+Test(config_errors, block_key_read_as_a_name_gets_an_indentation_hint)
+{
+    struct sc_config *cfg;
+    size_t n = 0;
+    char *all = load_fail(
+        "upstreams:\n"
+        "  up:\n"
+        "    url: http://h/\n"
+        "  timeout: 5s\n"
+        "policies:\n"
+        "  p:\n"
+        "    rate: 1/s\n"
+        "  idempotency:\n"
+        "    required: false\n"
+        "routes: [ { prefix: /, upstream: up, policy: p } ]\n", &n);
+
+    cr_expect_eq(n, 3, "%s", all);
+    cr_expect_str_eq(all,
+        "test.yaml:4:3: upstreams: \"timeout\" is a key of an upstream, read here as the "
+        "name of one: if it belongs to the upstream above, indent it one level deeper\n"
+        "test.yaml:8:3: policies: \"idempotency\" is a key of a policy, read here as the "
+        "name of one: if it belongs to the policy above, indent it one level deeper\n"
+        "test.yaml:9:5: unknown key \"required\" in policies.idempotency\n");
+    free(all);
+    cfg = load_ok("upstreams: { up: { url: http://h/ } }\n"
+                  "policies: { shared: { concurrency: 2 }, retry: {} }\n"
+                  "routes: [ { prefix: /, upstream: up, policy: shared } ]\n");
+    cr_expect_eq(cfg->n_policies, 2);
+    config_free(cfg);
+}
 
 Test(config_errors, every_error_is_collected_and_sorted)
 {

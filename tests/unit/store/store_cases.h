@@ -4,8 +4,8 @@
  * t0, fp_a, fp_b, reopen() (close the handle and open it again on the same
  * data) and a suite "store" that opens st around each test. A .h, not a
  * .c: tests/CMakeLists.txt makes a test of every .c under unit/. */
-#ifndef SLUICE_TESTS_UNIT_STORE_CASES_H
-#define SLUICE_TESTS_UNIT_STORE_CASES_H
+#ifndef SLUICE_TESTS_UNIT_STORE_STORE_CASES_H
+#define SLUICE_TESTS_UNIT_STORE_STORE_CASES_H
 
 #include <pthread.h>
 /* ---- helpers ---- */
