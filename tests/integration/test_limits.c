@@ -391,16 +391,27 @@ Test(descriptors, accept_out_of_descriptors_pauses)
         if (admin[i] >= 0)
             close(admin[i]);
     usleep(300000);
-    /* A worker connection that waited in the backlog is served. */
-    cr_assert_geq(workers[0], 0);
-    cr_assert_eq(h_send_all(workers[0], get, strlen(get)), 0);
+    /* The worker connections that waited in the backlog are served. One
+     * accepted while the admin thread was still closing its connections
+     * may have met a descriptor among the last FD_HEADROOM and been closed
+     * at once (descriptors are handed out lowest first, and the first one
+     * freed can be a high one): closed, then, never left unanswered. */
     {
-        char buf[64] = {0};
-        struct pollfd p = {workers[0], POLLIN, 0};
+        int served = 0;
 
-        cr_expect(poll(&p, 1, 3000) == 1 && recv(workers[0], buf, sizeof buf - 1, 0) > 12 &&
-                      strncmp(buf, "HTTP/1.1 200", 12) == 0,
-                  "the waiting connection is served: %s", buf);
+        for (int i = 0; i < WORKERS; i++) {
+            char buf[64] = {0};
+            struct pollfd p = {workers[i], POLLIN, 0};
+            ssize_t got;
+
+            cr_assert_geq(workers[i], 0);
+            if (h_send_all(workers[i], get, strlen(get)) != 0)
+                continue; /* closed before the request: refused */
+            cr_expect_eq(poll(&p, 1, 3000), 1, "worker %d: neither answered nor closed", i);
+            got = recv(workers[i], buf, sizeof buf - 1, 0);
+            served += got > 12 && strncmp(buf, "HTTP/1.1 200", 12) == 0;
+        }
+        cr_expect_geq(served, 1, "a connection that waited in the backlog is served");
     }
     for (int i = 0; i < WORKERS; i++)
         if (workers[i] >= 0)
