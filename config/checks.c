@@ -6,7 +6,7 @@
  * its block, after all the block's keys are parsed, so it sees final values,
  * defaults included.
  *
- * A check reports through err_at/err_sub at the position of the key the
+ * A check reports through cfg_err_at/cfg_err_sub at the position of the key the
  * operator should change, and never stops the load: every problem is listed.
  * Kept apart from the schema because these are the rules sluice enforces, and
  * from the engine because the engine knows no key by name. */
@@ -28,10 +28,10 @@
 /* A key written with a value: a null one counts as not written. */
 static bool given(const yaml_node_t *n)
 {
-    return n && !is_null(n);
+    return n && !cfg_is_null(n);
 }
 
-void check_store(struct cfg_loader *lc, void *obj,
+void cfg_check_store(struct cfg_loader *lc, void *obj,
                  yaml_node_t *const *vals, struct sc_pos where)
 {
     const struct sc_config *cfg = obj;
@@ -43,23 +43,23 @@ void check_store(struct cfg_loader *lc, void *obj,
     char buf[1024];
 
     if (cfg->store.sentinels.n && !master[0])
-        err_sub(lc, pos_of(vals[SK_SENTINELS]), "sentinels", "needs master "
+        cfg_err_sub(lc, cfg_pos_of(vals[SK_SENTINELS]), "sentinels", "needs master "
                 "(the name Sentinel knows the primary by)");
     if (master[0] && !cfg->store.sentinels.n)
-        err_sub(lc, pos_of(vals[SK_MASTER]), "master", "needs sentinels (the "
+        cfg_err_sub(lc, cfg_pos_of(vals[SK_MASTER]), "master", "needs sentinels (the "
                 "addresses to ask for the primary)");
     if (url[0] && config_redis_url_parse(url, &u, buf, sizeof buf, &err) != 0)
-        err_sub(lc, pos_of(vals[SK_URL]), "url", "%s", err.text);
+        cfg_err_sub(lc, cfg_pos_of(vals[SK_URL]), "url", "%s", err.text);
     if (cfg->store.backend != SC_BACKEND_REDIS)
         return;
     /* Refused here rather than at start, so that --check-config and a reload
      * say it before a deploy does. */
     if (!url[0] && cfg->store.sentinels.n)
-        err_sub(lc, pos_of(vals[SK_SENTINELS]), "url", "required with "
+        cfg_err_sub(lc, cfg_pos_of(vals[SK_SENTINELS]), "url", "required with "
                 "sentinels too: its password and db apply to the primary, its "
                 "host is a first guess (redis://[:password@]host:port/db)");
     else if (!url[0])
-        err_sub(lc, pos_of(vals[SK_BACKEND]), "url", "required with backend: "
+        cfg_err_sub(lc, cfg_pos_of(vals[SK_BACKEND]), "url", "required with backend: "
                 "redis (redis://[:password@]host:port/db)");
 }
 
@@ -73,9 +73,9 @@ static bool readable(struct cfg_loader *lc, const char *path,
     bool ok = f != NULL;
 
     if (!f)
-        err_sub(lc, pos, key, "cannot read \"%s\": %s", path, strerror(errno));
+        cfg_err_sub(lc, pos, key, "cannot read \"%s\": %s", path, strerror(errno));
     else if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode)) {
-        err_sub(lc, pos, key, "\"%s\" is not a regular file", path);
+        cfg_err_sub(lc, pos, key, "\"%s\" is not a regular file", path);
         ok = false;
     }
     if (f)
@@ -119,20 +119,20 @@ static void check_client_pair(struct cfg_loader *lc, const struct sc_tls *tls)
     EVP_PKEY *key = read_key(tls->key_file);
 
     if (!cert)
-        err_sub(lc, tls->cert_pos, "cert_file", "\"%s\" holds no PEM "
+        cfg_err_sub(lc, tls->cert_pos, "cert_file", "\"%s\" holds no PEM "
                 "certificate", tls->cert_file);
     if (!key)
-        err_sub(lc, tls->key_pos, "key_file", "\"%s\" holds no PEM private "
+        cfg_err_sub(lc, tls->key_pos, "key_file", "\"%s\" holds no PEM private "
                 "key (an encrypted key is not supported)", tls->key_file);
     if (cert && key && X509_check_private_key(cert, key) != 1)
-        err_sub(lc, tls->key_pos, "key_file", "\"%s\" is not the private key "
+        cfg_err_sub(lc, tls->key_pos, "key_file", "\"%s\" is not the private key "
                 "of cert_file \"%s\"", tls->key_file, tls->cert_file);
     ERR_clear_error();
     X509_free(cert);
     EVP_PKEY_free(key);
 }
 
-void check_tls(struct cfg_loader *lc, void *obj,
+void cfg_check_tls(struct cfg_loader *lc, void *obj,
                yaml_node_t *const *vals, struct sc_pos where)
 {
     const struct sc_tls *tls = obj;
@@ -143,10 +143,10 @@ void check_tls(struct cfg_loader *lc, void *obj,
     if (tls->ca_file && *tls->ca_file)
         readable(lc, tls->ca_file, tls->ca_pos, "ca_file");
     if (cert && !key)
-        err_sub(lc, tls->cert_pos, "cert_file", "needs key_file (the "
+        cfg_err_sub(lc, tls->cert_pos, "cert_file", "needs key_file (the "
                 "certificate's private key)");
     if (key && !cert)
-        err_sub(lc, tls->key_pos, "key_file", "needs cert_file (the client "
+        cfg_err_sub(lc, tls->key_pos, "key_file", "needs cert_file (the client "
                 "certificate)");
     if (!cert || !key)
         return;
@@ -169,7 +169,7 @@ static void check_quota(struct cfg_loader *lc, struct sc_policy *p)
     if (!q->enabled)
         return;
     if (!p->has_rate) {
-        err_at(lc, q->pos, "%s.quota: needs a rate: the advertised quota "
+        cfg_err_at(lc, q->pos, "%s.quota: needs a rate: the advertised quota "
                "paces the policy's bucket, never above its rate", lc->path);
         return;
     }
@@ -177,7 +177,7 @@ static void check_quota(struct cfg_loader *lc, struct sc_policy *p)
         return;
     units_format_rate(q->min_rate, min, sizeof min);
     units_format_rate(p->rate, rate, sizeof rate);
-    err_at(lc, q->min_rate_pos, "%s.quota.min_rate: %s is above the policy's "
+    cfg_err_at(lc, q->min_rate_pos, "%s.quota.min_rate: %s is above the policy's "
            "rate (%s)", lc->path, min, rate);
 }
 
@@ -204,7 +204,7 @@ static void check_shares(struct cfg_loader *lc, const struct sc_policy *p,
         sum += p->lanes[i].share;
     }
     if (sum < 100 - 1e-9 || sum > 100 + 1e-9)
-        err_at(lc, at, "%s.lanes: the shares add up to %.10g%%, not 100%%",
+        cfg_err_at(lc, at, "%s.lanes: the shares add up to %.10g%%, not 100%%",
                lc->path, sum);
 }
 
@@ -219,7 +219,7 @@ static void check_lanes(struct cfg_loader *lc, struct sc_policy *p)
     if (!p->n_lanes)
         return;
     if (!p->has_rate) {
-        err_at(lc, p->lanes_pos, "%s.lanes: needs a rate: lanes share the "
+        cfg_err_at(lc, p->lanes_pos, "%s.lanes: needs a rate: lanes share the "
                "permits of the policy's bucket", lc->path);
         return;
     }
@@ -229,33 +229,33 @@ static void check_lanes(struct cfg_loader *lc, struct sc_policy *p)
         if (!l->max_wait_pos.line)
             l->max_wait_ms = p->max_wait_ms;
         if (l->name && (first = lane_named_before(p, i)))
-            err_at(lc, l->name_pos, "%s.lanes[%zu].name: duplicate lane \"%s\" "
+            cfg_err_at(lc, l->name_pos, "%s.lanes[%zu].name: duplicate lane \"%s\" "
                    "(first given at line %d)", lc->path, i, l->name,
                    first->name_pos.line);
     }
     check_shares(lc, p, p->lanes_pos);
 }
 
-void check_policy(struct cfg_loader *lc, void *obj,
+void cfg_check_policy(struct cfg_loader *lc, void *obj,
                   yaml_node_t *const *vals, struct sc_pos where)
 {
     struct sc_policy *p = obj;
 
     if (p->name && !strcmp(p->name, "default"))
-        err_at(lc, where, "%s: the name \"default\" is reserved for routes "
+        cfg_err_at(lc, where, "%s: the name \"default\" is reserved for routes "
                "without a policy", lc->path);
     if (p->shared == SC_SHARED_REDIS &&
         lc->cfg->store.backend != SC_BACKEND_REDIS)
-        err_sub(lc, pos_of(vals[PK_SHARED]), "shared", "\"redis\" needs "
+        cfg_err_sub(lc, cfg_pos_of(vals[PK_SHARED]), "shared", "\"redis\" needs "
                 "store.backend: redis (there is no Redis to share through)");
     if (p->breaker.enabled && !p->has_rate)
-        err_at(lc, p->breaker.pos, "%s.breaker: needs a rate: the breaker pauses "
+        cfg_err_at(lc, p->breaker.pos, "%s.breaker: needs a rate: the breaker pauses "
                "the policy's bucket", lc->path);
     check_quota(lc, p);
     check_lanes(lc, p);
 }
 
-void check_breaker(struct cfg_loader *lc, void *obj,
+void cfg_check_breaker(struct cfg_loader *lc, void *obj,
                    yaml_node_t *const *vals, struct sc_pos where)
 {
     const struct sc_breaker *b = obj;
@@ -266,14 +266,14 @@ void check_breaker(struct cfg_loader *lc, void *obj,
     units_format_duration(b->pause_ms, pause, sizeof pause);
     units_format_duration(b->max_pause_ms, max, sizeof max);
     if (given(vals[BK_MAX_PAUSE]))
-        err_sub(lc, pos_of(vals[BK_MAX_PAUSE]), "max_pause", "%s is less than "
+        cfg_err_sub(lc, cfg_pos_of(vals[BK_MAX_PAUSE]), "max_pause", "%s is less than "
                 "pause (%s)", max, pause);
     else
-        err_sub(lc, pos_of(vals[BK_PAUSE]), "pause", "%s is more than max_pause "
+        cfg_err_sub(lc, cfg_pos_of(vals[BK_PAUSE]), "pause", "%s is more than max_pause "
                 "(%s, the default)", pause, max);
 }
 
-void check_retry(struct cfg_loader *lc, void *obj,
+void cfg_check_retry(struct cfg_loader *lc, void *obj,
                  yaml_node_t *const *vals, struct sc_pos where)
 {
     const struct sc_retry *r = obj;
@@ -284,10 +284,10 @@ void check_retry(struct cfg_loader *lc, void *obj,
     units_format_duration(r->base_ms, base, sizeof base);
     units_format_duration(r->cap_ms, cap, sizeof cap);
     if (given(vals[RK_CAP]))
-        err_sub(lc, pos_of(vals[RK_CAP]), "cap", "%s is less than base (%s)",
+        cfg_err_sub(lc, cfg_pos_of(vals[RK_CAP]), "cap", "%s is less than base (%s)",
                 cap, base);
     else
-        err_sub(lc, pos_of(vals[RK_BASE]), "base", "%s is more than cap "
+        cfg_err_sub(lc, cfg_pos_of(vals[RK_BASE]), "base", "%s is more than cap "
                 "(%s, the default)", base, cap);
 }
 
@@ -343,18 +343,18 @@ static void check_route_lane(struct cfg_loader *lc, struct sc_route *r,
     if (p && p->n_lanes && !named) {
         r->lane_index = (long)p->n_lanes - 1;
         if (p->lanes[p->n_lanes - 1].name)
-            set_string(lc, &r->lane, p->lanes[p->n_lanes - 1].name);
+            cfg_set_string(lc, &r->lane, p->lanes[p->n_lanes - 1].name);
     } else if (p && p->n_lanes) {
         r->lane_index = lane_index(p, r->lane);
         if (r->lane_index < 0)
-            err_sub(lc, r->lane_pos, "lane", "unknown lane \"%s\" (the lanes "
+            cfg_err_sub(lc, r->lane_pos, "lane", "unknown lane \"%s\" (the lanes "
                     "of policy \"%s\": %s)", r->lane, p->name,
                     lane_list(p, lanes, sizeof lanes));
     } else if (named && p) {
-        err_sub(lc, r->lane_pos, "lane", "\"%s\" names no lane: policy "
+        cfg_err_sub(lc, r->lane_pos, "lane", "\"%s\" names no lane: policy "
                 "\"%s\" has no lanes", r->lane, p->name);
     } else if (named) {
-        err_sub(lc, r->lane_pos, "lane", "\"%s\" names no lane: the route "
+        cfg_err_sub(lc, r->lane_pos, "lane", "\"%s\" names no lane: the route "
                 "has no policy, and the default policy has no lanes", r->lane);
     } else {
         free(r->lane);
@@ -362,7 +362,7 @@ static void check_route_lane(struct cfg_loader *lc, struct sc_route *r,
     }
 }
 
-void check_route(struct cfg_loader *lc, void *obj,
+void cfg_check_route(struct cfg_loader *lc, void *obj,
                  yaml_node_t *const *vals, struct sc_pos where)
 {
     struct sc_route *r = obj;
@@ -374,13 +374,13 @@ void check_route(struct cfg_loader *lc, void *obj,
     if (!given(vals[RT_UPSTREAM]))
         r->upstream = SIZE_MAX;
     if (r->name && !strcmp(r->name, "none"))
-        err_sub(lc, pos_of(vals[RT_NAME]), "name", "\"none\" is reserved for "
+        cfg_err_sub(lc, cfg_pos_of(vals[RT_NAME]), "name", "\"none\" is reserved for "
                 "requests that match no route");
     if ((!r->name || !*r->name) && r->prefix)
-        set_string(lc, &r->name, r->prefix);
+        cfg_set_string(lc, &r->name, r->prefix);
     if (strip && *strip && r->prefix &&
         strncmp(r->prefix, strip, strlen(strip)) != 0)
-        err_sub(lc, pos_of(vals[RT_STRIP]), "strip_prefix", "\"%s\" is not a "
+        cfg_err_sub(lc, cfg_pos_of(vals[RT_STRIP]), "strip_prefix", "\"%s\" is not a "
                 "prefix of the route's prefix \"%s\"", strip, r->prefix);
     check_route_lane(lc, r, vals);
 }
@@ -391,20 +391,20 @@ static struct sc_pos status_pos(struct cfg_loader *lc, const yaml_node_t *seq,
                                 int status)
 {
     yaml_node_item_t *it;
-    char want[8];
+    char want[16]; /* any int */
 
     snprintf(want, sizeof want, "%d", status);
     if (seq->type != YAML_SEQUENCE_NODE)
-        return pos_of(seq);
+        return cfg_pos_of(seq);
     for (it = seq->data.sequence.items.start; it < seq->data.sequence.items.top;
          it++) {
         yaml_node_t *e = yaml_document_get_node(&lc->doc, *it);
 
         if (e && e->type == YAML_SCALAR_NODE &&
             !strcmp((const char *)e->data.scalar.value, want))
-            return pos_of(e);
+            return cfg_pos_of(e);
     }
-    return pos_of(seq);
+    return cfg_pos_of(seq);
 }
 
 /* A 429 answers the lookup, not the question: the partner refused to say. */
@@ -412,11 +412,11 @@ static void check_verify_429(struct cfg_loader *lc, const struct sc_verify *v,
                              yaml_node_t *const *vals)
 {
     if (sc_verify_found(v, 429) && given(vals[VK_FOUND]))
-        err_sub(lc, status_pos(lc, vals[VK_FOUND], 429), "found", "429 cannot "
+        cfg_err_sub(lc, status_pos(lc, vals[VK_FOUND], 429), "found", "429 cannot "
                 "be listed: a 429 says nothing about the operation (the "
                 "lookup was rate limited, and counts as failed)");
     if (sc_verify_absent(v, 429) && given(vals[VK_ABSENT]))
-        err_sub(lc, status_pos(lc, vals[VK_ABSENT], 429), "absent", "429 "
+        cfg_err_sub(lc, status_pos(lc, vals[VK_ABSENT], 429), "absent", "429 "
                 "cannot be listed: a 429 says nothing about the operation (the "
                 "lookup was rate limited, and counts as failed)");
 }
@@ -433,17 +433,17 @@ static void check_verify_shared(struct cfg_loader *lc,
         if (!sc_verify_found(v, c) || !sc_verify_absent(v, c) || c == 429)
             continue;
         if (at_absent)
-            err_sub(lc, status_pos(lc, vals[VK_ABSENT], c), "absent", "%d is "
+            cfg_err_sub(lc, status_pos(lc, vals[VK_ABSENT], c), "absent", "%d is "
                     "also in found%s: a lookup's answer cannot mean both", c,
                     given(vals[VK_FOUND]) ? "" : " (the default)");
         else
-            err_sub(lc, status_pos(lc, vals[VK_FOUND], c), "found", "%d is "
+            cfg_err_sub(lc, status_pos(lc, vals[VK_FOUND], c), "found", "%d is "
                     "also in absent (the default): a lookup's answer cannot "
                     "mean both", c);
     }
 }
 
-void check_verify(struct cfg_loader *lc, void *obj,
+void cfg_check_verify(struct cfg_loader *lc, void *obj,
                   yaml_node_t *const *vals, struct sc_pos where)
 {
     const struct sc_verify *v = obj;
@@ -475,7 +475,7 @@ static void check_listeners(struct cfg_loader *lc)
     if (!addrs_overlap(l, a))
         return;
     /* Report where the operator wrote something: admin, unless defaulted. */
-    err_at(lc, a->pos.line ? a->pos : l->pos,
+    cfg_err_at(lc, a->pos.line ? a->pos : l->pos,
            "%s: %s%s%s:%u overlaps %s %s%s%s:%u (the admin listener must not "
            "share the worker port)", a->pos.line ? "admin" : "listen",
            v6a ? "[" : "", a->host, v6a ? "]" : "", a->port,
@@ -525,10 +525,10 @@ static void report_lease(struct cfg_loader *lc, const struct sc_route *r)
     units_format_duration(p->idem.lease_ms, lease, sizeof lease);
     describe_timeout(lc->cfg, r, timeout, sizeof timeout);
     if (p->idem.lease_pos.line)
-        err_at(lc, p->idem.lease_pos, "policies.%s.idempotency.lease: %s "
+        cfg_err_at(lc, p->idem.lease_pos, "policies.%s.idempotency.lease: %s "
                "must be longer than %s", p->name, lease, timeout);
     else
-        err_at(lc, p->idem.pos, "policies.%s.idempotency: the default lease "
+        cfg_err_at(lc, p->idem.pos, "policies.%s.idempotency: the default lease "
                "(%s) must be longer than %s; set lease", p->name, lease,
                timeout);
 }
@@ -554,7 +554,7 @@ static void check_leases(struct cfg_loader *lc)
     }
 }
 
-void check_root(struct cfg_loader *lc, void *obj,
+void cfg_check_root(struct cfg_loader *lc, void *obj,
                 yaml_node_t *const *vals, struct sc_pos where)
 {
     check_listeners(lc);
