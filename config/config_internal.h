@@ -110,6 +110,17 @@ extern const struct cfg_name cfg_method_names[]; /* SC_M_*, OTHER last */
 
 /* Frees what the rows of b own inside obj (not obj itself). */
 void cfg_free_block(const struct cfg_block *b, void *obj);
+/* Frees a config made by the rows of root (its default policy by policy's). */
+void cfg_config_free(struct sc_config *cfg, const struct cfg_block *root,
+                     const struct cfg_block *policy);
+
+/* load_engine.c: the generic engine, on the tables it is given: parses yaml
+ * by the rows of root (and fills the default policy by policy's defaults),
+ * with every error at its file:line:col. 0 and *out, or -EINVAL (errors in
+ * errs), -ENOMEM. The config is not resolved yet (config_resolve). */
+int cfg_engine_load(const char *name, const char *yaml, size_t len,
+                    const struct cfg_block *root, const struct cfg_block *policy,
+                    struct sc_config **out, struct sc_errors *errs);
 
 static inline void cfg_bit_set(uint64_t *set, int status)
 {

@@ -155,12 +155,13 @@ void cfg_free_block(const struct cfg_block *b, void *obj)
     }
 }
 
-void config_free(struct sc_config *cfg)
+void cfg_config_free(struct sc_config *cfg, const struct cfg_block *root,
+                     const struct cfg_block *policy)
 {
     if (!cfg)
         return;
-    cfg_free_block(&cfg_root_block, cfg);
-    cfg_free_block(&cfg_policy_block, &cfg->default_policy);
+    cfg_free_block(root, cfg);
+    cfg_free_block(policy, &cfg->default_policy);
     free(cfg->default_policy.name);
     free(cfg->file);
     free(cfg);

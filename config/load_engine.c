@@ -1,6 +1,6 @@
 /* The sidecar.yaml loader's engine: libyaml's document API -> struct
- * sc_config, driven by the schema tables of schema.c (one row per key, see
- * config_internal.h). It knows value types, not keys: which keys exist, their
+ * sc_config, driven by the schema tables it is given (schema.c's, by
+ * load.c; one row per key, see config_internal.h). It knows value types, not keys: which keys exist, their
  * defaults and bounds are rows; the rules between keys are the block checks
  * of checks.c, which the rows name; the rules of an upstream's url and
  * headers are upstream_url.c and upstream_headers.c. load_internal.h is what
@@ -28,11 +28,10 @@
 #include <string.h>
 #include <strings.h>
 
-#define CFG_MAX_FILE (16u << 20)   /* a config larger than this is a mistake */
 
 /* ---- errors and positions -------------------------------------------- */
 
-struct sc_pos pos_of(const yaml_node_t *n)
+struct sc_pos cfg_pos_of(const yaml_node_t *n)
 {
     struct sc_pos p = {0, 0};
 
@@ -97,7 +96,7 @@ static void note_failed_value(struct cfg_loader *lc, struct sc_pos p)
     lc->bad[lc->n_bad++] = p;
 }
 
-void err_at(struct cfg_loader *lc, struct sc_pos p, const char *fmt, ...)
+void cfg_err_at(struct cfg_loader *lc, struct sc_pos p, const char *fmt, ...)
 {
     char text[SC_ERROR_TEXT_MAX], line[SC_ERROR_TEXT_MAX];
     va_list ap;
@@ -114,7 +113,7 @@ void err_at(struct cfg_loader *lc, struct sc_pos p, const char *fmt, ...)
 }
 
 /* "PATH: text" at node n: a problem with the value being parsed. */
-void err_val(struct cfg_loader *lc, const yaml_node_t *n, const char *fmt, ...)
+void cfg_err_val(struct cfg_loader *lc, const yaml_node_t *n, const char *fmt, ...)
 {
     char text[SC_ERROR_TEXT_MAX];
     va_list ap;
@@ -122,11 +121,11 @@ void err_val(struct cfg_loader *lc, const yaml_node_t *n, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    err_at(lc, pos_of(n), "%s: %s", lc->path, text);
+    cfg_err_at(lc, cfg_pos_of(n), "%s: %s", lc->path, text);
 }
 
 /* "PATH.key: text" at p: a block check about one of the block's keys. */
-void err_sub(struct cfg_loader *lc, struct sc_pos p, const char *key,
+void cfg_err_sub(struct cfg_loader *lc, struct sc_pos p, const char *key,
              const char *fmt, ...)
 {
     char text[SC_ERROR_TEXT_MAX];
@@ -135,7 +134,7 @@ void err_sub(struct cfg_loader *lc, struct sc_pos p, const char *key,
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    err_at(lc, p, "%s.%s: %s", lc->path, key, text);
+    cfg_err_at(lc, p, "%s.%s: %s", lc->path, key, text);
 }
 
 /* " in PATH", or "" at the top level. */
@@ -244,7 +243,7 @@ static const char *raw(const yaml_node_t *n)
 }
 
 /* A plain empty, "~" or "null" scalar: YAML's way of writing nothing. */
-bool is_null(const yaml_node_t *n)
+bool cfg_is_null(const yaml_node_t *n)
 {
     const char *v;
 
@@ -260,9 +259,9 @@ static void type_error(struct cfg_loader *lc, const yaml_node_t *n,
                        const char *what)
 {
     if (n->type == YAML_SCALAR_NODE)
-        err_val(lc, n, "expected %s, got \"%s\"", what, raw(n));
+        cfg_err_val(lc, n, "expected %s, got \"%s\"", what, raw(n));
     else
-        err_val(lc, n, "expected %s, got %s", what,
+        cfg_err_val(lc, n, "expected %s, got %s", what,
                 n->type == YAML_MAPPING_NODE ? "a mapping" : "a list");
 }
 
@@ -352,24 +351,24 @@ static bool expand_one(struct cfg_loader *lc, const yaml_node_t *n,
     size_t len, msg_len;
 
     if (!close) {
-        err_val(lc, n, "unterminated \"${\" in \"%s\"", raw(n));
+        cfg_err_val(lc, n, "unterminated \"${\" in \"%s\"", raw(n));
         return false;
     }
     len = split_required(*s, (size_t)(close - *s), &msg, &msg_len);
     if (!is_env_name(*s, len) || len >= sizeof name) {
-        err_val(lc, n, "invalid variable name \"${%.*s}\"", (int)(close - *s), *s);
+        cfg_err_val(lc, n, "invalid variable name \"${%.*s}\"", (int)(close - *s), *s);
         return false;
     }
     memcpy(name, *s, len);
     name[len] = '\0';
     val = getenv(name);
     if (!val) {
-        err_val(lc, n, "environment variable \"%s\" is not set%s%.*s", name,
+        cfg_err_val(lc, n, "environment variable \"%s\" is not set%s%.*s", name,
                 msg_len ? ": " : "", (int)msg_len, msg ? msg : "");
         return false;
     }
     if (msg && !*val) {
-        err_val(lc, n, "environment variable \"%s\" is set but empty, which "
+        cfg_err_val(lc, n, "environment variable \"%s\" is set but empty, which "
                 "${%s:?} refuses%s%.*s", name, name, msg_len ? ": " : "",
                 (int)msg_len, msg);
         return false;
@@ -387,7 +386,7 @@ static const char *expand_env(struct cfg_loader *lc, const yaml_node_t *n)
     struct sbuf b = {0};
 
     if (strlen(s) != n->data.scalar.length) {
-        err_val(lc, n, "contains a NUL character");
+        cfg_err_val(lc, n, "contains a NUL character");
         return NULL;
     }
     if (!strstr(s, "${"))
@@ -428,13 +427,13 @@ static const char *key_name(struct cfg_loader *lc, const yaml_node_t *key)
 
     if (key->type == YAML_SCALAR_NODE)
         return raw(key);
-    err_at(lc, pos_of(key), "invalid key%s: expected a string, got %s",
+    cfg_err_at(lc, cfg_pos_of(key), "invalid key%s: expected a string, got %s",
            in_path(lc, in, sizeof in),
            key->type == YAML_MAPPING_NODE ? "a mapping" : "a list");
     return NULL;
 }
 
-void set_string(struct cfg_loader *lc, char **field, const char *s)
+void cfg_set_string(struct cfg_loader *lc, char **field, const char *s)
 {
     char *copy = strdup(s);
 
@@ -512,11 +511,11 @@ static bool in_bounds(struct cfg_loader *lc, const yaml_node_t *at, num_fn num,
     double b;
 
     if (min && num(min, &b) == 0 && v < b) {
-        err_val(lc, at, "must be at least %s, got \"%s\"", min, s);
+        cfg_err_val(lc, at, "must be at least %s, got \"%s\"", min, s);
         return false;
     }
     if (max && num(max, &b) == 0 && v > b) {
-        err_val(lc, at, "must be at most %s, got \"%s\"", max, s);
+        cfg_err_val(lc, at, "must be at most %s, got \"%s\"", max, s);
         return false;
     }
     return true;
@@ -531,12 +530,12 @@ static void text_string(struct cfg_loader *lc, const struct cfg_key *k,
         /* A secret is never echoed: errors end up in logs and in the
          * answer to POST /reload. */
         if (k->secret != CFG_PUBLIC)
-            err_val(lc, at, "invalid value (%s)", why);
+            cfg_err_val(lc, at, "invalid value (%s)", why);
         else
-            err_val(lc, at, "invalid value \"%s\" (%s)", s, why);
+            cfg_err_val(lc, at, "invalid value \"%s\" (%s)", s, why);
         return;
     }
-    set_string(lc, CFG_FIELD(obj, k->off), s);
+    cfg_set_string(lc, CFG_FIELD(obj, k->off), s);
 }
 
 static void text_bool(struct cfg_loader *lc, const struct cfg_key *k,
@@ -549,7 +548,7 @@ static void text_bool(struct cfg_loader *lc, const struct cfg_key *k,
     else if (!strcmp(s, "false"))
         *f = false;
     else
-        err_val(lc, at, "invalid boolean \"%s\" (only true or false are "
+        cfg_err_val(lc, at, "invalid boolean \"%s\" (only true or false are "
                 "accepted)", s);
 }
 
@@ -559,7 +558,7 @@ static void text_u32(struct cfg_loader *lc, const struct cfg_key *k,
     double v;
 
     if (num_whole(s, &v) != 0) {
-        err_val(lc, at, "invalid number \"%s\" (expected a whole number)", s);
+        cfg_err_val(lc, at, "invalid number \"%s\" (expected a whole number)", s);
         return;
     }
     if (in_bounds(lc, at, num_whole, v, s, k->min ? k->min : "0",
@@ -573,7 +572,7 @@ static void text_double(struct cfg_loader *lc, const struct cfg_key *k,
     double v;
 
     if (num_decimal(s, &v) != 0) {
-        err_val(lc, at, "invalid number \"%s\" (expected a number such as 2 "
+        cfg_err_val(lc, at, "invalid number \"%s\" (expected a number such as 2 "
                 "or 1.5)", s);
         return;
     }
@@ -588,7 +587,7 @@ static void text_duration(struct cfg_loader *lc, const struct cfg_key *k,
     uint64_t ms;
 
     if (units_parse_duration(s, &ms, why, sizeof why) != 0) {
-        err_val(lc, at, "invalid duration \"%s\" (%s)", s, why);
+        cfg_err_val(lc, at, "invalid duration \"%s\" (%s)", s, why);
         return;
     }
     if (in_bounds(lc, at, num_duration, (double)ms, s, k->min, k->max))
@@ -602,7 +601,7 @@ static void text_size(struct cfg_loader *lc, const struct cfg_key *k,
     uint64_t b;
 
     if (units_parse_size(s, &b, why, sizeof why) != 0) {
-        err_val(lc, at, "invalid size \"%s\" (%s)", s, why);
+        cfg_err_val(lc, at, "invalid size \"%s\" (%s)", s, why);
         return;
     }
     if (in_bounds(lc, at, num_size, (double)b, s, k->min, k->max))
@@ -616,7 +615,7 @@ static void text_rate(struct cfg_loader *lc, const struct cfg_key *k,
     double r;
 
     if (units_parse_rate(s, &r, why, sizeof why) != 0)
-        err_val(lc, at, "invalid rate \"%s\" (%s)", s, why);
+        cfg_err_val(lc, at, "invalid rate \"%s\" (%s)", s, why);
     else
         *(double *)CFG_FIELD(obj, k->off) = r;
 }
@@ -640,7 +639,7 @@ static void text_percent(struct cfg_loader *lc, const struct cfg_key *k,
     double v;
 
     if (num_percent(s, &v) != 0) {
-        err_val(lc, at, "invalid percentage \"%s\" (expected a number and "
+        cfg_err_val(lc, at, "invalid percentage \"%s\" (expected a number and "
                 "%%, such as 30%%)", s);
         return;
     }
@@ -686,7 +685,7 @@ static void bad_value(struct cfg_loader *lc, const struct cfg_name *names,
         suggest_try(&sg, n->name);
     if (sg.best)
         snprintf(mean, sizeof mean, "; did you mean \"%s\"?", sg.best);
-    err_val(lc, at, "invalid value \"%s\" (expected %s%s)", s, expect, mean);
+    cfg_err_val(lc, at, "invalid value \"%s\" (expected %s%s)", s, expect, mean);
 }
 
 static void bad_name(struct cfg_loader *lc, const struct cfg_name *names,
@@ -715,9 +714,9 @@ static void text_addr(struct cfg_loader *lc, const struct cfg_key *k,
     char why[160], *host;
     uint16_t port;
 
-    a->pos = pos_of(at);
+    a->pos = cfg_pos_of(at);
     if (units_parse_hostport(s, &host, &port, why, sizeof why) != 0) {
-        err_val(lc, at, "invalid address \"%s\" (%s)", s, why);
+        cfg_err_val(lc, at, "invalid address \"%s\" (%s)", s, why);
         return;
     }
     free(a->host);
@@ -733,16 +732,16 @@ static void elem_addr(struct cfg_loader *lc, const struct cfg_key *k,
     uint16_t port;
 
     if (l->n == SC_ADDR_LIST_MAX) {
-        err_val(lc, at, "too many addresses (at most %d)", SC_ADDR_LIST_MAX);
+        cfg_err_val(lc, at, "too many addresses (at most %d)", SC_ADDR_LIST_MAX);
         return;
     }
     if (units_parse_hostport(s, &host, &port, why, sizeof why) != 0) {
-        err_val(lc, at, "invalid address \"%s\" (%s)", s, why);
+        cfg_err_val(lc, at, "invalid address \"%s\" (%s)", s, why);
         return;
     }
     l->v[l->n].host = host;
     l->v[l->n].port = port;
-    l->v[l->n].pos = pos_of(at);
+    l->v[l->n].pos = cfg_pos_of(at);
     l->n++;
 }
 
@@ -769,7 +768,7 @@ static void text_url(struct cfg_loader *lc, const struct cfg_key *k,
     free(u->base_path);
     u->url = u->host = u->authority = u->base_path = NULL;
     if (config_upstream_url_parse(s, u, why, sizeof why) != 0)
-        err_val(lc, at, "invalid URL \"%s\" (%s)", s, why);
+        cfg_err_val(lc, at, "invalid URL \"%s\" (%s)", s, why);
     else if (!u->url || !u->authority || !u->base_path)
         lc->oom = true;
 }
@@ -793,7 +792,7 @@ static void text_upstream_ref(struct cfg_loader *lc, const struct cfg_key *k,
     suggest_init(&sg, s);
     for (i = 0; i < cfg->n_upstreams; i++)
         suggest_try(&sg, cfg->upstreams[i].name);
-    err_val(lc, at, "unknown upstream \"%s\"%s", s, hint(&sg, h, sizeof h));
+    cfg_err_val(lc, at, "unknown upstream \"%s\"%s", s, hint(&sg, h, sizeof h));
 }
 
 static void text_policy_ref(struct cfg_loader *lc, const struct cfg_key *k,
@@ -812,7 +811,7 @@ static void text_policy_ref(struct cfg_loader *lc, const struct cfg_key *k,
     suggest_init(&sg, s);
     for (i = 0; i < cfg->n_policies; i++)
         suggest_try(&sg, cfg->policies[i].name);
-    err_val(lc, at, "unknown policy \"%s\"%s", s, hint(&sg, h, sizeof h));
+    cfg_err_val(lc, at, "unknown policy \"%s\"%s", s, hint(&sg, h, sizeof h));
 }
 
 /* ---- list elements --------------------------------------------------- */
@@ -833,7 +832,7 @@ static void elem_method(struct cfg_loader *lc, const struct cfg_key *k,
     size_t i;
 
     if (!units_is_token(s)) {
-        err_val(lc, at, "invalid method \"%s\" (expected an HTTP method "
+        cfg_err_val(lc, at, "invalid method \"%s\" (expected an HTTP method "
                 "such as GET or POST)", s);
         return;
     }
@@ -845,10 +844,10 @@ static void elem_method(struct cfg_loader *lc, const struct cfg_key *k,
         up[i] = (char)toupper((unsigned char)s[i]);
     up[i] = '\0';
     if (!s[i] && sc_method_bit(up) != SC_M_OTHER)
-        err_val(lc, at, "unknown method \"%s\" (methods are case-sensitive; "
+        cfg_err_val(lc, at, "unknown method \"%s\" (methods are case-sensitive; "
                 "did you mean \"%s\"?)", s, up);
     else
-        err_val(lc, at, "unknown method \"%s\" (methods are upper-case "
+        cfg_err_val(lc, at, "unknown method \"%s\" (methods are upper-case "
                 "tokens such as GET or POST)", s);
 }
 
@@ -887,7 +886,7 @@ static void elem_status(struct cfg_loader *lc, const struct cfg_key *k,
             cfg_bit_set(set, c);
         return;
     }
-    err_val(lc, at, "invalid status \"%s\" (expected 2xx, 3xx, 4xx, 5xx or "
+    cfg_err_val(lc, at, "invalid status \"%s\" (expected 2xx, 3xx, 4xx, 5xx or "
             "a status code from 100 to 599)", s);
 }
 
@@ -901,7 +900,7 @@ static void elem_code(struct cfg_loader *lc, const struct cfg_key *k,
     if (code > 0)
         cfg_bit_set(CFG_FIELD(obj, k->off), code);
     else
-        err_val(lc, at, "invalid status \"%s\" (expected a status code from "
+        cfg_err_val(lc, at, "invalid status \"%s\" (expected a status code from "
                 "100 to 599, such as 200 or 404)", s);
 }
 
@@ -1009,7 +1008,7 @@ static void parse_list(struct cfg_loader *lc, const struct cfg_key *k,
         return;
     }
     if (k->nonempty && n->data.sequence.items.start == n->data.sequence.items.top) {
-        err_val(lc, n, "must not be empty");
+        cfg_err_val(lc, n, "must not be empty");
         return;
     }
     for (it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
@@ -1041,7 +1040,7 @@ static void parse_value(struct cfg_loader *lc, const struct cfg_key *k,
      * and a problem with the collection as a whole is the key's. */
     if (k->pos_off)
         *(struct sc_pos *)CFG_FIELD(obj, k->pos_off - 1) =
-            is_collection(k) ? at_key : pos_of(n);
+            is_collection(k) ? at_key : cfg_pos_of(n);
     if (k->flag_off)
         *(bool *)CFG_FIELD(obj, k->flag_off - 1) = true;
 }
@@ -1094,13 +1093,13 @@ static void parse_key(struct cfg_loader *lc, const struct cfg_key *k,
     size_t mark;
 
     if (k->required && given && !key)
-        err_at(lc, where, "missing required key \"%s\"%s", k->name,
+        cfg_err_at(lc, where, "missing required key \"%s\"%s", k->name,
                in_path(lc, in, sizeof in));
     mark = path_push(lc, k->name);
-    if (val && (!is_null(val) || is_collection(k)) && !blank_optional(k, val))
-        parse_value(lc, k, val, obj, pos_of(key));
+    if (val && (!cfg_is_null(val) || is_collection(k)) && !blank_optional(k, val))
+        parse_value(lc, k, val, obj, cfg_pos_of(key));
     else if (val && k->required)
-        err_val(lc, val, "missing value");
+        cfg_err_val(lc, val, "missing value");
     else
         apply_default(lc, k, obj);
     path_pop(lc, mark);
@@ -1124,14 +1123,14 @@ static void unknown_key(struct cfg_loader *lc, const struct cfg_block *b,
     size_t i;
 
     if (!strcmp(name, "<<")) {
-        err_at(lc, pos_of(key), "YAML merge keys (\"<<\") are not "
+        cfg_err_at(lc, cfg_pos_of(key), "YAML merge keys (\"<<\") are not "
                "supported%s", in_path(lc, in, sizeof in));
         return;
     }
     suggest_init(&sg, name);
     for (i = 0; i < b->n_keys; i++)
         suggest_try(&sg, b->keys[i].name);
-    err_at(lc, pos_of(key), "unknown key \"%s\"%s%s", name,
+    cfg_err_at(lc, cfg_pos_of(key), "unknown key \"%s\"%s%s", name,
            in_path(lc, in, sizeof in), hint(&sg, h, sizeof h));
 }
 
@@ -1140,7 +1139,7 @@ static void duplicate_key(struct cfg_loader *lc, const yaml_node_t *key,
 {
     char in[600];
 
-    err_at(lc, pos_of(key), "duplicate key \"%s\"%s (first given at line %d)",
+    cfg_err_at(lc, cfg_pos_of(key), "duplicate key \"%s\"%s (first given at line %d)",
            name, in_path(lc, in, sizeof in), first.line);
 }
 
@@ -1162,7 +1161,7 @@ static void collect_keys(struct cfg_loader *lc, const struct cfg_block *b,
         if (i < 0)
             unknown_key(lc, b, key, name);
         else if (keys[i])
-            duplicate_key(lc, key, name, pos_of(keys[i]));
+            duplicate_key(lc, key, name, cfg_pos_of(keys[i]));
         else {
             keys[i] = key;
             vals[i] = node_at(lc, p->value);
@@ -1182,7 +1181,7 @@ static void parse_block(struct cfg_loader *lc, const struct cfg_block *b,
 
     if (b->pos_off)
         *(struct sc_pos *)CFG_FIELD(obj, b->pos_off - 1) = where;
-    if (map && !is_null(map) && map->type != YAML_MAPPING_NODE) {
+    if (map && !cfg_is_null(map) && map->type != YAML_MAPPING_NODE) {
         type_error(lc, map, "a mapping");
         given = false;
     } else if (map && map->type == YAML_MAPPING_NODE) {
@@ -1268,7 +1267,7 @@ static const char *article(const char *noun)
 static void key_as_name(struct cfg_loader *lc, const struct coll *c,
                         const yaml_node_t *key, const char *name)
 {
-    err_at(lc, pos_of(key), "%s: \"%s\" is a key of %s %s, read here as the name of "
+    cfg_err_at(lc, cfg_pos_of(key), "%s: \"%s\" is a key of %s %s, read here as the name of "
            "one: if it belongs to the %s above, indent it one level deeper", lc->path,
            name, article(c->b->what), c->b->what, c->b->what);
 }
@@ -1285,7 +1284,7 @@ static void named_entry(struct cfg_loader *lc, struct coll *c,
     if (!name)
         return;
     if (!valid_name(name)) {
-        err_at(lc, pos_of(key), "%s: invalid %s name \"%s\" (use up to 64 "
+        cfg_err_at(lc, cfg_pos_of(key), "%s: invalid %s name \"%s\" (use up to 64 "
                "letters, digits, \"-\", \"_\" and \".\")", lc->path,
                c->b->what, name);
         return;
@@ -1300,10 +1299,10 @@ static void named_entry(struct cfg_loader *lc, struct coll *c,
         return;
     }
     elem = coll_elem(c, (*c->count)++);
-    set_string(lc, CFG_FIELD(elem, c->b->name_off - 1), name);
+    cfg_set_string(lc, CFG_FIELD(elem, c->b->name_off - 1), name);
     mark = path_push(lc, name);
     errs = lc->errs->n;
-    parse_block(lc, c->b, val, elem, pos_of(key));
+    parse_block(lc, c->b, val, elem, cfg_pos_of(key));
     path_pop(lc, mark);
     if (lc->errs->n > errs && find_key(c->b, name) >= 0)
         key_as_name(lc, c, key, name);
@@ -1318,13 +1317,13 @@ static void parse_named(struct cfg_loader *lc, const struct cfg_key *k,
 
     if (n->type == YAML_MAPPING_NODE)
         cap = (size_t)(n->data.mapping.pairs.top - n->data.mapping.pairs.start);
-    else if (!is_null(n)) {
+    else if (!cfg_is_null(n)) {
         type_error(lc, n, "a mapping of names");
         return;
     }
     if (cap == 0) {
         if (k->nonempty)
-            err_val(lc, n, "at least one %s is required", k->block->what);
+            cfg_err_val(lc, n, "at least one %s is required", k->block->what);
         return;
     }
     if (!coll_open(lc, k, obj, cap, &c))
@@ -1343,13 +1342,13 @@ static void parse_seq(struct cfg_loader *lc, const struct cfg_key *k,
 
     if (n->type == YAML_SEQUENCE_NODE)
         cap = (size_t)(n->data.sequence.items.top - n->data.sequence.items.start);
-    else if (!is_null(n)) {
+    else if (!cfg_is_null(n)) {
         type_error(lc, n, "a list");
         return;
     }
     if (cap == 0) {
         if (k->nonempty)
-            err_val(lc, n, "at least one %s is required", k->block->what);
+            cfg_err_val(lc, n, "at least one %s is required", k->block->what);
         return;
     }
     if (!coll_open(lc, k, obj, cap, &c))
@@ -1358,7 +1357,7 @@ static void parse_seq(struct cfg_loader *lc, const struct cfg_key *k,
         yaml_node_t *item = node_at(lc, *it);
         snprintf(seg, sizeof seg, "[%zu]", *c.count);
         mark = path_push(lc, seg);
-        parse_block(lc, c.b, item, coll_elem(&c, (*c.count)++), pos_of(item));
+        parse_block(lc, c.b, item, coll_elem(&c, (*c.count)++), cfg_pos_of(item));
         path_pop(lc, mark);
     }
 }
@@ -1375,7 +1374,7 @@ static void header_entry(struct cfg_loader *lc, struct sc_header *hs,
     if (!name)
         return;
     if ((bad = config_header_name_problem(name))) {
-        err_at(lc, pos_of(key), "%s: %s header name \"%s\"%s", lc->path, bad, name,
+        cfg_err_at(lc, cfg_pos_of(key), "%s: %s header name \"%s\"%s", lc->path, bad, name,
                !strcmp(bad, "reserved") ? " (sluice sets it itself)" : "");
         return;
     }
@@ -1383,12 +1382,12 @@ static void header_entry(struct cfg_loader *lc, struct sc_header *hs,
         if (!strcasecmp(hs[i].name, name))
             break;
     mark = path_push(lc, name);
-    v = is_null(val) ? "" : scalar_text(lc, val, "a string");
+    v = cfg_is_null(val) ? "" : scalar_text(lc, val, "a string");
     if (i < *count)
-        err_at(lc, pos_of(key), "duplicate header \"%s\" in %.*s", name,
+        cfg_err_at(lc, cfg_pos_of(key), "duplicate header \"%s\" in %.*s", name,
                (int)mark, lc->path);
     else if (v && (bad = config_header_value_problem(v)))
-        err_val(lc, val, "%s", bad);
+        cfg_err_val(lc, val, "%s", bad);
     else if (v) {
         h = &hs[(*count)++];
         h->from_env = val->type == YAML_SCALAR_NODE && strstr(raw(val), "${");
@@ -1433,11 +1432,11 @@ static void syntax_error(struct cfg_loader *lc, const yaml_parser_t *p)
     if (p->error == YAML_MEMORY_ERROR)
         lc->oom = true;
     else if (p->context)
-        err_at(lc, pos, "invalid YAML: %s (%s at line %zu)",
+        cfg_err_at(lc, pos, "invalid YAML: %s (%s at line %zu)",
                p->problem ? p->problem : "syntax error", p->context,
                p->context_mark.line + 1);
     else
-        err_at(lc, pos, "invalid YAML: %s",
+        cfg_err_at(lc, pos, "invalid YAML: %s",
                p->problem ? p->problem : "syntax error");
 }
 
@@ -1461,7 +1460,7 @@ static int load_document(struct cfg_loader *lc, const char *yaml, size_t len)
         goto out;
     }
     if (yaml_document_get_root_node(&extra))
-        err_at(lc, (struct sc_pos){(int)extra.start_mark.line + 1,
+        cfg_err_at(lc, (struct sc_pos){(int)extra.start_mark.line + 1,
                                    (int)extra.start_mark.column + 1},
                "only one YAML document is allowed");
     else
@@ -1472,22 +1471,22 @@ out:
     return rc;
 }
 
-static void load_root(struct cfg_loader *lc)
+static void load_root(struct cfg_loader *lc, const struct cfg_block *block)
 {
     yaml_node_t *root = yaml_document_get_root_node(&lc->doc);
 
-    if (!root || is_null(root)) {
-        err_at(lc, (struct sc_pos){1, 1}, "the configuration is empty: "
+    if (!root || cfg_is_null(root)) {
+        cfg_err_at(lc, (struct sc_pos){1, 1}, "the configuration is empty: "
                "upstreams and routes are required");
         return;
     }
     if (root->type != YAML_MAPPING_NODE) {
-        err_at(lc, pos_of(root), "expected a mapping of keys at the top "
+        cfg_err_at(lc, cfg_pos_of(root), "expected a mapping of keys at the top "
                "level, got %s", root->type == YAML_SEQUENCE_NODE
                                     ? "a list" : "a scalar");
         return;
     }
-    parse_block(lc, &cfg_root_block, root, lc->cfg, pos_of(root));
+    parse_block(lc, block, root, lc->cfg, cfg_pos_of(root));
 }
 
 static bool error_before(const struct sc_error *a, const struct sc_error *b)
@@ -1509,7 +1508,8 @@ static void sort_errors(struct sc_errors *e, size_t from)
     }
 }
 
-static int loader_start(struct cfg_loader *lc, const char *name)
+static int loader_start(struct cfg_loader *lc, const char *name,
+                        const struct cfg_block *policy)
 {
     struct sc_config *cfg = calloc(1, sizeof *cfg);
 
@@ -1520,8 +1520,7 @@ static int loader_start(struct cfg_loader *lc, const char *name)
     cfg->default_policy.name = strdup("default");
     if (!cfg->file || !cfg->default_policy.name)
         return -ENOMEM;
-    parse_block(lc, &cfg_policy_block, NULL, &cfg->default_policy,
-                (struct sc_pos){0, 0});
+    parse_block(lc, policy, NULL, &cfg->default_policy, (struct sc_pos){0, 0});
     return 0;
 }
 
@@ -1545,8 +1544,9 @@ static int loader_end(struct cfg_loader *lc, int rc)
     return rc;
 }
 
-int config_load_string(const char *name, const char *yaml, size_t len,
-                       struct sc_config **out, struct sc_errors *errs)
+int cfg_engine_load(const char *name, const char *yaml, size_t len,
+                    const struct cfg_block *root, const struct cfg_block *policy,
+                    struct sc_config **out, struct sc_errors *errs)
 {
     struct sc_errors local = {0};
     struct cfg_loader lc = {0};
@@ -1558,74 +1558,16 @@ int config_load_string(const char *name, const char *yaml, size_t len,
     lc.file = name ? name : "<config>";
     lc.errs = errs ? errs : &local;
     lc.first_err = lc.errs->n;
-    rc = loader_start(&lc, lc.file);
+    rc = loader_start(&lc, lc.file, policy);
     if (rc == 0 && yaml)
         rc = load_document(&lc, yaml, len);
     if (rc == 0)
-        load_root(&lc);
+        load_root(&lc, root);
     rc = loader_end(&lc, rc);
-    if (rc == 0) {
-        config_resolve(lc.cfg);
+    if (rc == 0)
         *out = lc.cfg;
-    }
     else
-        config_free(lc.cfg);
+        cfg_config_free(lc.cfg, root, policy);
     sc_errors_free(&local);
-    return rc;
-}
-
-/* Reads a whole file; a negative errno on failure. */
-static int read_file(const char *path, char **buf, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    char *p = NULL, *grown;
-    size_t n = 0, cap = 0, got;
-    int rc = 0;
-
-    if (!f)
-        return -errno;
-    do {
-        if (n == cap) {
-            cap = cap ? cap * 2 : 4096;
-            if (cap > CFG_MAX_FILE || !(grown = realloc(p, cap))) {
-                rc = cap > CFG_MAX_FILE ? -EFBIG : -ENOMEM;
-                break;
-            }
-            p = grown;
-        }
-        got = fread(p + n, 1, cap - n, f);
-        n += got;
-    } while (got > 0);
-    if (rc == 0 && ferror(f))
-        rc = errno ? -errno : -EIO;
-    fclose(f);
-    if (rc) {
-        free(p);
-        return rc;
-    }
-    *buf = p;
-    *len = n;
-    return 0;
-}
-
-int config_load_file(const char *path, struct sc_config **out,
-                     struct sc_errors *errs)
-{
-    char *buf = NULL;
-    size_t len = 0;
-    int rc;
-
-    if (!out || !path)
-        return -EINVAL;
-    *out = NULL;
-    rc = read_file(path, &buf, &len);
-    if (rc) {
-        if (errs)
-            sc_errors_add(errs, path, 0, 0, "cannot read the configuration: "
-                          "%s", strerror(-rc));
-        return rc;
-    }
-    rc = config_load_string(path, buf, len, out, errs);
-    free(buf);
     return rc;
 }

@@ -48,26 +48,26 @@ struct cfg_loader {
 /* ---- engine helpers (load_engine.c) ----------------------------------- */
 
 /* file:line:col of a node; {0, 0} for NULL (a defaulted key). */
-struct sc_pos pos_of(const yaml_node_t *n);
+struct sc_pos cfg_pos_of(const yaml_node_t *n);
 
 /* A plain empty, "~" or "null" scalar: YAML's way of writing nothing. */
-bool is_null(const yaml_node_t *n);
+bool cfg_is_null(const yaml_node_t *n);
 
 /* Replaces *field with a copy of s (lc->oom when it cannot). */
-void set_string(struct cfg_loader *lc, char **field, const char *s);
+void cfg_set_string(struct cfg_loader *lc, char **field, const char *s);
 
 /* An error at p, text as given. Every error goes through here so that each
  * is one line (control characters escaped). */
 __attribute__((format(printf, 3, 4)))
-void err_at(struct cfg_loader *lc, struct sc_pos p, const char *fmt, ...);
+void cfg_err_at(struct cfg_loader *lc, struct sc_pos p, const char *fmt, ...);
 
 /* "PATH: text" at node n: a problem with the value being parsed. */
 __attribute__((format(printf, 3, 4)))
-void err_val(struct cfg_loader *lc, const yaml_node_t *n, const char *fmt, ...);
+void cfg_err_val(struct cfg_loader *lc, const yaml_node_t *n, const char *fmt, ...);
 
 /* "PATH.key: text" at p: a block check about one of the block's keys. */
 __attribute__((format(printf, 4, 5)))
-void err_sub(struct cfg_loader *lc, struct sc_pos p, const char *key,
+void cfg_err_sub(struct cfg_loader *lc, struct sc_pos p, const char *key,
              const char *fmt, ...);
 
 /* ---- row indices ------------------------------------------------------ */
@@ -109,22 +109,22 @@ const char *config_header_value_problem(const char *value);
 
 /* Each has the signature of cfg_block.check: obj is the parsed block, vals
  * its value nodes by row index, where its position. */
-void check_store(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
+void cfg_check_store(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
                  struct sc_pos where);
-void check_tls(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
+void cfg_check_tls(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
                struct sc_pos where);
-void check_policy(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
+void cfg_check_policy(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
                   struct sc_pos where);
-void check_breaker(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
+void cfg_check_breaker(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
                    struct sc_pos where);
-void check_retry(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
+void cfg_check_retry(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
                  struct sc_pos where);
-void check_route(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
+void cfg_check_route(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
                  struct sc_pos where);
-void check_verify(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
+void cfg_check_verify(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
                   struct sc_pos where);
 /* The whole config, once every section is parsed: listeners, leases. */
-void check_root(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
+void cfg_check_root(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
                 struct sc_pos where);
 
 #endif

@@ -202,7 +202,7 @@ static const struct cfg_key store_keys[] = {
      * store/group_commit.h), admin writes sync each. */
     [SK_SYNC] = {"sync", CT_BOOL, CF(store.sync), .def = "false"},
     [SK_URL] = {"url", CT_STRING, CF(store.url), .def = "",
-                .secret = CFG_SECRET_URL}, /* checked by check_store */
+                .secret = CFG_SECRET_URL}, /* checked by cfg_check_store */
     [SK_KEY_PREFIX] = {"key_prefix", CT_STRING, CF(store.key_prefix),
                        .def = "sluice:"},
     [SK_FLEET_SIZE] = {"fleet_size", CT_U32, CF(store.fleet_size), .def = "1",
@@ -216,7 +216,7 @@ static const struct cfg_key store_keys[] = {
 };
 FITS(store_keys);
 static const struct cfg_block store_block = {"store", KEYS(store_keys),
-                                             .check = check_store};
+                                             .check = cfg_check_store};
 
 static const struct cfg_key limits_keys[] = {
     {"max_body", CT_SIZE, CF(limits.max_body), .def = "8MiB"},
@@ -261,7 +261,7 @@ static const struct cfg_key tls_keys[] = {
                      .pos_off = CFG_OPT(offsetof(struct sc_tls, key_pos))},
 };
 static const struct cfg_block tls_block = {"tls", KEYS(tls_keys),
-                                           .check = check_tls};
+                                           .check = cfg_check_tls};
 
 static const struct cfg_key upstream_keys[] = {
     {"url", CT_URL, 0, .required = true},
@@ -320,7 +320,7 @@ static const struct cfg_key retry_keys[] = {
 };
 FITS(retry_keys);
 static const struct cfg_block retry_block = {"retry", KEYS(retry_keys),
-                                             .check = check_retry};
+                                             .check = cfg_check_retry};
 
 static bool breaker_present(const void *obj)
 {
@@ -337,7 +337,7 @@ static const struct cfg_key breaker_keys[] = {
 FITS(breaker_keys);
 static const struct cfg_block breaker_block = {
     "breaker", KEYS(breaker_keys), .pos_off = CFG_OPT(CB(pos)),
-    .present = breaker_present, .check = check_breaker};
+    .present = breaker_present, .check = cfg_check_breaker};
 
 #define CQ(field) offsetof(struct sc_quota, field)
 #define CL(field) offsetof(struct sc_lane, field)
@@ -349,7 +349,7 @@ static bool quota_present(const void *obj)
 
 static const struct cfg_key quota_keys[] = {
     [QK_FOLLOW] = {"follow", CT_BOOL, CQ(follow), .def = "false"},
-    /* No default row: it is rate / 100, which check_policy sets once the
+    /* No default row: it is rate / 100, which cfg_check_policy sets once the
      * policy's rate is known. */
     [QK_MIN_RATE] = {"min_rate", CT_RATE, CQ(min_rate),
                      .def_doc = "`rate` / 100",
@@ -367,7 +367,7 @@ static const struct cfg_key lane_keys[] = {
     [LK_SHARE] = {"share", CT_PERCENT, CL(share), .required = true,
                   .min = "0.01%", .max = "100%",
                   .pos_off = CFG_OPT(CL(share_pos))},
-    /* No default row: the policy's max_wait, set by check_policy. */
+    /* No default row: the policy's max_wait, set by cfg_check_policy. */
     [LK_MAX_WAIT] = {"max_wait", CT_DURATION, CL(max_wait_ms),
                      .def_doc = "the policy's `max_wait`",
                      .pos_off = CFG_OPT(CL(max_wait_pos))},
@@ -400,7 +400,7 @@ static const struct cfg_key verify_keys[] = {
 FITS(verify_keys);
 static const struct cfg_block verify_block = {
     "verify", KEYS(verify_keys), .pos_off = CFG_OPT(CV(pos)),
-    .present = verify_present, .check = check_verify};
+    .present = verify_present, .check = cfg_check_verify};
 
 static const struct cfg_key idem_keys[] = {
     {"header", CT_STRING, CI(header), .def = "Idempotency-Key",
@@ -452,7 +452,7 @@ FITS(policy_keys);
 const struct cfg_block cfg_policy_block = {
     "policy", KEYS(policy_keys), .size = sizeof(struct sc_policy),
     .name_off = CFG_OPT(CP(name)), .pos_off = CFG_OPT(CP(pos)),
-    .check = check_policy};
+    .check = cfg_check_policy};
 
 #define CT(field) offsetof(struct sc_route, field)
 
@@ -469,7 +469,7 @@ static const struct cfg_key route_keys[] = {
     [RT_TIMEOUT] = {"timeout", CT_DURATION, CT(timeout_ms), .min = "1ms",
                     .flag_off = CFG_OPT(CT(has_timeout)),
                     .pos_off = CFG_OPT(CT(timeout_pos))},
-    /* No default row: the policy's last lane, set by check_route. */
+    /* No default row: the policy's last lane, set by cfg_check_route. */
     [RT_LANE] = {"lane", CT_STRING, CT(lane),
                  .def_doc = "the policy's last lane",
                  .pos_off = CFG_OPT(CT(lane_pos))},
@@ -477,7 +477,7 @@ static const struct cfg_key route_keys[] = {
 FITS(route_keys);
 static const struct cfg_block route_block = {
     "route", KEYS(route_keys), .size = sizeof(struct sc_route),
-    .pos_off = CFG_OPT(CT(pos)), .check = check_route};
+    .pos_off = CFG_OPT(CT(pos)), .check = cfg_check_route};
 
 /* Order matters: see the comment at the top of this file. */
 static const struct cfg_key root_keys[] = {
@@ -499,4 +499,4 @@ static const struct cfg_key root_keys[] = {
 };
 FITS(root_keys);
 const struct cfg_block cfg_root_block = {"config", KEYS(root_keys),
-                                         .check = check_root};
+                                         .check = cfg_check_root};

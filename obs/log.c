@@ -34,7 +34,7 @@ static void put_time(char *buf, size_t len, size_t *pos)
     snprintf(t, sizeof t, "\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\"",
              tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
              tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
-    text_put(buf, len, pos, t);
+    json_text_put(buf, len, pos, t);
 }
 
 static void emit(char *buf, size_t pos, size_t len)
@@ -83,13 +83,13 @@ void log_msg(enum sc_log_level level, const char *fmt, ...)
     vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
     one_line(raw, msg, sizeof msg);
-    text_put(buf, sizeof buf, &pos, "{\"time\":");
+    json_text_put(buf, sizeof buf, &pos, "{\"time\":");
     put_time(buf, sizeof buf, &pos);
-    text_put(buf, sizeof buf, &pos, ",\"level\":\"");
-    text_put(buf, sizeof buf, &pos, level_names[level]);
-    text_put(buf, sizeof buf, &pos, "\",\"msg\":");
+    json_text_put(buf, sizeof buf, &pos, ",\"level\":\"");
+    json_text_put(buf, sizeof buf, &pos, level_names[level]);
+    json_text_put(buf, sizeof buf, &pos, "\",\"msg\":");
     json_escape_append(buf, sizeof buf, &pos, msg, strlen(msg));
-    text_put(buf, sizeof buf, &pos, "}");
+    json_text_put(buf, sizeof buf, &pos, "}");
     emit(buf, pos, sizeof buf);
 }
 
@@ -107,9 +107,9 @@ static void key_hash(const char *key, char out[17])
 static void put_str_field(char *buf, size_t len, size_t *pos,
                           const char *name, const char *v, size_t vlen)
 {
-    text_put(buf, len, pos, ",\"");
-    text_put(buf, len, pos, name);
-    text_put(buf, len, pos, "\":");
+    json_text_put(buf, len, pos, ",\"");
+    json_text_put(buf, len, pos, name);
+    json_text_put(buf, len, pos, "\":");
     json_escape_append(buf, len, pos, v, vlen);
 }
 
@@ -118,9 +118,9 @@ void log_access(const struct access_entry *e)
     char buf[2048], num[256], kh[17];
     size_t pos = 0, plen = strcspn(e->target, "?");
 
-    text_put(buf, sizeof buf, &pos, "{\"time\":");
+    json_text_put(buf, sizeof buf, &pos, "{\"time\":");
     put_time(buf, sizeof buf, &pos);
-    text_put(buf, sizeof buf, &pos, ",\"type\":\"access\"");
+    json_text_put(buf, sizeof buf, &pos, ",\"type\":\"access\"");
     if (e->request_id)
         put_str_field(buf, sizeof buf, &pos, "request_id", e->request_id,
                       strlen(e->request_id));
@@ -129,10 +129,10 @@ void log_access(const struct access_entry *e)
     put_str_field(buf, sizeof buf, &pos, "method", e->method, strlen(e->method));
     put_str_field(buf, sizeof buf, &pos, "path", e->target, plen);
     snprintf(num, sizeof num, ",\"status\":%d", e->status);
-    text_put(buf, sizeof buf, &pos, num);
+    json_text_put(buf, sizeof buf, &pos, num);
     if (e->upstream_status) { /* left out when no status line came */
         snprintf(num, sizeof num, ",\"upstream_status\":%d", e->upstream_status);
-        text_put(buf, sizeof buf, &pos, num);
+        json_text_put(buf, sizeof buf, &pos, num);
     }
     put_str_field(buf, sizeof buf, &pos, "outcome", e->outcome, strlen(e->outcome));
     put_str_field(buf, sizeof buf, &pos, "reason", e->reason, strlen(e->reason));
@@ -141,14 +141,14 @@ void log_access(const struct access_entry *e)
              "\"total_ms\":%.3f,\"bytes_in\":%llu,\"bytes_out\":%llu",
              e->attempt, e->permit_wait_ms, e->upstream_ms, e->total_ms,
              (unsigned long long)e->bytes_in, (unsigned long long)e->bytes_out);
-    text_put(buf, sizeof buf, &pos, num);
+    json_text_put(buf, sizeof buf, &pos, num);
     if (e->shadow)
         put_str_field(buf, sizeof buf, &pos, "shadow", e->shadow, strlen(e->shadow));
     if (e->key) {
         key_hash(e->key, kh);
         put_str_field(buf, sizeof buf, &pos, "key_hash", kh, strlen(kh));
     }
-    text_put(buf, sizeof buf, &pos, "}");
+    json_text_put(buf, sizeof buf, &pos, "}");
     emit(buf, pos, sizeof buf);
 }
 
@@ -159,9 +159,9 @@ void log_lookup(const struct lookup_entry *e)
     int plen = snprintf(path, sizeof path, "%s%.*s", e->base_path,
                         (int)strcspn(e->path, "?"), e->path);
 
-    text_put(buf, sizeof buf, &pos, "{\"time\":");
+    json_text_put(buf, sizeof buf, &pos, "{\"time\":");
     put_time(buf, sizeof buf, &pos);
-    text_put(buf, sizeof buf, &pos, ",\"type\":\"lookup\",\"verify\":true");
+    json_text_put(buf, sizeof buf, &pos, ",\"type\":\"lookup\",\"verify\":true");
     if (e->request_id)
         put_str_field(buf, sizeof buf, &pos, "request_id", e->request_id,
                       strlen(e->request_id));
@@ -176,15 +176,15 @@ void log_lookup(const struct lookup_entry *e)
         snprintf(num, sizeof num, ",\"upstream_status\":%d", e->upstream_status);
     else
         snprintf(num, sizeof num, ",\"upstream_status\":null");
-    text_put(buf, sizeof buf, &pos, num);
+    json_text_put(buf, sizeof buf, &pos, num);
     put_str_field(buf, sizeof buf, &pos, "result", e->result, strlen(e->result));
     snprintf(num, sizeof num, ",\"permit_wait_ms\":%.3f,\"upstream_ms\":%.3f",
              e->permit_wait_ms, e->upstream_ms);
-    text_put(buf, sizeof buf, &pos, num);
+    json_text_put(buf, sizeof buf, &pos, num);
     if (e->key) {
         key_hash(e->key, kh);
         put_str_field(buf, sizeof buf, &pos, "key_hash", kh, strlen(kh));
     }
-    text_put(buf, sizeof buf, &pos, "}");
+    json_text_put(buf, sizeof buf, &pos, "}");
     emit(buf, pos, sizeof buf);
 }

@@ -190,7 +190,7 @@ uint64_t hint_delay_ms(uint64_t hint_ms, uint64_t rnd)
     return hint_ms + rnd % (j + 1);
 }
 
-enum retry_verdict retry_decide(const struct sc_retry *r, uint32_t attempt,
+enum retry_verdict backoff_retry_decide(const struct sc_retry *r, uint32_t attempt,
                                 bool has_hint, uint64_t hint_ms, uint64_t rnd,
                                 uint64_t *delay_ms)
 {

@@ -45,7 +45,7 @@ enum retry_verdict {
 
 /* Decides what a retryable failure at `attempt` becomes; *delay_ms gets the
  * requeue delay (1 ms .. max_delay) when the verdict is RETRY_REQUEUE. */
-enum retry_verdict retry_decide(const struct sc_retry *r, uint32_t attempt,
+enum retry_verdict backoff_retry_decide(const struct sc_retry *r, uint32_t attempt,
                                 bool has_hint, uint64_t hint_ms, uint64_t rnd,
                                 uint64_t *delay_ms);
 

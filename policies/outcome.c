@@ -10,7 +10,7 @@ static void retryable(const struct sc_retry *rt, const struct outcome_input *in,
                       enum reason r, struct outcome_verdict *v)
 {
     uint64_t delay = 0;
-    enum retry_verdict rv = retry_decide(rt, in->attempt, in->has_hint,
+    enum retry_verdict rv = backoff_retry_decide(rt, in->attempt, in->has_hint,
                                          in->hint_ms, in->rnd, &delay);
 
     v->reason = r;
@@ -85,4 +85,10 @@ void outcome_classify(const struct sc_retry *retry,
         answered(retry, in, v);
     else
         failed(retry, in, v);
+}
+
+bool outcome_replayable(const struct sc_policy *p, int status)
+{
+    return sc_idem_replays_status(&p->idem, status) &&
+           !sc_retry_on_status(&p->retry, status);
 }

@@ -54,4 +54,8 @@ void outcome_classify(const struct sc_retry *retry,
                       const struct outcome_input *in,
                       struct outcome_verdict *v);
 
+/* Whether an upstream answer of this status passed to the worker is stored
+ * for replay under the request's key: in replay_statuses, not in retry.on. */
+bool outcome_replayable(const struct sc_policy *p, int status);
+
 #endif

@@ -12,10 +12,10 @@
 #include <event2/thread.h>
 
 #include "proxy/admin.h"
-#include "proxy/exchange.h"
+#include "proxy/server/mhd_request.h"
 #include "proxy/notify.h"
 #include "obs/log.h"
-#include "proxy/upstream.h"
+#include "proxy/upstream/upstream.h"
 #include "proxy/version.h"
 #include "store/store.h"
 #include "util/clock.h"

@@ -10,11 +10,11 @@
 #include <openssl/ssl.h>
 
 #include "config/config.h"
-#include "policies/claims.h"
+#include "pacing/claims.h"
 #include "obs/metrics.h"
-#include "proxy/pacing.h"
+#include "pacing/pacing.h"
 #include "proxy/runtime.h"
-#include "proxy/server.h"
+#include "proxy/server/server.h"
 #include "util/error.h"
 
 struct MHD_Daemon;

@@ -7,8 +7,8 @@
 #include <event2/event.h>
 
 #include "proxy/app.h"
-#include "proxy/server.h"
-#include "proxy/upstream.h"
+#include "proxy/server/server.h"
+#include "proxy/upstream/upstream.h"
 #include "util/clock.h"
 
 /* prev's context made from the same source, with a reference taken, or
@@ -113,6 +113,22 @@ nomem:
     return -ENOMEM;
 }
 
+/* Each policy's plans (proxy/exchange/plan.c), the default policy's last:
+ * what its requests run, fixed for the config's life. */
+static int plans_init(struct runtime *rt)
+{
+    const struct sc_config *cfg = rt->cfg;
+    bool shares = rt->app && rt->app->store && store_shares_buckets(rt->app->store);
+
+    rt->plans = calloc(cfg->n_policies + 1, sizeof *rt->plans);
+    if (!rt->plans)
+        return -ENOMEM;
+    for (size_t i = 0; i < cfg->n_policies; i++)
+        ex_plans_build(&cfg->policies[i], shares, &rt->plans[i]);
+    ex_plans_build(&cfg->default_policy, shares, &rt->plans[cfg->n_policies]);
+    return 0;
+}
+
 int runtime_new(struct app *app, struct sc_config *cfg,
                 const struct runtime *prev, struct runtime **out,
                 struct sc_error *err)
@@ -132,6 +148,8 @@ int runtime_new(struct app *app, struct sc_config *cfg,
         (rc = proxies_init(rt, err)) != 0)
         goto fail;
     rc = pacing_init(&rt->pacing, cfg, prev ? &prev->pacing : NULL);
+    if (rc == 0)
+        rc = plans_init(rt);
     if (rc == 0)
         rc = metrics_ids_build(&app->metrics, cfg, &rt->ids);
     if (rc != 0) {
@@ -163,6 +181,7 @@ void runtime_free_now(struct runtime *rt)
         free_loop_pools(rt, w);
     free(rt->pools);
     pacing_free(&rt->pacing);
+    free(rt->plans);
     metrics_ids_free(&rt->ids);
     for (size_t i = 0; rt->tls && i < rt->cfg->n_upstreams; i++)
         if (rt->tls[i])

@@ -12,7 +12,8 @@
 
 #include "config/config.h"
 #include "obs/metrics.h"
-#include "proxy/pacing.h"
+#include "pacing/pacing.h"
+#include "proxy/exchange/plan.h"
 #include "util/error.h"
 
 struct app;
@@ -27,6 +28,7 @@ struct runtime {
     char **tls_src;             /* what each was made from (up_tls_source) */
     struct up_proxy **proxies;  /* per upstream; NULL: direct */
     struct pacing pacing;
+    struct ex_plans *plans;     /* per policy, the default policy's last */
     struct metrics_ids ids;
     struct up_pool ***pools;    /* [loop][upstream] */
     unsigned n_loops;
@@ -39,6 +41,12 @@ struct runtime {
 int runtime_new(struct app *app, struct sc_config *cfg,
                 const struct runtime *prev, struct runtime **out,
                 struct sc_error *err);
+
+/* The plans of a route's policy index (-1: the default policy). */
+static inline const struct ex_plans *runtime_plans(const struct runtime *rt, long policy)
+{
+    return &rt->plans[policy >= 0 ? (size_t)policy : rt->cfg->n_policies];
+}
 
 /* The current runtime with a reference taken; thread-safe. */
 struct runtime *runtime_acquire(struct app *app);

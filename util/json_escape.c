@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-void text_put(char *buf, size_t len, size_t *pos, const char *s)
+void json_text_put(char *buf, size_t len, size_t *pos, const char *s)
 {
     size_t n = strlen(s);
 
@@ -40,7 +40,7 @@ void json_escape_append(char *buf, size_t len, size_t *pos, const char *s,
 {
     char esc[8];
 
-    text_put(buf, len, pos, "\"");
+    json_text_put(buf, len, pos, "\"");
     for (size_t i = 0; i < slen && *pos + 8 < len; i++) {
         unsigned char c = (unsigned char)s[i];
         size_t u = c >= 0x80 ? utf8_len((const unsigned char *)s + i, slen - i) : 0;
@@ -63,8 +63,8 @@ void json_escape_append(char *buf, size_t len, size_t *pos, const char *s,
             esc[0] = (char)c;
             esc[1] = '\0';
         }
-        text_put(buf, len, pos, esc);
+        json_text_put(buf, len, pos, esc);
     }
-    text_put(buf, len, pos, "\"");
+    json_text_put(buf, len, pos, "\"");
 }
 

@@ -5,7 +5,7 @@
 #include <stddef.h>
 
 /* Appends s at *pos, truncating so buf (len bytes) stays NUL-terminated. */
-void text_put(char *buf, size_t len, size_t *pos, const char *s);
+void json_text_put(char *buf, size_t len, size_t *pos, const char *s);
 
 /* Appends s as a JSON string (with quotes) to buf at *pos, escaping what JSON
  * requires (valid UTF-8 passes, stray bytes become U+FFFD); stops short of

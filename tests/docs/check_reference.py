@@ -2,7 +2,7 @@
 """docs/reference/ against the sources (ctest docs_reference): every outcome and reason
 (policies/problem.c), every metric family with its type (obs/metrics.c, obs/process.c,
 proxy/admin.c), every admin endpoint (proxy/admin.c), every access-log field (obs/log.c) and
-every header name sluice reads or writes (proxy/, policies/) must appear in its reference page,
+every header name sluice reads or writes (proxy/ and its folders, policies/) must appear in its reference page,
 and every relative link of README.md, deploy/README.md and the pages of docs/ must name a file
 that exists, and README.md must link every page of docs/. So a new reason, metric or header cannot ship undocumented.
 
@@ -109,10 +109,11 @@ def check_headers():
     spans = {s.lower() for s in ticked(doc)}
     names = set()
     for d in ("proxy", "policies"):
-        for fn in os.listdir(os.path.join(ROOT, d)):
-            if fn.endswith(".c") or fn.endswith(".h"):
-                src = read(d, fn)
-                names |= set(re.findall(r'"((?:Sluice|X|Idempot|Retry|RateLimit)[A-Za-z-]*)"', src))
+        for top, _, files in os.walk(os.path.join(ROOT, d)):
+            for fn in files:
+                if fn.endswith(".c") or fn.endswith(".h"):
+                    src = read(os.path.relpath(top, ROOT), fn)
+                    names |= set(re.findall(r'"((?:Sluice|X|Idempot|Retry|RateLimit)[A-Za-z-]*)"', src))
     names = {n for n in names if n not in NOT_CONTRACT and n != "Sluice-" and "-" in n}
     if len(names) < 8:
         problems.append(f"found only {len(names)} header names in the sources: the parser is stale")

@@ -91,7 +91,7 @@ static uint64_t take(const uint8_t **p, size_t *n, int bytes)
 }
 
 /* A retry block the config loader would accept (its rows in config/schema.c
- * and check_retry in config/checks.c: base, cap >= 1 ms, cap >= base,
+ * and cfg_check_retry in config/checks.c: base, cap >= 1 ms, cap >= base,
  * multiplier 1..1000, max_attempts >= 1, max_delay 1 s..7 d). */
 static struct sc_retry retry_from(const uint8_t *p, size_t n)
 {
@@ -117,7 +117,7 @@ static void check_decide(const uint8_t *p, size_t n, bool has, uint64_t hint)
     FUZZ_CHECK(b >= 1000 && b <= (r.cap_ms > 1000 ? r.cap_ms : 1000),
                "backoff %llu ms, cap %llu", (unsigned long long)b,
                (unsigned long long)r.cap_ms);
-    v = retry_decide(&r, attempt, has, hint, rnd, &d);
+    v = backoff_retry_decide(&r, attempt, has, hint, rnd, &d);
     if (attempt >= r.max_attempts)
         FUZZ_CHECK(v == RETRY_DEAD_LETTER, "verdict %d", v);
     else if (v == RETRY_REQUEUE)

@@ -22,7 +22,7 @@
 
 #include "fuzz_check.h"
 #include "policies/headers.h"
-#include "proxy/upstream_parse.h"
+#include "proxy/upstream/parse.h"
 
 static void check_header(const struct up_header *h)
 {

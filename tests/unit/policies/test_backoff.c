@@ -1,7 +1,7 @@
 /* policies/backoff.c: the delay rules of docs/contract.md §4. Reset hints in
  * every form (Retry-After delta-seconds and the three HTTP-date forms, the
  * draft RateLimit header's t=, X-RateLimit-Reset), their malformed variants,
- * backoff with each jitter, the hint's jitter, and retry_decide's edges. */
+ * backoff with each jitter, the hint's jitter, and backoff_retry_decide's edges. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdint.h>
@@ -504,7 +504,7 @@ Test(hint_delay, within_hint_and_hint_plus_max_1s_10pct)
     }
 }
 
-/* ---- retry_decide --------------------------------------------------------------- */
+/* ---- backoff_retry_decide --------------------------------------------------------------- */
 
 static struct sc_retry decide_cfg(void)
 {
@@ -515,86 +515,86 @@ static struct sc_retry decide_cfg(void)
     return r;
 }
 
-Test(retry_decide, dead_letter_when_the_budget_is_spent)
+Test(backoff_retry_decide, dead_letter_when_the_budget_is_spent)
 {
     struct sc_retry r = decide_cfg();
     uint64_t d = SENTINEL;
 
-    cr_expect_eq(retry_decide(&r, 4, false, 0, 0, &d), RETRY_REQUEUE);
+    cr_expect_eq(backoff_retry_decide(&r, 4, false, 0, 0, &d), RETRY_REQUEUE);
     cr_expect_eq(d, 8000);
-    cr_expect_eq(retry_decide(&r, 5, false, 0, 0, &d), RETRY_DEAD_LETTER);
-    cr_expect_eq(retry_decide(&r, 6, false, 0, 0, &d), RETRY_DEAD_LETTER);
-    cr_expect_eq(retry_decide(&r, UINT32_MAX, false, 0, 0, &d), RETRY_DEAD_LETTER);
+    cr_expect_eq(backoff_retry_decide(&r, 5, false, 0, 0, &d), RETRY_DEAD_LETTER);
+    cr_expect_eq(backoff_retry_decide(&r, 6, false, 0, 0, &d), RETRY_DEAD_LETTER);
+    cr_expect_eq(backoff_retry_decide(&r, UINT32_MAX, false, 0, 0, &d), RETRY_DEAD_LETTER);
     /* with a hint too; and the spent budget wins over a too-long hint */
-    cr_expect_eq(retry_decide(&r, 5, true, 1000, 0, &d), RETRY_DEAD_LETTER);
-    cr_expect_eq(retry_decide(&r, 5, true, 10 * DAY_MS, 0, &d), RETRY_DEAD_LETTER);
+    cr_expect_eq(backoff_retry_decide(&r, 5, true, 1000, 0, &d), RETRY_DEAD_LETTER);
+    cr_expect_eq(backoff_retry_decide(&r, 5, true, 10 * DAY_MS, 0, &d), RETRY_DEAD_LETTER);
     r.max_attempts = 1;
-    cr_expect_eq(retry_decide(&r, 1, false, 0, 0, &d), RETRY_DEAD_LETTER);
+    cr_expect_eq(backoff_retry_decide(&r, 1, false, 0, 0, &d), RETRY_DEAD_LETTER);
 }
 
-Test(retry_decide, hint_beyond_max_delay_is_delay_exceeds_max)
+Test(backoff_retry_decide, hint_beyond_max_delay_is_delay_exceeds_max)
 {
     struct sc_retry r = decide_cfg();
     uint64_t d = SENTINEL;
 
-    cr_expect_eq(retry_decide(&r, 1, true, 60001, 0, &d), RETRY_DELAY_EXCEEDS_MAX);
-    cr_expect_eq(retry_decide(&r, 1, true, UINT64_MAX / 2, 0, &d), RETRY_DELAY_EXCEEDS_MAX);
+    cr_expect_eq(backoff_retry_decide(&r, 1, true, 60001, 0, &d), RETRY_DELAY_EXCEEDS_MAX);
+    cr_expect_eq(backoff_retry_decide(&r, 1, true, UINT64_MAX / 2, 0, &d), RETRY_DELAY_EXCEEDS_MAX);
     /* exactly max_delay is allowed, and its jitter clamped */
-    cr_expect_eq(retry_decide(&r, 1, true, 60000, 0, &d), RETRY_REQUEUE);
+    cr_expect_eq(backoff_retry_decide(&r, 1, true, 60000, 0, &d), RETRY_REQUEUE);
     cr_expect_eq(d, 60000);
-    cr_expect_eq(retry_decide(&r, 1, true, 60000, 999, &d), RETRY_REQUEUE);
+    cr_expect_eq(backoff_retry_decide(&r, 1, true, 60000, 999, &d), RETRY_REQUEUE);
     cr_expect_eq(d, 60000);
     /* the hint replaces the backoff, with its own jitter */
-    cr_expect_eq(retry_decide(&r, 4, true, 2000, 0, &d), RETRY_REQUEUE);
+    cr_expect_eq(backoff_retry_decide(&r, 4, true, 2000, 0, &d), RETRY_REQUEUE);
     cr_expect_eq(d, 2000);
-    cr_expect_eq(retry_decide(&r, 4, true, 2000, 700, &d), RETRY_REQUEUE);
+    cr_expect_eq(backoff_retry_decide(&r, 4, true, 2000, 700, &d), RETRY_REQUEUE);
     cr_expect_eq(d, 2700);
-    cr_expect_eq(retry_decide(&r, 1, true, 59000, 2000, &d), RETRY_REQUEUE);
+    cr_expect_eq(backoff_retry_decide(&r, 1, true, 59000, 2000, &d), RETRY_REQUEUE);
     cr_expect_eq(d, 60000, "hint + jitter clamped to max_delay");
     /* a huge hint from a header goes the same way */
     {
         uint64_t hint = 0;
 
         cr_assert_eq(hint_retry_after("18446744073709551616", 0, &hint), 0);
-        cr_expect_eq(retry_decide(&r, 1, true, hint, 0, &d), RETRY_DELAY_EXCEEDS_MAX);
+        cr_expect_eq(backoff_retry_decide(&r, 1, true, hint, 0, &d), RETRY_DELAY_EXCEEDS_MAX);
     }
 }
 
-Test(retry_decide, backoff_is_clamped_to_max_delay)
+Test(backoff_retry_decide, backoff_is_clamped_to_max_delay)
 {
     struct sc_retry r = decide_cfg();
     uint64_t d = SENTINEL;
 
     r.max_attempts = 100;
-    cr_expect_eq(retry_decide(&r, 6, false, 0, 0, &d), RETRY_REQUEUE);
+    cr_expect_eq(backoff_retry_decide(&r, 6, false, 0, 0, &d), RETRY_REQUEUE);
     cr_expect_eq(d, 32000);
-    cr_expect_eq(retry_decide(&r, 7, false, 0, 0, &d), RETRY_REQUEUE);
+    cr_expect_eq(backoff_retry_decide(&r, 7, false, 0, 0, &d), RETRY_REQUEUE);
     cr_expect_eq(d, 60000);
-    cr_expect_eq(retry_decide(&r, 60, false, 0, 0, &d), RETRY_REQUEUE);
+    cr_expect_eq(backoff_retry_decide(&r, 60, false, 0, 0, &d), RETRY_REQUEUE);
     cr_expect_eq(d, 60000);
     r.jitter = SC_JITTER_FULL;
-    cr_expect_eq(retry_decide(&r, 60, false, 0, UINT64_MAX, &d), RETRY_REQUEUE);
+    cr_expect_eq(backoff_retry_decide(&r, 60, false, 0, UINT64_MAX, &d), RETRY_REQUEUE);
     cr_expect_leq(d, 60000);
     cr_expect_geq(d, 1000);
     /* a max_delay under 1 s wins over the 1 s floor */
     r.max_delay_ms = 500;
     r.jitter = SC_JITTER_NONE;
-    cr_expect_eq(retry_decide(&r, 1, false, 0, 0, &d), RETRY_REQUEUE);
+    cr_expect_eq(backoff_retry_decide(&r, 1, false, 0, 0, &d), RETRY_REQUEUE);
     cr_expect_eq(d, 500);
 }
 
-Test(retry_decide, delay_is_at_least_1ms)
+Test(backoff_retry_decide, delay_is_at_least_1ms)
 {
     struct sc_retry r = decide_cfg();
     uint64_t d = SENTINEL;
 
-    cr_expect_eq(retry_decide(&r, 1, true, 0, 0, &d), RETRY_REQUEUE);
+    cr_expect_eq(backoff_retry_decide(&r, 1, true, 0, 0, &d), RETRY_REQUEUE);
     cr_expect_eq(d, 1, "a hint of 0 without jitter is still 1 ms");
-    cr_expect_eq(retry_decide(&r, 1, true, 0, 500, &d), RETRY_REQUEUE);
+    cr_expect_eq(backoff_retry_decide(&r, 1, true, 0, 500, &d), RETRY_REQUEUE);
     cr_expect_eq(d, 500);
 }
 
-Test(retry_decide, random_inputs_stay_within_the_rules)
+Test(backoff_retry_decide, random_inputs_stay_within_the_rules)
 {
     uint64_t seed = 11;
 
@@ -608,7 +608,7 @@ Test(retry_decide, random_inputs_stay_within_the_rules)
 
         r.max_attempts = 1 + (uint32_t)(splitmix(&seed) % 10);
         r.max_delay_ms = 1 + splitmix(&seed) % (3 * DAY_MS);
-        v = retry_decide(&r, attempt, has_hint, hint, splitmix(&seed), &d);
+        v = backoff_retry_decide(&r, attempt, has_hint, hint, splitmix(&seed), &d);
         if (attempt >= r.max_attempts) {
             cr_assert_eq(v, RETRY_DEAD_LETTER);
         } else if (has_hint && hint > r.max_delay_ms) {
@@ -626,7 +626,7 @@ Test(retry_decide, random_inputs_stay_within_the_rules)
 
 /* The defaults of docs/contract.md §2 (base 1s, x2, cap 6h, 8 attempts, 7d, full)
  * through the config loader. */
-Test(retry_decide, default_retry_block)
+Test(backoff_retry_decide, default_retry_block)
 {
     static const char yaml[] =
         "upstreams: { up: { url: http://127.0.0.1:9000 } }\n"
@@ -638,13 +638,13 @@ Test(retry_decide, default_retry_block)
 
     cr_assert_eq(config_load_string("t.yaml", yaml, strlen(yaml), &cfg, &errs), 0);
     r = &cfg->default_policy.retry;
-    cr_expect_eq(retry_decide(r, 8, false, 0, 0, &d), RETRY_DEAD_LETTER);
-    cr_expect_eq(retry_decide(r, 7, false, 0, 63999, &d), RETRY_REQUEUE);
+    cr_expect_eq(backoff_retry_decide(r, 8, false, 0, 0, &d), RETRY_DEAD_LETTER);
+    cr_expect_eq(backoff_retry_decide(r, 7, false, 0, 63999, &d), RETRY_REQUEUE);
     cr_expect_eq(d, 64000, "attempt 7: full jitter up to 2^6 s");
-    cr_expect_eq(retry_decide(r, 7, false, 0, 64000, &d), RETRY_REQUEUE);
+    cr_expect_eq(backoff_retry_decide(r, 7, false, 0, 64000, &d), RETRY_REQUEUE);
     cr_expect_eq(d, 1000);
-    cr_expect_eq(retry_decide(r, 1, true, 7 * DAY_MS + 1, 0, &d), RETRY_DELAY_EXCEEDS_MAX);
-    cr_expect_eq(retry_decide(r, 1, true, 7 * DAY_MS, 0, &d), RETRY_REQUEUE);
+    cr_expect_eq(backoff_retry_decide(r, 1, true, 7 * DAY_MS + 1, 0, &d), RETRY_DELAY_EXCEEDS_MAX);
+    cr_expect_eq(backoff_retry_decide(r, 1, true, 7 * DAY_MS, 0, &d), RETRY_REQUEUE);
     cr_expect_eq(d, 7 * DAY_MS);
     sc_errors_free(&errs);
     config_free(cfg);

@@ -1,0 +1,43 @@
+/* What the rows of a request's plan may use of the process (stage.h): one
+ * per event loop, owned by the loop (server.c), borrowed by its requests. */
+#ifndef SLUICE_PROXY_EXCHANGE_ENV_H
+#define SLUICE_PROXY_EXCHANGE_ENV_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+struct claims;
+struct event_base;
+struct freelist;
+struct metrics_shard;
+struct statsd;
+struct store_loop;
+
+/* The clock stages read (tests give a fake one). */
+struct ex_clock {
+    uint64_t (*mono_ns)(void *arg);
+    uint64_t (*wall_ms)(void *arg);
+    void *arg;
+};
+
+/* What stages may use of the process: one per event loop, set up by its
+ * owner (the server) and borrowed by every exchange of the loop. */
+struct ex_env {
+    const struct ex_clock *clock;
+    struct event_base *base;        /* events a stage registers */
+    struct store_loop *store;       /* the store's calls from this loop */
+    bool store_shares;              /* it shares buckets and slots (Redis) */
+    uint64_t store_timeout_ms;      /* one store call; 0: no limit */
+    uint32_t replicas_ack;          /* a completion also waits for replicas */
+    struct claims *claims;          /* keys waiting for their permit */
+    atomic_long *leases_active;     /* durable leases held, for the gauge */
+    struct metrics_shard *metrics;  /* this loop's shard */
+    struct statsd *statsd;          /* fd -1: off */
+    struct freelist *spare_calls;   /* store calls kept for reuse */
+};
+
+/* The process's clocks (util/clock.h), for an env outside tests. */
+extern const struct ex_clock ex_system_clock;
+
+#endif

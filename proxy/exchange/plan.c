@@ -1,0 +1,75 @@
+/* A policy's plans, row by row: where the order of the stages is written
+ * down, and the one place that names them. A request runs
+ *
+ *   keyed:  key, lookup, permit, slot, send check, lease, upstream,
+ *           feedback, upstream body, commit
+ *   plain:  permit, slot, send check, upstream, feedback, upstream body
+ *
+ * with each row present only where the policy needs it: no permit, send
+ * check or feedback without a rate; the shadow permit in shadow mode; the
+ * fleet's permit and slot for `shared: redis` on a store that shares them,
+ * where a keyed request's lookup and lease ride in its permit's call
+ * (permit_lease) and have no rows of their own. The slot row is always
+ * there: it counts the requests in flight. */
+#include "proxy/exchange/plan.h"
+
+#include "proxy/exchange/stages.h"
+
+static void add(struct ex_plan *pl, const struct ex_stage *row)
+{
+    if (pl->n < EX_PLAN_MAX)
+        pl->row[pl->n++] = row;
+}
+
+struct shape {
+    bool keyed, rate, shadow, fleet;
+};
+
+static void pacing_rows(struct ex_plan *pl, const struct sc_policy *p,
+                        const struct shape *s)
+{
+    if (s->rate && s->shadow)
+        add(pl, &stage_permit_shadow);
+    else if (s->rate && s->fleet)
+        add(pl, s->keyed ? &stage_permit_lease : &stage_permit_fleet);
+    else if (s->rate)
+        add(pl, &stage_permit);
+    add(pl, s->fleet && !s->shadow && p->concurrency ? &stage_slot_fleet : &stage_slot);
+    if (s->rate && !s->shadow)
+        add(pl, &stage_send_check);
+}
+
+static void build(struct ex_plan *pl, const struct sc_policy *p, const struct shape *s)
+{
+    /* The fleet's permit takes the key's lease itself. */
+    bool lease_rows = s->keyed && !(s->rate && s->fleet && !s->shadow);
+
+    pl->n = 0;
+    if (s->keyed)
+        add(pl, &stage_key);
+    if (lease_rows)
+        add(pl, &stage_lookup);
+    pacing_rows(pl, p, s);
+    if (lease_rows)
+        add(pl, &stage_lease);
+    add(pl, &stage_upstream);
+    if (s->rate)
+        add(pl, s->fleet ? &stage_feedback_fleet : &stage_feedback);
+    add(pl, &stage_upstream_body);
+    if (s->keyed)
+        add(pl, &stage_commit);
+}
+
+void ex_plans_build(const struct sc_policy *p, bool store_shares,
+                    struct ex_plans *out)
+{
+    struct shape s = {
+        .rate = p->has_rate,
+        .shadow = p->mode == SC_MODE_SHADOW,
+        .fleet = p->shared == SC_SHARED_REDIS && store_shares,
+    };
+
+    build(&out->plain, p, &s);
+    s.keyed = p->idem.enabled;
+    build(&out->keyed, p, &s);
+}

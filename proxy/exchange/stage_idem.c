@@ -1,0 +1,322 @@
+/* The idempotency rows of a keyed request's plan:
+ *   key:    the key checked, the fingerprint taken;
+ *   lookup: the store read (replay, 422, lease_held), then an in-memory
+ *           claim while the request paces;
+ *   lease:  the durable lease, taken atomically in the store as it forwards;
+ *   commit: completed (before the worker sees it), released (a known,
+ *           retryable result), or kept (unknown outcome) until expiry.
+ * Lookup, lease and commit are store calls: each row starts its call and,
+ * when the backend answers later (Redis), waits for the completion or the
+ * store's timeout, whichever comes first. A fleet policy's keyed plan has
+ * no lookup or lease row: its permit row takes the lease (stage_permit.c). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <event2/buffer.h>
+
+#include "obs/log.h"
+#include "policies/idemkey.h"
+#include "proxy/exchange/stages.h"
+
+/* ---- key ------------------------------------------------------------------ */
+
+/* The plan is keyed: the method is one the policy keys, and a key came or
+ * one is required. */
+static enum ex_verdict key_run(struct exchange *ex, uint64_t now)
+{
+    const struct sc_idempotency *id = &ex->pol->idem;
+    const char *raw = ex->key; /* the policy's key header, read on arrival */
+    size_t blen = ex->body ? evbuffer_get_length(ex->body) : 0;
+    char why[128];
+
+    if (!raw) {
+        ex_refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST,
+                  "%s %s needs an %s header (policy %s)", ex->method,
+                  ex->route->prefix, id->header, ex->pol->name);
+        return EXV_ANSWER;
+    }
+    if (idem_key_parse(raw, ex->key_buf, why, sizeof why) != 0) {
+        ex_refuse(ex, 400, OUT_REJECTED, R_MALFORMED_REQUEST, "invalid %s: %s",
+                  id->header, why);
+        return EXV_ANSWER;
+    }
+    ex->key = ex->key_buf;
+    ex->idem = true;
+    idem_fingerprint(id->fingerprint, ex->method, ex->target,
+                     blen ? evbuffer_pullup(ex->body, -1) : NULL, blen, ex->fp);
+    return EXV_NEXT;
+}
+
+const struct ex_stage stage_key = {
+    .name = "key",
+    .run = key_run,
+    .flags = STAGE_WATCH,
+};
+
+/* ---- lookup --------------------------------------------------------------- */
+
+static int start_get(struct exchange *ex)
+{
+    return store_get_async(ex->env->store, ex->scall, ex->pol->name, ex->key,
+                           ex_wall_ms(ex));
+}
+
+/* What the store already knows; false when that answers the request. */
+static bool looked_up(struct exchange *ex)
+{
+    uint64_t now = ex_wall_ms(ex);
+    struct store_record *rec = &ex->replay;
+    int rc = ex->scall->rc;
+
+    if (rc == -ENOENT)
+        return true;
+    if (rc != 0) {
+        ex_store_failed(ex, "read", &ex->scall->err);
+        return false;
+    }
+    *rec = ex->scall->rec; /* the exchange owns it now */
+    memset(&ex->scall->rec, 0, sizeof ex->scall->rec);
+    if (memcmp(rec->fingerprint, ex->fp, STORE_FP_LEN) != 0) {
+        ex_key_reused(ex);
+        return false;
+    }
+    if (rec->state == STORE_COMPLETED) {
+        ex->kind = ANSWER_REPLAY;
+        return false;
+    }
+    /* The attempt count survives redeliveries: it is the store's. */
+    ex->attempt = rec->attempt + 1;
+    if (rec->lease_expires_ms > now) {
+        ex_lease_held(ex, rec->lease_expires_ms - now);
+        return false;
+    }
+    store_record_clear(rec); /* released or expired lease: may take over */
+    return true;
+}
+
+static bool claim(struct exchange *ex, uint64_t now)
+{
+    uint64_t remaining, deadline = now + ex->pol->max_wait_ms * NS_PER_MS;
+
+    if (claims_take(ex->env->claims, ex->pol->name, ex->key, now, deadline,
+                    sc_route_timeout(ex->route, ex->up) * NS_PER_MS, &remaining)) {
+        ex->claimed = true;
+        return true;
+    }
+    ex_lease_held(ex, (remaining + NS_PER_MS - 1) / NS_PER_MS);
+    return false;
+}
+
+static enum ex_verdict lookup_run(struct exchange *ex, uint64_t now)
+{
+    enum ex_verdict v = ex_store_wait(ex, now, start_get, ex->woke == WOKE_FIRST, ST_GET);
+
+    if (v != EXV_NEXT)
+        return v;
+    return looked_up(ex) && claim(ex, now) ? EXV_NEXT : EXV_ANSWER;
+}
+
+/* The claim ends with the answer: from then on the lease (or nothing) keeps
+ * duplicates off. */
+static void lookup_release(struct exchange *ex, enum ex_release how)
+{
+    if (ex->claimed)
+        claims_drop(ex->env->claims, ex->pol->name, ex->key);
+    ex->claimed = false;
+}
+
+const struct ex_stage stage_lookup = {
+    .name = "lookup",
+    .run = lookup_run,
+    .release = lookup_release,
+    .drain = ex_drain_unsent,
+    .flags = STAGE_WATCH,
+};
+
+/* ---- lease ---------------------------------------------------------------- */
+
+static int start_acquire(struct exchange *ex)
+{
+    const struct sc_idempotency *id = &ex->pol->idem;
+
+    return store_acquire_async(ex->env->store, ex->scall, ex->pol->name, ex->key,
+                               ex->fp, ex_wall_ms(ex), id->lease_ms, id->ttl_ms);
+}
+
+static enum ex_verdict lease_run(struct exchange *ex, uint64_t now)
+{
+    enum ex_verdict v = ex_store_wait(ex, now, start_acquire, ex->woke == WOKE_FIRST,
+                                      ST_ACQUIRE);
+
+    if (v != EXV_NEXT)
+        return v;
+    return ex_take_lease(ex) ? EXV_NEXT : EXV_ANSWER;
+}
+
+static void lease_release(struct exchange *ex, enum ex_release how)
+{
+    ex_lease_give_back(ex);
+}
+
+const struct ex_stage stage_lease = {
+    .name = "lease",
+    .run = lease_run,
+    .release = lease_release,
+    .drain = ex_drain_unsent,
+};
+
+/* ---- commit --------------------------------------------------------------- */
+
+static bool replayable(const struct exchange *ex)
+{
+    return ex->kind == ANSWER_UPSTREAM && outcome_replayable(ex->pol, ex->status);
+}
+
+/* The end-to-end headers, as the worker gets them: the request's own
+ * X-Request-Id in place of any the upstream sent, so a replay carries the
+ * id of the request that reached the partner. h has room for one more. */
+static size_t stored_headers(struct exchange *ex, const struct up_response *r,
+                             struct store_header *h)
+{
+    const struct up_header *keep[UP_MAX_HEADERS];
+    size_t n = up_response_end_to_end(r, keep), m = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        if (strcasecmp(keep[i]->name, EX_REQUEST_ID_HEADER) == 0)
+            continue;
+        h[m].name = keep[i]->name;
+        h[m].value = keep[i]->value;
+        m++;
+    }
+    h[m].name = EX_REQUEST_ID_HEADER;
+    h[m].value = (char *)ex_request_id(ex);
+    return m + 1;
+}
+
+/* Stores the answer for replay; head-only (a body over max_stored_body, or
+ * one still streaming) status and headers only. The backend copies what it
+ * needs before the call returns. */
+static int start_complete(struct exchange *ex)
+{
+    const struct up_response *r = &ex->ureq.resp;
+    bool omit = ex->commit == COMMIT_COMPLETE_HEAD;
+    struct store_header *h = calloc(r->n_headers + 1, sizeof *h);
+    size_t blen = omit ? 0 : evbuffer_get_length(r->body);
+    int rc;
+
+    if (!h) {
+        ex->scall->rc = -ENOMEM;
+        sc_error_set(&ex->scall->err, "out of memory");
+        return -ENOMEM;
+    }
+    rc = store_complete_async(ex->env->store, ex->scall, ex->pol->name, ex->key,
+                              ex->lease, ex_wall_ms(ex), ex->pol->idem.ttl_ms,
+                              r->status, h, stored_headers(ex, r, h),
+                              blen ? evbuffer_pullup(r->body, -1) : NULL, blen,
+                              omit);
+    free(h);
+    return rc;
+}
+
+static void completed(struct exchange *ex)
+{
+    struct metrics_shard *sh = ex->env->metrics;
+
+    if (ex->scall->rc == 0 && ex->scall->replication_short) {
+        /* Stored on the primary, not yet confirmed by replicas_ack
+         * replicas: answered anyway (the side effect happened); a failover
+         * now could lose it, which the counter makes visible. */
+        metrics_add(sh, ex->ids->replication_timeouts, 1);
+        log_debug("policy %s: a completed result is not confirmed by "
+                  "store.replicas_ack replicas yet", ex->pol->name);
+    }
+    if (ex->scall->rc == 0)
+        return;
+    /* The side effect happened; the worker must still learn the truth.
+     * The lease stays, so a duplicate waits for its expiry. Counted
+     * apart too: the one store failure that leaves a redelivery risk. */
+    ex_count_store_error(ex);
+    metrics_add(sh, ex->ids->commit_failures, 1);
+    if (ex->scall->rc == -ESTALE) /* fenced: the key is another lease's now */
+        log_warn("policy %s: the completed result of a key is not stored: "
+                 "this request outlived its lease: %s", ex->pol->name,
+                 ex->scall->err.text);
+    else
+        log_error("policy %s: cannot store the completed result of a key: %s",
+                  ex->pol->name, ex->scall->err.text);
+}
+
+static int start_release(struct exchange *ex)
+{
+    return store_release_async(ex->env->store, ex->scall, ex->pol->name, ex->key,
+                               ex->attempt, ex->lease, ex_wall_ms(ex),
+                               ex->pol->idem.ttl_ms);
+}
+
+/* Unknown outcome: the lease stands until it expires, and the job must
+ * not come back before then. */
+static void keep(struct exchange *ex)
+{
+    uint64_t lease_ms = ex->pol->idem.lease_ms;
+
+    if (ex->kind == ANSWER_INSTRUCTION && ex->outcome == OUT_REQUEUE &&
+        ex->instr.delay_ms < lease_ms)
+        ex->instr.delay_ms = lease_ms;
+}
+
+/* What the commit writes: nothing for an unknown outcome (the lease is
+ * kept), the answer for replay, or the key freed for a known, retryable
+ * result. */
+static enum ex_commit commit_op(struct exchange *ex)
+{
+    bool head_only = !ex->up_done && ex->kind == ANSWER_UPSTREAM;
+    enum up_result r = ex->ureq.resp.result;
+
+    if (!head_only && (r == UP_TIMEOUT || r == UP_CONNECTION_LOST))
+        return COMMIT_KEEP;
+    if (!replayable(ex))
+        return COMMIT_RELEASE;
+    if (head_only || evbuffer_get_length(ex->ureq.resp.body) >
+                         ex->pol->idem.max_stored_body)
+        return COMMIT_COMPLETE_HEAD;
+    return COMMIT_COMPLETE;
+}
+
+/* Runs when the answer is known: at the upstream's end, or at its head
+ * when the body is to stream (stored then without it). The worker sees
+ * the answer only once the store has it. */
+static enum ex_verdict commit_run(struct exchange *ex, uint64_t now)
+{
+    enum ex_verdict v;
+
+    if (!ex->leased || ex->settled)
+        return EXV_NEXT; /* drained before its lease: nothing to write */
+    if (ex->woke == WOKE_FIRST)
+        ex->commit = commit_op(ex);
+    if (ex->commit == COMMIT_KEEP) {
+        keep(ex);
+        ex->settled = true;
+        return EXV_NEXT;
+    }
+    v = ex_store_wait(ex, now,
+                      ex->commit == COMMIT_RELEASE ? start_release : start_complete,
+                      ex->woke == WOKE_FIRST,
+                      ex->commit == COMMIT_RELEASE ? ST_RELEASE : ST_COMPLETE);
+    if (v != EXV_NEXT)
+        return v;
+    ex->settled = true;
+    if (ex->commit == COMMIT_RELEASE)
+        ex_log_release(ex, ex->scall->rc, &ex->scall->err);
+    else
+        completed(ex);
+    return EXV_NEXT;
+}
+
+const struct ex_stage stage_commit = {
+    .name = "commit",
+    .run = commit_run,
+    .flags = STAGE_SETTLES,
+};

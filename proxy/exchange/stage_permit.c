@@ -1,0 +1,303 @@
+/* The permit rows: a start from the policy's bucket (GCRA: the start time
+ * is reserved at once, the driver's timer wakes the request then), within
+ * max_wait, otherwise requeue / rate_limited (or upstream_cooldown) at once;
+ * in shadow mode only counted; for `shared: redis` asked of the fleet's
+ * bucket in the store (with the key's lookup and lease in the same call
+ * for a keyed request); and the send check, the same bucket's numbers at
+ * the moment of sending. */
+#include <stdio.h>
+#include <string.h>
+
+#include "obs/log.h"
+#include "proxy/exchange/stages.h"
+
+/* Refused without waiting: the worker retries once a permit would exist. */
+static enum ex_verdict refuse_rate(struct exchange *ex, uint64_t start_ns,
+                                   uint64_t now)
+{
+    uint64_t cd = bucket_cooldown(ex->bucket);
+    enum reason r = cd > now ? R_UPSTREAM_COOLDOWN : R_RATE_LIMITED;
+
+    return ex_refuse_wait(ex, r, (start_ns - now + NS_PER_MS - 1) / NS_PER_MS);
+}
+
+/* Every partition of the policy is held by a request in flight or paused,
+ * and the table is full: a new value has no bucket to pace on. As for a
+ * slot, when one comes free is unknown: back after about a round trip. */
+static enum ex_verdict no_partition(struct exchange *ex)
+{
+    ex_instruct(ex, OUT_REQUEUE, R_RATE_LIMITED, EX_SLOT_RETRY_MS,
+                ex_attempts_so_far(ex), 0);
+    return EXV_ANSWER;
+}
+
+/* The request's bucket (its partition's, held until its end); false when
+ * that answers the request. */
+static bool take_bucket(struct exchange *ex, uint64_t now)
+{
+    ex_begin_wait(ex, now);
+    return pacing_bucket(ex->ps, ex->partition, now, &ex->bucket) == 0;
+}
+
+/* A partition is held until the request ends: a 429 met late still pauses
+ * it, and the answer's RateLimit headers read it. */
+static void bucket_release(struct exchange *ex, enum ex_release how)
+{
+    if (how != REL_END)
+        return;
+    pacing_bucket_put(ex->bucket);
+    ex->bucket = NULL;
+}
+
+static enum ex_verdict local_permit(struct exchange *ex, uint64_t now)
+{
+    uint64_t start;
+
+    if (!gcra_reserve(&ex->bucket->g, now, ex->pol->max_wait_ms * NS_PER_MS,
+                      &start))
+        return refuse_rate(ex, start, now);
+    ex->permit_at = start;
+    if (start <= now)
+        return EXV_NEXT;
+    ex->wake_at = start;
+    return EXV_WAIT;
+}
+
+/* The timer: never before the reserved moment (libevent's cached clock may
+ * fire a little early, and exactness must not depend on timer precision).
+ * A cooldown that began while this request waited came after its
+ * reservation: it waits again, after the cooldown, if max_wait allows. */
+static enum ex_verdict permit_due(struct exchange *ex, uint64_t now)
+{
+    uint64_t until = bucket_cooldown(ex->bucket), start;
+    uint64_t left = ex->wait_deadline_ns > now ? ex->wait_deadline_ns - now : 0;
+
+    if (now < ex->permit_at) {
+        ex->wake_at = ex->permit_at;
+        return EXV_WAIT;
+    }
+    /* A reservation made after the pause already lies beyond it. */
+    if (until <= now || ex->permit_at >= until)
+        return EXV_NEXT;
+    /* The fleet's bucket reserved this start; the pause is this sidecar's
+     * news (its own 429), passed on to the fleet: come back after it. */
+    if (ex->shared_permit)
+        return ex_refuse_wait(ex, R_UPSTREAM_COOLDOWN,
+                              (until - now + NS_PER_MS - 1) / NS_PER_MS);
+    if (!gcra_reserve(&ex->bucket->g, now, left, &start))
+        return ex_refuse_wait(ex, R_UPSTREAM_COOLDOWN,
+                              (start - now + NS_PER_MS - 1) / NS_PER_MS);
+    ex->permit_at = start;
+    ex->wake_at = start;
+    return EXV_WAIT;
+}
+
+/* ---- this sidecar's bucket ------------------------------------------------ */
+
+static enum ex_verdict permit_run(struct exchange *ex, uint64_t now)
+{
+    if (ex->woke != WOKE_FIRST)
+        return permit_due(ex, now);
+    if (!take_bucket(ex, now))
+        return no_partition(ex);
+    return local_permit(ex, now);
+}
+
+const struct ex_stage stage_permit = {
+    .name = "permit",
+    .run = permit_run,
+    .release = bucket_release,
+    .drain = ex_drain_unsent,
+    .flags = STAGE_WATCH,
+};
+
+/* Shadow mode: reserve as enforce would (so the bucket tracks real demand)
+ * but forward at once, remembering what enforce would have done. */
+static enum ex_verdict shadow_run(struct exchange *ex, uint64_t now)
+{
+    uint64_t start;
+
+    if (!take_bucket(ex, now))
+        return no_partition(ex);
+    if (!gcra_reserve(&ex->bucket->g, now, ex->pol->max_wait_ms * NS_PER_MS,
+                      &start))
+        ex->shadow = SHADOW_RATE_LIMITED;
+    else if (start > now)
+        ex->shadow = SHADOW_PERMIT_WAIT;
+    return EXV_NEXT;
+}
+
+const struct ex_stage stage_permit_shadow = {
+    .name = "permit_shadow",
+    .run = shadow_run,
+    .release = bucket_release,
+    .flags = STAGE_WATCH,
+};
+
+/* ---- the fleet's bucket (shared: redis) ----------------------------------- */
+
+static const char *partition_of(const struct exchange *ex)
+{
+    return ex->bucket && ex->bucket->partition ? ex->partition : NULL;
+}
+
+static int start_permit(struct exchange *ex)
+{
+    return store_permit_async(ex->env->store, ex->scall, ex->pol->name,
+                              partition_of(ex), ex->ps->fleet_t_ns,
+                              ex->ps->fleet_tau_ns, ex->pol->max_wait_ms * NS_PER_MS);
+}
+
+/* The same permit, with the key's lookup and lease (contract §10). */
+static int start_permit_lease(struct exchange *ex)
+{
+    const struct sc_idempotency *id = &ex->pol->idem;
+    struct store_bucket_ask b = {
+        .partition = partition_of(ex),
+        .t_ns = ex->ps->fleet_t_ns,
+        .tau_ns = ex->ps->fleet_tau_ns,
+        .max_wait_ns = ex->pol->max_wait_ms * NS_PER_MS,
+    };
+
+    return store_permit_lease_async(ex->env->store, ex->scall, ex->pol->name,
+                                    ex->key, ex->fp, ex_wall_ms(ex), id->lease_ms,
+                                    id->ttl_ms, &b);
+}
+
+/* While the store does not answer, this sidecar paces alone at its share
+ * of the fleet's numbers (its local bucket), and says so. */
+static void fall_back(struct exchange *ex)
+{
+    if (!atomic_exchange(&ex->ps->fallback, true))
+        log_warn("policy %s: shared bucket unreachable (%s): pacing locally "
+                 "at its share of the fleet's rate", ex->pol->name,
+                 ex->scall->err.text);
+}
+
+/* The fleet's bucket answered (ex->scall): wait for the start it reserved,
+ * or go back to the queue; no answer: the local fallback decides. */
+static enum ex_verdict fleet_answered(struct exchange *ex, uint64_t now)
+{
+    const struct store_permit *pm = &ex->scall->permit;
+
+    if (ex->scall->rc != 0) {
+        fall_back(ex);
+        return local_permit(ex, now);
+    }
+    if (atomic_exchange(&ex->ps->fallback, false))
+        log_info("policy %s: shared bucket reachable again", ex->pol->name);
+    if (!pm->granted)
+        return ex_refuse_wait(ex, pm->paused ? R_UPSTREAM_COOLDOWN : R_RATE_LIMITED,
+                              (pm->wait_ns + NS_PER_MS - 1) / NS_PER_MS);
+    ex->shared_permit = true;
+    ex->permit_at = now + pm->wait_ns;
+    if (pm->wait_ns == 0)
+        return EXV_NEXT;
+    ex->wake_at = ex->permit_at;
+    return EXV_WAIT;
+}
+
+static enum ex_verdict fleet_run(struct exchange *ex, uint64_t now)
+{
+    enum ex_verdict v;
+
+    if (ex->woke == WOKE_FIRST) {
+        if (!take_bucket(ex, now))
+            return no_partition(ex);
+        ex->asking = true;
+    }
+    if (!ex->asking)
+        return permit_due(ex, now);
+    v = ex_store_wait(ex, now, start_permit, ex->woke == WOKE_FIRST, ST_PERMIT);
+    if (v != EXV_NEXT)
+        return v;
+    ex->asking = false;
+    return fleet_answered(ex, now);
+}
+
+const struct ex_stage stage_permit_fleet = {
+    .name = "permit_fleet",
+    .run = fleet_run,
+    .release = bucket_release,
+    .drain = ex_drain_unsent,
+    .flags = STAGE_WATCH,
+};
+
+/* The fleet's answer to a permit asked with the lease: true when the lease
+ * is now the request's, or when the key is free and only the permit was
+ * refused (the permit's answer then says why); false when the key's record
+ * answers the request (a replay, lease_held, 422) or the store failed
+ * (store_unavailable: a keyed request is never forwarded on the fallback). */
+static bool lease_with_permit(struct exchange *ex)
+{
+    if (ex->scall->rc == 0 && ex->scall->acq.claim == STORE_FREE) {
+        ex->attempt = ex->scall->acq.attempt;
+        return true;
+    }
+    if (!ex_take_lease(ex))
+        return false;
+    ex->lease_with_permit = true;
+    return true;
+}
+
+/* One round trip for the key's lookup, the fleet's permit and the lease
+ * (instead of three): the lease, taken before the waits, runs max_wait +
+ * lease; one that leaves unsent is given back with its attempt uncounted. */
+static enum ex_verdict permit_lease_run(struct exchange *ex, uint64_t now)
+{
+    enum ex_verdict v;
+
+    if (ex->woke == WOKE_FIRST) {
+        if (!take_bucket(ex, now))
+            return no_partition(ex);
+        ex->asking = true;
+    }
+    if (!ex->asking)
+        return permit_due(ex, now);
+    v = ex_store_wait(ex, now, start_permit_lease, ex->woke == WOKE_FIRST,
+                      ST_PERMIT_LEASE);
+    if (v != EXV_NEXT)
+        return v;
+    ex->asking = false;
+    if (!lease_with_permit(ex))
+        return EXV_ANSWER;
+    return fleet_answered(ex, now);
+}
+
+static void permit_lease_release(struct exchange *ex, enum ex_release how)
+{
+    ex_lease_give_back(ex);
+    bucket_release(ex, how);
+}
+
+const struct ex_stage stage_permit_lease = {
+    .name = "permit_lease",
+    .run = permit_lease_run,
+    .release = permit_lease_release,
+    .drain = ex_drain_unsent,
+    .flags = STAGE_WATCH,
+};
+
+/* ---- the moment of sending ------------------------------------------------ */
+
+/* Timers that fire late and together (a starved CPU) would send late and
+ * on-time requests back to back: the bound burst + rate x t is checked
+ * again where requests leave, holding the slot meanwhile. A fleet's permit
+ * was timed by Redis for the fleet: this sidecar's share of the rate is no
+ * bound on it. */
+static enum ex_verdict send_check_run(struct exchange *ex, uint64_t now)
+{
+    uint64_t at;
+
+    if (ex->shared_permit || gcra_reserve(&ex->bucket->sent, now, 0, &at))
+        return EXV_NEXT;
+    ex->wake_at = at;
+    return EXV_WAIT;
+}
+
+const struct ex_stage stage_send_check = {
+    .name = "send_check",
+    .run = send_check_run,
+    .drain = ex_drain_unsent,
+    .flags = STAGE_WATCH,
+};

@@ -1,0 +1,42 @@
+/* The rows a plan is made of (plan.c puts them in order): each stage's
+ * file exports its rows, and only plan.c names them. */
+#ifndef SLUICE_PROXY_EXCHANGE_STAGES_H
+#define SLUICE_PROXY_EXCHANGE_STAGES_H
+
+#include "proxy/exchange/stage.h"
+#include "util/clock.h"
+
+/* stage_idem.c: the key checked and fingerprinted; the store read (a
+ * replay, 422, lease_held) then an in-memory claim; the durable lease as
+ * it is forwarded; the commit of the outcome before the worker sees it. */
+extern const struct ex_stage stage_key, stage_lookup, stage_lease, stage_commit;
+
+/* stage_permit.c: a permit of the policy's bucket (local, shadow, the
+ * fleet's, the fleet's with the key's lookup and lease in one call), and
+ * the bucket checked again at the moment of sending. */
+extern const struct ex_stage stage_permit, stage_permit_shadow, stage_permit_fleet,
+    stage_permit_lease, stage_send_check;
+
+/* stage_slot.c: a concurrency slot (this sidecar's, or the fleet's), and
+ * the count of requests in flight. */
+extern const struct ex_stage stage_slot, stage_slot_fleet;
+
+/* stage_upstream.c: the request sent, until its head or failure decides
+ * the answer; then the body held (to store, or to send whole) or dropped. */
+extern const struct ex_stage stage_upstream, stage_upstream_body;
+
+/* stage_feedback.c: what the upstream's answer tells the policy: a 429's
+ * cooldown, the breaker's streak. */
+extern const struct ex_stage stage_feedback, stage_feedback_fleet;
+
+/* The wait for a permit and a slot starts at the first row that paces and
+ * ends at max_wait; the rows after it count from the same moment. */
+static inline void ex_begin_wait(struct exchange *ex, uint64_t now)
+{
+    if (ex->wait_start_ns)
+        return;
+    ex->wait_start_ns = now;
+    ex->wait_deadline_ns = now + ex->pol->max_wait_ms * NS_PER_MS;
+}
+
+#endif

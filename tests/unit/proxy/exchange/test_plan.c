@@ -1,0 +1,85 @@
+/* proxy/exchange/plan.c: each policy's plans hold the rows it needs, in
+ * order, and no others. */
+#include "proxy/exchange/plan.h"
+#include "unit/proxy/exchange/fixture.h"
+
+static const char yaml[] =
+    "upstreams: { up: { url: http://127.0.0.1:9000 } }\n"
+    "store: { backend: redis, url: \"redis://127.0.0.1:1/0\" }\n"
+    "policies:\n"
+    "  paced: { rate: 10/s, idempotency: {} }\n"
+    "  shadow: { rate: 10/s, mode: shadow, idempotency: {} }\n"
+    "  fleet: { rate: 10/s, concurrency: 2, shared: redis, idempotency: {} }\n"
+    "  keys: { idempotency: {} }\n"
+    "routes: [{ prefix: /, upstream: up }]\n";
+
+static void up(void)
+{
+    fixture_up(yaml);
+}
+
+TestSuite(plan, .init = up, .fini = fixture_down);
+
+static void expect_rows(const struct ex_plan *p, const char *want)
+{
+    char got[256] = "";
+
+    for (size_t i = 0; i < p->n; i++) {
+        strcat(got, p->row[i]->name);
+        strcat(got, i + 1 < p->n ? " " : "");
+    }
+    cr_expect_str_eq(got, want);
+}
+
+static const struct sc_policy *policy(const char *name)
+{
+    for (size_t i = 0; i < fx.cfg->n_policies; i++)
+        if (!strcmp(fx.cfg->policies[i].name, name))
+            return &fx.cfg->policies[i];
+    cr_assert_fail("no policy %s", name);
+    return NULL;
+}
+
+Test(plan, a_paced_keyed_policy)
+{
+    struct ex_plans ps;
+
+    ex_plans_build(policy("paced"), false, &ps);
+    expect_rows(&ps.plain, "permit slot send_check upstream feedback upstream_body");
+    expect_rows(&ps.keyed, "key lookup permit slot send_check lease upstream feedback "
+                           "upstream_body commit");
+}
+
+Test(plan, shadow_mode_counts_and_never_checks_at_sending)
+{
+    struct ex_plans ps;
+
+    ex_plans_build(policy("shadow"), false, &ps);
+    expect_rows(&ps.plain, "permit_shadow slot upstream feedback upstream_body");
+}
+
+/* The fleet's permit carries the key's lookup and lease: no rows of their
+ * own. On a store that cannot share, the same policy paces locally. */
+Test(plan, a_fleet_policy)
+{
+    struct ex_plans ps;
+
+    ex_plans_build(policy("fleet"), true, &ps);
+    expect_rows(&ps.plain, "permit_fleet slot_fleet send_check upstream feedback_fleet "
+                           "upstream_body");
+    expect_rows(&ps.keyed, "key permit_lease slot_fleet send_check upstream "
+                           "feedback_fleet upstream_body commit");
+    ex_plans_build(policy("fleet"), false, &ps);
+    expect_rows(&ps.plain, "permit slot send_check upstream feedback upstream_body");
+}
+
+Test(plan, no_rate_no_pacing_rows)
+{
+    struct ex_plans ps;
+
+    ex_plans_build(policy("keys"), false, &ps);
+    expect_rows(&ps.plain, "slot upstream upstream_body");
+    expect_rows(&ps.keyed, "key lookup slot lease upstream upstream_body commit");
+    ex_plans_build(&fx.cfg->default_policy, false, &ps);
+    expect_rows(&ps.plain, "slot upstream upstream_body");
+}
