@@ -259,7 +259,7 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg)
     ex->outcome = OUT_ABANDONED;
     ex->reason = R_CLIENT_CLOSED;
     log_debug("route %s: the worker closed its connection while its request "
-              "waited: dropped, nothing sent", ex->route->name);
+              "waited: dropped, nothing sent", ex->label);
     answer_now(ex);
 }
 
@@ -299,7 +299,7 @@ void ex_drain(struct exchange *ex)
         /* A reader waiting for a body that will not come now. */
         release_rows(ex, REL_CUT);
         log_warn("route %s: response body cut short by the drain deadline",
-                 ex->route->name);
+                 ex->label);
         ex_wake(ex);
         return;
     }

@@ -163,6 +163,13 @@ struct exchange {
     const struct sc_upstream *up;
     const struct sc_policy *pol;
     struct policy_state *ps;    /* the policy's pacing state */
+    const char *label;          /* for logs: the route's name */
+    size_t upstream_idx;        /* ex->up's index in the config */
+    uint64_t max_wait_ns;       /* the longest its permit and slot may take */
+    uint64_t timeout_ms;        /* its upstream timeout (the route's, else
+                                   the upstream's) */
+    const char *upstream_target; /* the target to send as is, or NULL: the
+                                   route's mapping of ex->target */
     struct up_pool *pool;       /* this loop's pool for the upstream */
     const struct up_proxy *http_proxy; /* an http upstream's egress proxy */
     struct evbuffer *body;

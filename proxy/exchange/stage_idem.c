@@ -99,10 +99,10 @@ static bool looked_up(struct exchange *ex)
 
 static bool claim(struct exchange *ex, uint64_t now)
 {
-    uint64_t remaining, deadline = now + ex->pol->max_wait_ms * NS_PER_MS;
+    uint64_t remaining, deadline = now + ex->max_wait_ns;
 
     if (claims_take(ex->env->claims, ex->pol->name, ex->key, now, deadline,
-                    sc_route_timeout(ex->route, ex->up) * NS_PER_MS, &remaining)) {
+                    ex->timeout_ms * NS_PER_MS, &remaining)) {
         ex->claimed = true;
         return true;
     }

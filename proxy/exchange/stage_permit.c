@@ -53,7 +53,7 @@ static enum ex_verdict local_permit(struct exchange *ex, uint64_t now)
 {
     uint64_t start;
 
-    if (!gcra_reserve(&ex->bucket->g, now, ex->pol->max_wait_ms * NS_PER_MS,
+    if (!gcra_reserve(&ex->bucket->g, now, ex->max_wait_ns,
                       &start))
         return refuse_rate(ex, start, now);
     ex->permit_at = start;
@@ -119,7 +119,7 @@ static enum ex_verdict shadow_run(struct exchange *ex, uint64_t now)
 
     if (!take_bucket(ex, now))
         return no_partition(ex);
-    if (!gcra_reserve(&ex->bucket->g, now, ex->pol->max_wait_ms * NS_PER_MS,
+    if (!gcra_reserve(&ex->bucket->g, now, ex->max_wait_ns,
                       &start))
         ex->shadow = SHADOW_RATE_LIMITED;
     else if (start > now)
@@ -145,7 +145,7 @@ static int start_permit(struct exchange *ex)
 {
     return store_permit_async(ex->env->store, ex->scall, ex->pol->name,
                               partition_of(ex), ex->ps->fleet_t_ns,
-                              ex->ps->fleet_tau_ns, ex->pol->max_wait_ms * NS_PER_MS);
+                              ex->ps->fleet_tau_ns, ex->max_wait_ns);
 }
 
 /* The same permit, with the key's lookup and lease (contract §10). */
@@ -156,7 +156,7 @@ static int start_permit_lease(struct exchange *ex)
         .partition = partition_of(ex),
         .t_ns = ex->ps->fleet_t_ns,
         .tau_ns = ex->ps->fleet_tau_ns,
-        .max_wait_ns = ex->pol->max_wait_ms * NS_PER_MS,
+        .max_wait_ns = ex->max_wait_ns,
     };
 
     return store_permit_lease_async(ex->env->store, ex->scall, ex->pol->name,

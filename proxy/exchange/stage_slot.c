@@ -148,7 +148,7 @@ static int start_slot(struct exchange *ex)
 {
     return store_slot_take_async(ex->env->store, ex->scall, ex->pol->name,
                                  ex->holder, ex->pol->concurrency,
-                                 sc_route_timeout(ex->route, ex->up) + SLOT_HOLD_MARGIN_MS);
+                                 ex->timeout_ms + SLOT_HOLD_MARGIN_MS);
 }
 
 static void fall_back(struct exchange *ex)

@@ -74,7 +74,8 @@ static int build_wire(struct exchange *ex)
 {
     struct wire_ctx w = {.up = ex->up};
     size_t blen = ex->body ? evbuffer_get_length(ex->body) : 0;
-    char *target = route_upstream_target(ex->route, ex->up, ex->target);
+    char *target = ex->upstream_target ? strdup(ex->upstream_target)
+                                       : route_upstream_target(ex->route, ex->up, ex->target);
     const struct up_proxy *px = ex->http_proxy;
     int rc = -ENOMEM;
 
@@ -161,7 +162,7 @@ static void classify_failure(struct exchange *ex)
         .attempt = ex->attempt,
         .rnd = rand_u64(),
     };
-    log_warn("route %s: upstream %s: %s", ex->route->name, ex->up->name,
+    log_warn("route %s: upstream %s: %s", ex->label, ex->up->name,
              r->detail);
     classify(ex);
 }
@@ -191,7 +192,7 @@ static void count_result(const struct exchange *ex)
 
     if (!u->done_ns || !u->sent_ns)
         return;
-    metrics_upstream_result(ex->env->metrics, ex->ids, ex->route->upstream,
+    metrics_upstream_result(ex->env->metrics, ex->ids, ex->upstream_idx,
                             up_code_of(&u->resp),
                             (double)(u->done_ns - u->sent_ns) / 1e9);
 }
@@ -211,7 +212,7 @@ static void on_upstream_done(struct up_request *req, void *arg)
     count_result(ex);
     if (ex->streaming && req->resp.result != UP_OK)
         log_warn("route %s: upstream %s: response body cut short: %s",
-                 ex->route->name, ex->up->name, req->resp.detail);
+                 ex->label, ex->up->name, req->resp.detail);
     ex_wake(ex);
 }
 
@@ -233,7 +234,7 @@ static enum ex_verdict send_request(struct exchange *ex)
     if (build_wire(ex) != 0)
         return not_sent(ex, "out of memory building the upstream request");
     ex->ureq.no_body = strcmp(ex->method, "HEAD") == 0;
-    ex->ureq.timeout_ms = sc_route_timeout(ex->route, ex->up);
+    ex->ureq.timeout_ms = ex->timeout_ms;
     ex->ureq.done = on_upstream_done;
     ex->ureq.progress = on_upstream_progress;
     ex->ureq.arg = ex;

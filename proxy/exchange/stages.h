@@ -36,7 +36,7 @@ static inline void ex_begin_wait(struct exchange *ex, uint64_t now)
     if (ex->wait_start_ns)
         return;
     ex->wait_start_ns = now;
-    ex->wait_deadline_ns = now + ex->pol->max_wait_ms * NS_PER_MS;
+    ex->wait_deadline_ns = now + ex->max_wait_ns;
 }
 
 #endif

@@ -181,6 +181,10 @@ static bool mhd_route(struct exchange *ex)
     }
     ex->up = r->up;
     ex->pol = r->pol;
+    ex->label = r->name;
+    ex->upstream_idx = r->upstream;
+    ex->max_wait_ns = ex->pol->max_wait_ms * NS_PER_MS;
+    ex->timeout_ms = sc_route_timeout(r, ex->up);
     ex->ps = pacing_policy(&ex->rt->pacing, r->policy);
     ex->pool = ex->rt->pools[w->idx][r->upstream];
     ex->http_proxy = ex->up->https ? NULL : ex->rt->proxies[r->upstream];

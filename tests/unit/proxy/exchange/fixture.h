@@ -98,6 +98,10 @@ static __attribute__((unused)) void fake(struct exchange *ex, size_t r)
     ex->up = ex->route->up;
     ex->pol = ex->route->pol;
     ex->ps = pacing_policy(&fx.pacing, ex->route->policy);
+    ex->label = ex->route->name;
+    ex->upstream_idx = ex->route->upstream;
+    ex->max_wait_ns = ex->pol->max_wait_ms * MS;
+    ex->timeout_ms = sc_route_timeout(ex->route, ex->up);
     ex->method = "POST";
     ex->target = "/";
     ex->attempt = 1;
