@@ -709,12 +709,28 @@ static bool fd_headroom_gone(const struct loop *w, evutil_socket_t fd)
     return (long)fd >= w->app->fd_limit - FD_HEADROOM;
 }
 
+/* Accepting stops for ACCEPT_PAUSE_MS: the listener would be readable again
+ * at once, and the backlog holds what comes meanwhile. */
+static void pause_accepting(struct loop *w)
+{
+    struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
+
+    evconnlistener_disable(w->listener);
+    evtimer_add(w->accept_resume_ev, &tv);
+    count_accept_paused(w);
+}
+
+/* The connection is closed and accepting pauses: each refusal frees the
+ * descriptor it took, so the next accept() would get that same one and be
+ * refused too, and a whole backlog could be closed in the microseconds
+ * before another thread frees the lower descriptors it is closing. */
 static void refuse_no_headroom(struct loop *w, evutil_socket_t fd)
 {
     uint64_t n;
 
     close(fd);
     count_refused(w);
+    pause_accepting(w);
     if (repeat_due(&headroom_log, &n))
         log_warn("worker connections closed at once: fewer than %d file descriptors left "
                  "below RLIMIT_NOFILE (%ld) (%llu since the last line)", FD_HEADROOM,
@@ -758,7 +774,6 @@ static void on_accept_resume(evutil_socket_t fd, short what, void *arg)
 static void on_accept_error(struct evconnlistener *l, void *arg)
 {
     struct loop *w = arg;
-    struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
     int e = EVUTIL_SOCKET_ERROR();
     uint64_t n;
 
@@ -766,11 +781,8 @@ static void on_accept_error(struct evconnlistener *l, void *arg)
         log_warn("accept: %s", evutil_socket_error_to_string(e));
         return;
     }
-    /* Out of descriptors (or kernel memory): the listener would be readable
-     * again at once; it waits instead, and the backlog holds the rest. */
-    evconnlistener_disable(l);
-    evtimer_add(w->accept_resume_ev, &tv);
-    count_accept_paused(w);
+    /* Out of descriptors (or kernel memory). */
+    pause_accepting(w);
     if (repeat_due(&accept_log, &n))
         log_warn("accept: %s: accepting paused for %d ms (%llu pauses since the last line)",
                  evutil_socket_error_to_string(e), ACCEPT_PAUSE_MS, (unsigned long long)n);
