@@ -85,7 +85,7 @@ static const struct family families[] = {
     {"sluice_store_replication_timeouts_total", "counter", "Completions stored on the Redis primary that fewer than store.replicas_ack replicas confirmed within store.timeout (answered anyway)."},
     {"sluice_store_duration_seconds", "histogram", "Store calls a request waited for, from start to completion (RocksDB: at once; Redis: a round trip), by operation."},
     {"sluice_connections_refused_total", "counter", "Worker connections closed at once over limits.max_connections, or when fewer than 16 file descriptors were left below RLIMIT_NOFILE."},
-    {"sluice_accept_paused_total", "counter", "Times a loop found no file descriptor for a worker connection (EMFILE, ENFILE) and stopped accepting for 100 ms."},
+    {"sluice_accept_paused_total", "counter", "Times a loop found no file descriptor for a worker connection (EMFILE, ENFILE, or only one of the last 16) and stopped accepting for 100 ms."},
     {"sluice_upstream_connections_open", "gauge", "Connections to the upstream open now (pooled, in use or being set up), all loops."},
     {"sluice_upstream_connections_idle", "gauge", "Of those, kept alive idle in the pool for the next request."},
     {"sluice_upstream_connect_duration_seconds", "histogram", "Time to a TCP connection to the upstream (or its egress proxy), name lookup included."},
