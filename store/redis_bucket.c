@@ -1,5 +1,6 @@
 /* Shared buckets and slots on Redis (contract §10, `shared: redis`): the
- * scripts, their commands and the reading of their replies.
+ * commands that call their scripts (whose sources are with the others, in
+ * redis_scripts.c) and the reading of their replies.
  *
  * A bucket is one hash per (policy, partition), `<prefix>{<policy>}:b` or
  * `<prefix>{<policy>}:b:<partition>`, with the GCRA's theoretical arrival
@@ -25,43 +26,6 @@
  * two such values sharing a bucket by accident is a 2^-64 event, and would
  * only pace them together. */
 #define PARTITION_NAME_MAX 128
-
-/* KEYS[1] the bucket; ARGV: T, tau, pause (µs). pause 0 empties it (the
- * next start no earlier than now + T: gcra_empty); more pauses it until
- * now + pause, then one start per T (gcra_pause_until). Never moves tat or
- * the pause's end back. */
-const char redis_script_bucket_pause[] =
-    "local t = redis.call('TIME')\n"
-    "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
-    "local T, tau, pause = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])\n"
-    "local h = redis.call('HMGET', KEYS[1], 'tat', 'pu')\n"
-    "local tat, pu = tonumber(h[1]) or 0, tonumber(h[2]) or 0\n"
-    "local from = now + T\n"
-    "if pause > 0 then\n"
-    "  from = now + pause\n"
-    "  pu = math.max(pu, from)\n"
-    "end\n"
-    "tat = math.max(tat, from + tau)\n"
-    "redis.call('HSET', KEYS[1], 'tat', string.format('%.0f', tat),\n"
-    "           'pu', string.format('%.0f', pu))\n"
-    "local keep = math.max(tat, pu) - now\n"
-    "redis.call('PEXPIRE', KEYS[1], math.floor(keep / 1000) + 1000)\n"
-    "return 1\n";
-
-/* KEYS[1] the slots; ARGV: holder, limit, hold (ms). 1 when the holder has
- * (or now takes) a slot, 0 when all are held. */
-const char redis_script_slot_take[] =
-    "local t = redis.call('TIME')\n"
-    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
-    "local hold = tonumber(ARGV[3])\n"
-    "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)\n"
-    "if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end\n"
-    "if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end\n"
-    "redis.call('ZADD', KEYS[1], string.format('%.0f', now + hold), ARGV[1])\n"
-    "if redis.call('PTTL', KEYS[1]) < hold + 1000 then\n"
-    "  redis.call('PEXPIRE', KEYS[1], hold + 1000)\n"
-    "end\n"
-    "return 1\n";
 
 void redis_bucket_key(const struct redis_store *st, const char *scope,
                       const char *partition, char out[REDIS_KEY_MAX])

@@ -12,18 +12,13 @@ enum redis_script {
     SCRIPT_COMPLETE,
     SCRIPT_RELEASE,
     SCRIPT_PAUSE_SET,
-    /* shared buckets and slots (redis_bucket.c) */
+    /* shared buckets and slots (their commands: redis_bucket.c) */
     SCRIPT_PERMIT,
     SCRIPT_PERMIT_LEASE, /* a keyed request's lookup, permit and lease */
     SCRIPT_BUCKET_PAUSE,
     SCRIPT_SLOT_TAKE,
     SCRIPT_COUNT,
 };
-
-/* The sources of the bucket-pause and slot scripts, kept beside their
- * commands (redis_bucket.c). */
-extern const char redis_script_bucket_pause[];
-extern const char redis_script_slot_take[];
 
 #define SCRIPT_SHA_LEN 40
 
