@@ -495,20 +495,20 @@ void metrics_observe(struct metrics_shard *s, enum hist_kind k, uint32_t base,
 
 /* ---- StatsD deltas ------------------------------------------------------- */
 
-void metrics_counter_deltas(struct metrics *m, unsigned shard, uint64_t **last,
-                            size_t *n_last, metrics_delta_fn fn, void *arg)
+int metrics_counter_deltas(struct metrics *m, unsigned shard, bool wait, uint64_t **last,
+                           size_t *n_last, metrics_delta_fn fn, void *arg)
 {
     struct metrics_shard *sh = &m->shards[shard];
 
-    /* A loop never waits for a scrape: if one holds the registry, the
-     * deltas simply go out with the next flush. */
-    if (pthread_mutex_trylock(&m->mu) != 0)
-        return;
+    if (wait)
+        pthread_mutex_lock(&m->mu);
+    else if (pthread_mutex_trylock(&m->mu) != 0)
+        return -EBUSY;
     if (*n_last < m->n_slots) {
         uint64_t *n = realloc(*last, m->n_slots * sizeof *n);
         if (!n) {
             pthread_mutex_unlock(&m->mu);
-            return;
+            return -ENOMEM;
         }
         memset(n + *n_last, 0, (m->n_slots - *n_last) * sizeof *n);
         *last = n;
@@ -528,6 +528,7 @@ void metrics_counter_deltas(struct metrics *m, unsigned shard, uint64_t **last,
         }
     }
     pthread_mutex_unlock(&m->mu);
+    return 0;
 }
 
 /* ---- rendering ---------------------------------------------------------- */

@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -132,10 +133,13 @@ uint64_t metrics_sum(struct metrics *m, uint32_t slot);
 
 /* For StatsD: calls fn(arg, name, labels, delta) for every counter of one
  * shard that grew since the last call; *last (grown as needed, owned by the
- * caller) remembers what was reported. Run by the shard's own thread. */
+ * caller) remembers what was reported. Run by the shard's own thread.
+ * Without `wait` it reports nothing and returns -EBUSY while another thread
+ * holds the registry (a scrape, a registration, another loop's flush), so a
+ * loop never waits; -ENOMEM when *last cannot grow; else 0. */
 typedef void (*metrics_delta_fn)(void *arg, const char *name,
                                  const char *labels, uint64_t delta);
-void metrics_counter_deltas(struct metrics *m, unsigned shard, uint64_t **last,
-                            size_t *n_last, metrics_delta_fn fn, void *arg);
+int metrics_counter_deltas(struct metrics *m, unsigned shard, bool wait, uint64_t **last,
+                           size_t *n_last, metrics_delta_fn fn, void *arg);
 
 #endif

@@ -15,6 +15,8 @@
 #include "config/units.h"
 #include "obs/metrics.h"
 
+#define STATSD_RETRY_MS 10
+
 static void send_buf(struct statsd *s)
 {
     if (s->len == 0)
@@ -93,17 +95,33 @@ static void counter_line(void *arg, const char *name, const char *labels,
         statsd_line(s, line, (size_t)n);
 }
 
-void statsd_flush(struct statsd *s)
+/* Counter deltas first, then whatever is buffered. */
+static int flush(struct statsd *s, bool wait)
 {
+    int rc;
+
     if (s->fd < 0)
-        return;
-    metrics_counter_deltas(s->m, s->shard, &s->last, &s->n_last, counter_line, s);
+        return 0;
+    rc = metrics_counter_deltas(s->m, s->shard, wait, &s->last, &s->n_last, counter_line, s);
     send_buf(s);
+    return rc;
 }
 
+void statsd_flush(struct statsd *s)
+{
+    flush(s, false);
+}
+
+/* Every loop ticks once a second, all started together: with a fixed
+ * period their flushes met each time, and the one that found the registry
+ * held skipped its counters at every tick (a whole loop's counts never
+ * sent, one CI run). Busy, a flush is tried again 10 ms later instead. */
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
-    statsd_flush(arg);
+    struct statsd *s = arg;
+    struct timeval again = {0, STATSD_RETRY_MS * 1000}, next = {1, 0};
+
+    event_add(s->timer, flush(s, false) == -EBUSY ? &again : &next);
 }
 
 static int resolve(struct statsd *s, const char *hostport, struct sc_error *err)
@@ -149,7 +167,7 @@ int statsd_open(struct statsd *s, const char *hostport, struct event_base *base,
     s->shard = shard;
     if ((rc = resolve(s, hostport, err)) != 0)
         return rc;
-    s->timer = event_new(base, -1, EV_PERSIST, on_tick, s);
+    s->timer = event_new(base, -1, 0, on_tick, s);
     if (!s->timer || event_add(s->timer, &tv) != 0) {
         sc_error_set(err, "metrics.statsd: cannot schedule the flush");
         return -ENOMEM;
@@ -160,7 +178,7 @@ int statsd_open(struct statsd *s, const char *hostport, struct event_base *base,
 void statsd_close(struct statsd *s)
 {
     if (s->timer) {
-        statsd_flush(s);
+        flush(s, true); /* the last counts, even while a scrape renders */
         event_free(s->timer);
     }
     if (s->fd >= 0)
