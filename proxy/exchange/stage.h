@@ -197,6 +197,8 @@ struct exchange {
     enum ex_commit { COMMIT_NONE = 0, COMMIT_KEEP, COMMIT_COMPLETE,
                      COMMIT_COMPLETE_HEAD, COMMIT_RELEASE } commit;
     bool settled;               /* the key's record is written (complete/release) */
+    bool dup_waiting;           /* duplicates: wait: to look at the key again */
+    uint64_t dup_poll_ns;       /* ... after this long (2 ms doubling to 25) */
 
     /* pacing */
     struct bucket *bucket;

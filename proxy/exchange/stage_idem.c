@@ -111,13 +111,54 @@ static bool claim(struct exchange *ex, uint64_t now)
     return false;
 }
 
+/* duplicates: wait (contract §6): a key in progress (a lease, or a claim
+ * waiting for its permit) is looked at again instead of answered, 2 ms
+ * after the first look and then twice as long each time, up to 25 ms
+ * apart, until it is completed (the replay), free (a first request), or the
+ * policy's max_wait, counted from the first look and shared with the
+ * permit's wait, is up (lease_held as with refuse). Polling the store: the
+ * holder's record is visible to every loop the moment it is written. */
+#define DUP_POLL_FIRST_NS (2 * NS_PER_MS)
+#define DUP_POLL_MAX_NS (25 * NS_PER_MS)
+
+static bool wait_for_holder(struct exchange *ex, uint64_t now)
+{
+    uint64_t step;
+
+    if (ex->pol->idem.duplicates != SC_DUP_WAIT ||
+        ex->kind != ANSWER_INSTRUCTION || ex->reason != R_LEASE_HELD)
+        return false;
+    ex_begin_wait(ex, now);
+    if (now >= ex->wait_deadline_ns)
+        return false;
+    step = !ex->dup_poll_ns ? DUP_POLL_FIRST_NS
+           : ex->dup_poll_ns * 2 > DUP_POLL_MAX_NS ? DUP_POLL_MAX_NS
+                                                   : ex->dup_poll_ns * 2;
+    ex->dup_poll_ns = step;
+    ex->dup_waiting = true;
+    ex->wake_at = now + step < ex->wait_deadline_ns ? now + step : ex->wait_deadline_ns;
+    /* Not the answer yet: the next look decides. */
+    store_record_clear(&ex->replay);
+    ex->kind = ANSWER_PROBLEM;
+    ex->status = 0;
+    ex->outcome = 0;
+    ex->reason = R_NONE;
+    memset(&ex->instr, 0, sizeof ex->instr);
+    return true;
+}
+
 static enum ex_verdict lookup_run(struct exchange *ex, uint64_t now)
 {
-    enum ex_verdict v = ex_store_wait(ex, now, start_get, ex->woke == WOKE_FIRST, ST_GET);
+    bool first = ex->woke == WOKE_FIRST || ex->dup_waiting;
+    enum ex_verdict v;
 
+    ex->dup_waiting = false;
+    v = ex_store_wait(ex, now, start_get, first, ST_GET);
     if (v != EXV_NEXT)
         return v;
-    return looked_up(ex) && claim(ex, now) ? EXV_NEXT : EXV_ANSWER;
+    if (looked_up(ex) && claim(ex, now))
+        return EXV_NEXT;
+    return wait_for_holder(ex, now) ? EXV_WAIT : EXV_ANSWER;
 }
 
 /* The claim ends with the answer: from then on the lease (or nothing) keeps
