@@ -89,6 +89,8 @@ enum { RK_ON, RK_BASE, RK_MULTIPLIER, RK_CAP, RK_MAX_ATTEMPTS, RK_MAX_DELAY,
 enum { RT_NAME, RT_PREFIX, RT_METHODS, RT_UPSTREAM, RT_POLICY, RT_STRIP,
        RT_TIMEOUT, RT_LANE };
 enum { VK_METHOD, VK_PATH, VK_FOUND, VK_ABSENT, VK_AFTER, VK_ATTEMPTS };
+enum { IK_HEADER, IK_METHODS, IK_REQUIRED, IK_TTL, IK_LEASE, IK_FINGERPRINT,
+       IK_REPLAY_STATUSES, IK_MAX_STORED_BODY, IK_DUPLICATES, IK_VERIFY };
 
 /* ---- an upstream's url and headers (upstream_url.c, upstream_headers.c) */
 
@@ -121,6 +123,8 @@ void cfg_check_retry(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
                  struct sc_pos where);
 void cfg_check_route(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
                  struct sc_pos where);
+void cfg_check_idem(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
+                    struct sc_pos where);
 void cfg_check_verify(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
                   struct sc_pos where);
 /* The whole config, once every section is parsed: listeners, leases. */

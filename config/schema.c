@@ -403,27 +403,27 @@ static const struct cfg_block verify_block = {
     .present = verify_present, .check = cfg_check_verify};
 
 static const struct cfg_key idem_keys[] = {
-    {"header", CT_STRING, CI(header), .def = "Idempotency-Key",
+    [IK_HEADER] = {"header", CT_STRING, CI(header), .def = "Idempotency-Key",
      .valid = valid_token},
-    {"methods", CT_METHODS, CI(methods), .def = "POST,PUT,PATCH,DELETE",
+    [IK_METHODS] = {"methods", CT_METHODS, CI(methods), .def = "POST,PUT,PATCH,DELETE",
      .nonempty = true},
-    {"required", CT_BOOL, CI(required), .def = "true"},
-    {"ttl", CT_DURATION, CI(ttl_ms), .def = "24h", .min = "1ms"},
-    {"lease", CT_DURATION, CI(lease_ms), .def = "60s", .min = "1ms",
+    [IK_REQUIRED] = {"required", CT_BOOL, CI(required), .def = "true"},
+    [IK_TTL] = {"ttl", CT_DURATION, CI(ttl_ms), .def = "24h", .min = "1ms"},
+    [IK_LEASE] = {"lease", CT_DURATION, CI(lease_ms), .def = "60s", .min = "1ms",
      .pos_off = CFG_OPT(CI(lease_pos))},
-    {"fingerprint", CT_FLAGS, CI(fingerprint), .def = "method,path,body",
+    [IK_FINGERPRINT] = {"fingerprint", CT_FLAGS, CI(fingerprint), .def = "method,path,body",
      .names = fp_names, .nonempty = true},
-    {"replay_statuses", CT_STATUSES, CI(replay_status), .def = "2xx,4xx"},
-    {"max_stored_body", CT_SIZE, CI(max_stored_body), .def = "1MiB"},
-    {"duplicates", CT_ENUM, CI(duplicates), .def = "refuse",
+    [IK_REPLAY_STATUSES] = {"replay_statuses", CT_STATUSES, CI(replay_status), .def = "2xx,4xx"},
+    [IK_MAX_STORED_BODY] = {"max_stored_body", CT_SIZE, CI(max_stored_body), .def = "1MiB"},
+    [IK_DUPLICATES] = {"duplicates", CT_ENUM, CI(duplicates), .def = "refuse",
      .names = duplicates_names},
-    {"verify", CT_BLOCK, CI(verify), .block = &verify_block,
+    [IK_VERIFY] = {"verify", CT_BLOCK, CI(verify), .block = &verify_block,
      .flag_off = CFG_OPT(CI(verify.enabled))},
 };
 FITS(idem_keys);
 static const struct cfg_block idem_block = {
     "idempotency", KEYS(idem_keys), .pos_off = CFG_OPT(CI(pos)),
-    .present = idem_present};
+    .present = idem_present, .check = cfg_check_idem};
 
 static const struct cfg_key policy_keys[] = {
     [PK_RATE] = {"rate", CT_RATE, CP(rate), .flag_off = CFG_OPT(CP(has_rate))},

@@ -59,6 +59,8 @@ char *instruction_json(const struct instruction *in, size_t *len)
     if (in->upstream_status)
         pos += (size_t)snprintf(buf + pos, cap - pos, ",\"upstream_status\":%d",
                                 in->upstream_status);
+    if (in->verify_pending)
+        pos += (size_t)snprintf(buf + pos, cap - pos, ",\"verify\":\"pending\"");
     pos += (size_t)snprintf(buf + pos, cap - pos, "}");
     if (len)
         *len = pos;

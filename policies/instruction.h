@@ -3,6 +3,7 @@
 #ifndef SLUICE_POLICIES_INSTRUCTION_H
 #define SLUICE_POLICIES_INSTRUCTION_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -15,6 +16,8 @@ struct instruction {
     uint32_t attempt, max_attempts;
     const char *key;        /* idempotency key, NULL when unknown */
     int upstream_status;    /* 0 when no status line was received */
+    bool verify_pending;    /* the key's verification runs (contract §11):
+                               "verify": "pending" in the body */
 };
 
 /* 409 for lease_held; 503 for upstream_5xx, connect_error, connection_lost,

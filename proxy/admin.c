@@ -19,6 +19,7 @@
 #include "proxy/app.h"
 #include "obs/log.h"
 #include "policies/gcra.h"
+#include "policies/verify.h"
 #include "obs/metrics.h"
 #include "obs/process.h"
 #include "pacing/pacing.h"
@@ -104,6 +105,11 @@ static json_t *record_json(const struct store_record *r, bool body)
     json_object_set_new(j, "created_at", json_integer((json_int_t)(r->created_ms / 1000)));
     json_object_set_new(j, "expires_at", json_integer((json_int_t)(r->expires_ms / 1000)));
     json_object_set_new(j, "fingerprint", json_string(hex(r->fingerprint, STORE_FP_LEN, fp)));
+    /* Only once a verification of the current lease started (§11). */
+    if (verify_state_name(r->verify))
+        json_object_set_new(j, "verify", json_string(verify_state_name(r->verify)));
+    if (r->verified)
+        json_object_set_new(j, "verified", json_true());
     if (body && r->state == STORE_COMPLETED) {
         char *b64 = malloc(4 * ((r->body_len + 2) / 3) + 1);
         if (b64) {

@@ -13,6 +13,7 @@
 
 #include "proxy/admin.h"
 #include "proxy/server/mhd_request.h"
+#include "proxy/server/verification.h"
 #include "proxy/notify.h"
 #include "obs/log.h"
 #include "proxy/upstream/upstream.h"
@@ -525,6 +526,8 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
     restore_pauses(app, app->rt);
     for (unsigned i = 0; i < app->n_loops; i++)
         app->loops[i].rt = runtime_acquire(app);
+    /* Before the loops run: their timers are set from this thread. */
+    verification_resume_all(app);
     if ((rc = loops_start(app, err)) != 0)
         return rc;
     if ((rc = admin_start(app, &app->admin, err)) != 0)

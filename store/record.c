@@ -6,10 +6,14 @@
 #include <string.h>
 
 #define FLAG_BODY_OMITTED 0x01u
-#define FLAGS_KNOWN FLAG_BODY_OMITTED
+#define FLAG_VERIFIED 0x02u     /* v4 only */
+#define FLAGS_V3 FLAG_BODY_OMITTED
+#define FLAGS_V4 (FLAG_BODY_OMITTED | FLAG_VERIFIED)
 
-/* Sizes of the parts of a v3 value (see record.h). */
+/* Sizes of the parts of a v3 value (see record.h); v4 adds the mark and
+ * its deadline. */
 #define FIXED_V3 (1 + 1 + 1 + 4 + 8 * 4 + STORE_FP_LEN + 8 + 2 + 4)
+#define MARK_V4 (1 + 8)
 #define HEADER_MIN 8 /* two u32 lengths */
 #define STATUS_MAX 999
 
@@ -117,10 +121,18 @@ static uint8_t *put_blob(uint8_t *p, const void *b, size_t n)
     return p + n;
 }
 
+/* The version a record is written in: the oldest that holds it. A record
+ * without a verification mark is written as v3, which a Redis fleet's
+ * scripts (they read v3's fixed offsets) and earlier releases read. */
+static unsigned version_of(const struct store_record *rec)
+{
+    return rec->verify != 0 || rec->verified ? 4 : 3;
+}
+
 /* The encoded size, or 0 when a field does not fit the layout. */
 static size_t encoded_size(const struct store_record *rec, const char **why)
 {
-    size_t size = FIXED_V3 + 4;
+    size_t size = FIXED_V3 + 4 + (version_of(rec) == 4 ? MARK_V4 : 0);
     size_t body = rec->body_omitted ? 0 : rec->body_len;
 
     if (rec->n_headers > UINT32_MAX || body > UINT32_MAX) {
@@ -156,18 +168,22 @@ static int check_encodable(const struct store_record *rec, const char **why)
         *why = "headers missing";
     else if (!rec->body_omitted && rec->body_len && !rec->body)
         *why = "body missing";
+    else if (rec->verify > RECORD_VERIFY_MAX)
+        *why = "verification mark out of range";
     else
         return 0;
     return -EINVAL;
 }
 
-static void write_v3(uint8_t *p, const struct store_record *rec)
+static void write_value(uint8_t *p, const struct store_record *rec)
 {
     size_t body_len = rec->body_omitted ? 0 : rec->body_len;
+    unsigned version = version_of(rec);
 
-    p = put_u8(p, RECORD_VERSION);
+    p = put_u8(p, (uint8_t)version);
     p = put_u8(p, (uint8_t)rec->state);
-    p = put_u8(p, rec->body_omitted ? FLAG_BODY_OMITTED : 0);
+    p = put_u8(p, (rec->body_omitted ? FLAG_BODY_OMITTED : 0) |
+                      (rec->verified ? FLAG_VERIFIED : 0));
     p = put_le(p, rec->attempt, 4);
     p = put_le(p, rec->expires_ms, 8);
     p = put_le(p, rec->created_ms, 8);
@@ -176,6 +192,10 @@ static void write_v3(uint8_t *p, const struct store_record *rec)
     memcpy(p, rec->fingerprint, STORE_FP_LEN);
     p += STORE_FP_LEN;
     p = put_le(p, rec->lease, 8);
+    if (version == 4) {
+        p = put_u8(p, rec->verify);
+        p = put_le(p, rec->verify_deadline_ms, 8);
+    }
     p = put_le(p, (uint64_t)rec->status, 2);
     p = put_le(p, rec->n_headers, 4);
     for (size_t i = 0; i < rec->n_headers; i++) {
@@ -206,7 +226,7 @@ int record_encode(const struct store_record *rec, uint8_t **out,
         sc_error_set(err, "store: out of memory encoding a record");
         return -ENOMEM;
     }
-    write_v3(buf, rec);
+    write_value(buf, rec);
     *out = buf;
     *out_len = size;
     return 0;
@@ -260,8 +280,22 @@ static int bad(struct sc_error *err, const char *what)
     return -EBADMSG;
 }
 
+/* v4's verification mark and its deadline; none before. */
+static bool read_mark(struct rd *r, unsigned version, struct store_record *rec)
+{
+    uint64_t mark = 0;
+
+    if (version < 4)
+        return true;
+    if (!get_le(r, 1, &mark) || !get_le(r, 8, &rec->verify_deadline_ms))
+        return false;
+    rec->verify = (uint8_t)mark;
+    return true;
+}
+
 /* Everything before the headers; v1 lacks the flags byte, v1 and v2 the
- * lease's fence (read as 0: no fence). */
+ * lease's fence (read as 0: no fence), v1 to v3 the verification mark
+ * (none). */
 static int read_fixed(struct rd *r, unsigned version, struct store_record *rec,
                       struct sc_error *err)
 {
@@ -274,16 +308,20 @@ static int read_fixed(struct rd *r, unsigned version, struct store_record *rec,
         !get_le(r, 8, &rec->lease_expires_ms) ||
         !get_le(r, 8, &rec->completed_ms) ||
         !get_bytes(r, STORE_FP_LEN, &fp) ||
-        (version >= 3 && !get_le(r, 8, &rec->lease)) || !get_le(r, 2, &status))
+        (version >= 3 && !get_le(r, 8, &rec->lease)) ||
+        !read_mark(r, version, rec) || !get_le(r, 2, &status))
         return bad(err, "truncated");
     if (state != STORE_IN_PROGRESS && state != STORE_COMPLETED)
         return bad(err, "unknown state");
-    if (flags & ~(uint64_t)FLAGS_KNOWN)
+    if (flags & ~(uint64_t)(version >= 4 ? FLAGS_V4 : FLAGS_V3))
         return bad(err, "unknown flags");
+    if (rec->verify > RECORD_VERIFY_MAX)
+        return bad(err, "unknown verification mark");
     if (status > STATUS_MAX)
         return bad(err, "status out of range");
     rec->state = (enum store_state)state;
     rec->body_omitted = flags & FLAG_BODY_OMITTED;
+    rec->verified = flags & FLAG_VERIFIED;
     rec->attempt = (uint32_t)attempt;
     memcpy(rec->fingerprint, fp, STORE_FP_LEN);
     rec->status = (int)status;

@@ -4,7 +4,7 @@
  *
  * Value layout, all integers little-endian:
  *
- *   v3 (current)                       v2, v1 (earlier releases)
+ *   v3                                 v2, v1 (earlier releases)
  *   u8   version = 3                   u8   version = 2 (1)
  *   u8   state (1 in progress,         u8   state
  *             2 completed)
@@ -23,6 +23,18 @@
  *         u32 len, value bytes }
  *   u32  body_len, body bytes          u32  body_len, body bytes
  *
+ * v4 (current) is v3 with a verification of an unknown outcome
+ * (docs/contract.md §11): flags bit 1 is `verified` (completed from a
+ * lookup), and right after the fence come
+ *   u8   verify (enum verify_state: 0 none, 1 pending, 2 found, 3 absent,
+ *        4 failed)
+ *   u64  verify_deadline_ms (pending: when the verification ends at the
+ *        latest, wall clock)
+ * A record without a mark is still written as v3 (record_encode picks the
+ * oldest version that holds it), so a Redis fleet's scripts, which read
+ * v3's fixed offsets, and earlier releases read every such record; only a
+ * marked one, which only RocksDB writes, is v4.
+ *
  * expires_ms sits at a fixed offset right after the small fields so the
  * compaction filter and the sweeper read it without decoding the rest. The
  * value ends exactly after the body: trailing bytes mean corruption. */
@@ -33,7 +45,8 @@
 
 #include "store/store.h"
 
-#define RECORD_VERSION 3
+#define RECORD_VERSION 4
+#define RECORD_VERIFY_MAX 4  /* VERIFY_FAILED (policies/verify.h) */
 #define RECORD_SCOPE_MAX 64  /* policy names (load_engine.c valid_name) */
 #define RECORD_KEY_MAX 255   /* docs/contract.md §6, policies/idemkey.h */
 
@@ -50,7 +63,8 @@ struct record_key {
 int record_key_make(struct record_key *k, const char *scope, const char *key,
                     struct sc_error *err);
 
-/* Encodes rec in the current version into a malloc'ed buffer (*out, free()).
+/* Encodes rec in the oldest version that holds it (v3 unless it carries a
+ * verification mark, then v4) into a malloc'ed buffer (*out, free()).
  * 0, -EINVAL (a field out of range, with err) or -ENOMEM. */
 int record_encode(const struct store_record *rec, uint8_t **out,
                   size_t *out_len, struct sc_error *err);

@@ -335,8 +335,7 @@ static int unreadable(const struct rcmd_info *info, const redisReply *v,
         return rc;
     store_record_clear(&rec);
     sc_error_set(err, "store: %s: a record version the redis backend does "
-                 "not write (it reads versions 2 and %d only)", info->name,
-                 RECORD_VERSION);
+                 "not write (it reads versions 2 and 3 only)", info->name);
     return -EPROTO;
 }
 

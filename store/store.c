@@ -101,6 +101,82 @@ uint64_t store_count(struct store *st)
     return st ? st->ops->count(st) : 0;
 }
 
+/* ---- verification marks --------------------------------------------------- */
+
+static int verify_step(struct store *st, const char *scope, const char *key,
+                       const struct store_verify_args *a, struct sc_error *err)
+{
+    if (!st->ops->verify) {
+        sc_error_set(err, "store %s: verification of unknown outcomes is not "
+                     "supported", st->ops->name);
+        return -EOPNOTSUPP;
+    }
+    return st->ops->verify(st, scope, key, a, err);
+}
+
+int store_verify_claim(struct store *st, const char *scope, const char *key,
+                       uint64_t lease, uint64_t now_ms, uint64_t deadline_ms,
+                       bool again, struct sc_error *err)
+{
+    struct store_verify_args a = {.step = STORE_VERIFY_CLAIM, .lease = lease,
+                                  .now_ms = now_ms, .deadline_ms = deadline_ms,
+                                  .again = again};
+
+    return verify_step(st, scope, key, &a, err);
+}
+
+int store_verify_found(struct store *st, const char *scope, const char *key,
+                       uint64_t lease, uint64_t now_ms, uint64_t ttl_ms,
+                       int status, const struct store_header *headers,
+                       size_t n_headers, const uint8_t *body, size_t body_len,
+                       bool body_omitted, struct sc_error *err)
+{
+    /* Borrowed for encoding only: never cleared. */
+    struct store_record result = {
+        .status = status,
+        .headers = (struct store_header *)headers,
+        .n_headers = n_headers,
+        .body = body_omitted ? NULL : (uint8_t *)body,
+        .body_len = body_omitted ? 0 : body_len,
+        .body_omitted = body_omitted,
+    };
+    struct store_verify_args a = {.step = STORE_VERIFY_FOUND, .lease = lease,
+                                  .now_ms = now_ms, .ttl_ms = ttl_ms,
+                                  .result = &result};
+
+    return verify_step(st, scope, key, &a, err);
+}
+
+int store_verify_absent(struct store *st, const char *scope, const char *key,
+                        uint64_t lease, uint64_t now_ms, uint64_t ttl_ms,
+                        struct sc_error *err)
+{
+    struct store_verify_args a = {.step = STORE_VERIFY_ABSENT, .lease = lease,
+                                  .now_ms = now_ms, .ttl_ms = ttl_ms};
+
+    return verify_step(st, scope, key, &a, err);
+}
+
+int store_verify_failed(struct store *st, const char *scope, const char *key,
+                        uint64_t lease, uint64_t now_ms, struct sc_error *err)
+{
+    struct store_verify_args a = {.step = STORE_VERIFY_FAILED, .lease = lease,
+                                  .now_ms = now_ms};
+
+    return verify_step(st, scope, key, &a, err);
+}
+
+int store_leases_each(struct store *st, uint64_t now_ms, store_lease_fn fn,
+                      void *arg, struct sc_error *err)
+{
+    if (!st->ops->leases_each) {
+        sc_error_set(err, "store %s: cannot list the leases in progress",
+                     st->ops->name);
+        return -EOPNOTSUPP;
+    }
+    return st->ops->leases_each(st, now_ms, fn, arg, err);
+}
+
 /* ---- asynchronous calls ------------------------------------------------- */
 
 int store_loop_new(struct store *st, struct event_base *base,

@@ -54,6 +54,11 @@ struct store_record {
     uint8_t *body;
     size_t body_len;
     bool body_omitted;          /* over max_stored_body: status + headers only */
+    /* the verification of the current lease's unknown outcome (contract
+     * §11), none in a record of an earlier version */
+    uint8_t verify;             /* enum verify_state (policies/verify.h) */
+    uint64_t verify_deadline_ms;/* pending: its end at the latest (wall) */
+    bool verified;              /* completed from a lookup's answer */
     void *block;                /* set by a decode: headers, their strings and
                                  * the body in this one allocation (else each
                                  * is allocated on its own) */
@@ -197,6 +202,53 @@ uint64_t store_count(struct store *st);
 
 /* The backend's name ("rocksdb", "redis"), for logs and /readyz. */
 const char *store_backend_name(const struct store *st);
+
+/* ---- settling an unknown outcome (docs/contract.md §11) ------------------ */
+
+/* A lease's verification mark moves NONE -> PENDING (claimed) -> FOUND
+ * (completed from the lookup), ABSENT (released) or FAILED (kept until it
+ * expires). Each call below acts only on the lease named `lease` (its fence)
+ * while it is still in progress at now_ms: -ENOENT when the record is
+ * absent or expired, -EALREADY when it is completed or its mark does not
+ * allow the step, -ESTALE (with err) when another lease holds the key or
+ * the lease has expired; another negative code (with err) when the store
+ * failed. A backend that cannot keep marks (Redis, for now) answers
+ * -EOPNOTSUPP. Blocking calls, one short read-modify-write each. */
+
+/* Marks the lease PENDING until deadline_ms (wall clock): only when its mark
+ * is NONE, or, with again, PENDING (a verification whose verifier ended:
+ * start-up); so at most one verification of a lease runs at a time. */
+int store_verify_claim(struct store *st, const char *scope, const char *key,
+                       uint64_t lease, uint64_t now_ms, uint64_t deadline_ms,
+                       bool again, struct sc_error *err);
+
+/* The lookup found the operation: the PENDING lease's record becomes
+ * completed as store_complete makes it, marked FOUND and verified. */
+int store_verify_found(struct store *st, const char *scope, const char *key,
+                       uint64_t lease, uint64_t now_ms, uint64_t ttl_ms,
+                       int status, const struct store_header *headers,
+                       size_t n_headers, const uint8_t *body, size_t body_len,
+                       bool body_omitted, struct sc_error *err);
+
+/* It did not happen: the PENDING lease is released as store_release does
+ * (the attempt count kept until now + ttl_ms), marked ABSENT. */
+int store_verify_absent(struct store *st, const char *scope, const char *key,
+                        uint64_t lease, uint64_t now_ms, uint64_t ttl_ms,
+                        struct sc_error *err);
+
+/* No answer in its lookups: the PENDING lease is marked FAILED and kept
+ * until it expires; it is never verified again. */
+int store_verify_failed(struct store *st, const char *scope, const char *key,
+                        uint64_t lease, uint64_t now_ms, struct sc_error *err);
+
+/* Calls fn for every lease in progress at now_ms (unexpired, neither
+ * released nor completed), rec decoded (borrowed for the call). fn returns
+ * 0 to go on, anything else to stop (returned). For start-up: with RocksDB
+ * each of them belongs to a process that ended. */
+typedef int (*store_lease_fn)(void *arg, const char *scope, const char *key,
+                              const struct store_record *rec);
+int store_leases_each(struct store *st, uint64_t now_ms, store_lease_fn fn,
+                      void *arg, struct sc_error *err);
 
 /* ---- asynchronous calls: the request path -------------------------------- */
 

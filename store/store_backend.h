@@ -65,6 +65,22 @@ enum store_op {
     STORE_OP_RELEASE_UNSENT,
 };
 
+/* A step of a lease's verification (store.h, store_verify_*). */
+enum store_verify_step {
+    STORE_VERIFY_CLAIM,
+    STORE_VERIFY_FOUND,
+    STORE_VERIFY_ABSENT,
+    STORE_VERIFY_FAILED,
+};
+
+struct store_verify_args {
+    enum store_verify_step step;
+    uint64_t lease, now_ms, ttl_ms;
+    uint64_t deadline_ms;               /* claim */
+    bool again;                         /* claim */
+    const struct store_record *result;  /* found: status, headers, body */
+};
+
 struct store_ops {
     const char *name;
     void (*close)(struct store *st);
@@ -94,6 +110,11 @@ struct store_ops {
                        struct sc_error *err);
     bool (*healthy)(struct store *st);
     uint64_t (*count)(struct store *st);
+    /* Optional: verification marks (store.h); NULL: -EOPNOTSUPP. */
+    int (*verify)(struct store *st, const char *scope, const char *key,
+                  const struct store_verify_args *a, struct sc_error *err);
+    int (*leases_each)(struct store *st, uint64_t now_ms, store_lease_fn fn,
+                       void *arg, struct sc_error *err);
 
     /* Optional: asynchronous calls (see above). start returns -EINPROGRESS,
      * or the result when the call completed at once (a failure with

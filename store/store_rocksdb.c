@@ -991,6 +991,175 @@ static int rocks_sweep(struct store *base, uint64_t now_ms, size_t max, size_t *
     return rc;
 }
 
+/* ---- verification marks (contract §11) ---- */
+
+#define MARK_NONE 0     /* enum verify_state (policies/verify.h) */
+#define MARK_PENDING 1
+#define MARK_FOUND 2
+#define MARK_ABSENT 3
+#define MARK_FAILED 4
+
+/* The lease a step is for, still in progress: else the step is dropped. */
+static int verify_target_lease(const struct store_record *cur,
+                               const struct store_verify_args *a,
+                               const struct record_key *k, struct sc_error *err)
+{
+    if (cur->state == STORE_COMPLETED)
+        return -EALREADY;
+    if (cur->lease != a->lease || a->lease == 0) {
+        key_error(err, k, "another lease holds it");
+        return -ESTALE;
+    }
+    if (cur->lease_expires_ms <= a->now_ms) {
+        key_error(err, k, "its lease has ended");
+        return -ESTALE;
+    }
+    return 0;
+}
+
+/* A claim moves NONE (or, again, a PENDING left by an ended process) to
+ * PENDING; every other step needs PENDING. */
+static bool verify_step_allowed(const struct store_record *cur,
+                                const struct store_verify_args *a)
+{
+    if (a->step == STORE_VERIFY_CLAIM)
+        return cur->verify == MARK_NONE || (a->again && cur->verify == MARK_PENDING);
+    return cur->verify == MARK_PENDING;
+}
+
+/* The record as the step leaves it, into cur (whose headers and body, none
+ * while in progress, are replaced by the result's for FOUND). */
+static void verify_apply(struct store_record *cur, const struct store_verify_args *a)
+{
+    switch (a->step) {
+    case STORE_VERIFY_CLAIM:
+        cur->verify = MARK_PENDING;
+        cur->verify_deadline_ms = a->deadline_ms;
+        break;
+    case STORE_VERIFY_FOUND:
+        cur->state = STORE_COMPLETED;
+        cur->status = a->result->status;
+        cur->headers = a->result->headers;
+        cur->n_headers = a->result->n_headers;
+        cur->body = a->result->body;
+        cur->body_len = a->result->body_len;
+        cur->body_omitted = a->result->body_omitted;
+        cur->lease_expires_ms = cur->completed_ms = a->now_ms;
+        cur->expires_ms = add_sat(a->now_ms, a->ttl_ms);
+        cur->verify = MARK_FOUND;
+        cur->verified = true;
+        break;
+    case STORE_VERIFY_ABSENT:
+        cur->lease_expires_ms = a->now_ms;
+        cur->expires_ms = add_sat(a->now_ms, a->ttl_ms);
+        cur->verify = MARK_ABSENT;
+        break;
+    default: /* STORE_VERIFY_FAILED */
+        cur->verify = MARK_FAILED;
+        break;
+    }
+}
+
+static int verify_locked(struct rocks_store *st, const struct record_key *k,
+                         const struct store_verify_args *a, struct sc_error *err)
+{
+    struct store_record cur;
+    int rc = load_live(st, k, a->now_ms, &cur, err);
+
+    if (rc || (rc = verify_target_lease(&cur, a, k, err)) != 0)
+        goto out;
+    if (!verify_step_allowed(&cur, a)) {
+        rc = -EALREADY;
+        goto out;
+    }
+    /* In progress, so cur owns no headers or body: FOUND borrows the
+     * result's for the write, and they are detached before the clear. */
+    verify_apply(&cur, a);
+    rc = save(st, k, &cur, st->wo, err);
+    if (a->step == STORE_VERIFY_FOUND) {
+        cur.headers = NULL;
+        cur.n_headers = 0;
+        cur.body = NULL;
+        cur.body_len = 0;
+    }
+out:
+    store_record_clear(&cur);
+    return rc;
+}
+
+static int rocks_verify(struct store *base, const char *scope, const char *key,
+                        const struct store_verify_args *a, struct sc_error *err)
+{
+    struct rocks_store *st = rocks(base);
+    pthread_mutex_t *lock;
+    struct record_key k;
+    int rc;
+
+    if ((rc = record_key_make(&k, scope, key, err)) != 0)
+        return rc;
+    lock = stripe_of(st, k.buf, k.len);
+    pthread_mutex_lock(lock);
+    rc = verify_locked(st, &k, a, err);
+    pthread_mutex_unlock(lock);
+    return rc;
+}
+
+/* One database entry: fn's when it is a lease in progress. Pauses (a key
+ * starting with '\1') and values that do not decode are skipped. */
+static int lease_entry(const char *dbkey, size_t klen, const char *val,
+                       size_t vlen, uint64_t now_ms, store_lease_fn fn,
+                       void *arg)
+{
+    char scope[RECORD_SCOPE_MAX + 1], key[RECORD_KEY_MAX + 1];
+    size_t ns = strnlen(dbkey, klen);
+    struct store_record rec;
+    struct sc_error derr;
+    int rc = 0;
+
+    if (ns == 0 || ns > RECORD_SCOPE_MAX || klen - ns - 1 == 0 ||
+        klen - ns - 1 > RECORD_KEY_MAX || dbkey[ns + 1] == '\1')
+        return 0;
+    if (record_decode((const uint8_t *)val, vlen, &rec, &derr) != 0)
+        return 0;
+    if (rec.state == STORE_IN_PROGRESS && rec.lease_expires_ms > now_ms &&
+        rec.expires_ms > now_ms) {
+        memcpy(scope, dbkey, ns);
+        scope[ns] = '\0';
+        memcpy(key, dbkey + ns + 1, klen - ns - 1);
+        key[klen - ns - 1] = '\0';
+        rc = fn(arg, scope, key, &rec);
+    }
+    store_record_clear(&rec);
+    return rc;
+}
+
+/* A full scan: run once at start-up, before any request. */
+static int rocks_leases_each(struct store *base, uint64_t now_ms,
+                             store_lease_fn fn, void *arg, struct sc_error *err)
+{
+    struct rocks_store *st = rocks(base);
+    rocksdb_iterator_t *it = rocksdb_create_iterator(st->db, st->ro_scan);
+    char *msg = NULL;
+    int rc = 0;
+
+    for (rocksdb_iter_seek_to_first(it); rc == 0 && rocksdb_iter_valid(it);
+         rocksdb_iter_next(it)) {
+        size_t klen, vlen;
+        const char *k = rocksdb_iter_key(it, &klen);
+        const char *v = rocksdb_iter_value(it, &vlen);
+
+        rc = lease_entry(k, klen, v, vlen, now_ms, fn, arg);
+    }
+    rocksdb_iter_get_error(it, &msg);
+    rocksdb_iter_destroy(it);
+    if (msg) {
+        sc_error_set(err, "store: listing the leases failed: %s", msg);
+        rocksdb_free(msg);
+        return -EIO;
+    }
+    return rc;
+}
+
 /* ---- sync mode: the asynchronous calls, group-committed ---- */
 
 /* The committer thread's sync: the WAL of every write so far, fsynced once.
@@ -1118,7 +1287,9 @@ void store_rocksdb_group_stats(struct store *base, uint64_t *syncs,
     .pause_get = rocks_pause_get, \
     .pause_clear = rocks_pause_clear, \
     .healthy = rocks_healthy, \
-    .count = rocks_count
+    .count = rocks_count, \
+    .verify = rocks_verify, \
+    .leases_each = rocks_leases_each
 
 /* Without sync every call completes before it returns: the generic
  * asynchronous calls (store.c) run these at once, with no per-loop state. */

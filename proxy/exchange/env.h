@@ -9,6 +9,7 @@
 
 struct claims;
 struct event_base;
+struct exchange;
 struct freelist;
 struct metrics_shard;
 struct statsd;
@@ -35,6 +36,12 @@ struct ex_env {
     struct metrics_shard *metrics;  /* this loop's shard */
     struct statsd *statsd;          /* fd -1: off */
     struct freelist *spare_calls;   /* store calls kept for reuse */
+    /* Starts the background verification of the unknown outcome of ex,
+     * which holds its key's lease (docs/contract.md §11): its deadline D,
+     * wall clock ms, or 0 when none started (the lease then waits out its
+     * expiry, as without verify). NULL: the process verifies nothing. */
+    uint64_t (*verify_begin)(void *arg, struct exchange *ex);
+    void *verify_arg;
 };
 
 /* The process's clocks (util/clock.h), for an env outside tests. */

@@ -197,6 +197,8 @@ struct exchange {
     enum ex_commit { COMMIT_NONE = 0, COMMIT_KEEP, COMMIT_COMPLETE,
                      COMMIT_COMPLETE_HEAD, COMMIT_RELEASE } commit;
     bool settled;               /* the key's record is written (complete/release) */
+    bool dup_waiting;           /* duplicates: wait: to look at the key again */
+    uint64_t dup_poll_ns;       /* ... after this long (2 ms doubling to 25) */
 
     /* pacing */
     struct bucket *bucket;
@@ -280,6 +282,11 @@ enum ex_verdict ex_refuse_wait(struct exchange *ex, enum reason r, uint64_t dela
 /* The key's record answers the request (a live lease, another request's
  * key, the store failing). */
 void ex_lease_held(struct exchange *ex, uint64_t remaining_ms);
+/* lease_held for the live lease in rec at now_ms (wall): while its
+ * verification is pending, what remains of it as the delay, and
+ * "verify": "pending" (contract §11); else the lease's remaining time. */
+void ex_lease_held_record(struct exchange *ex, const struct store_record *rec,
+                          uint64_t now_ms);
 void ex_key_reused(struct exchange *ex);
 void ex_store_failed(struct exchange *ex, const char *what, const struct sc_error *err);
 /* A store claim's verdict (acquire, permit_lease) applied: true when the
@@ -319,6 +326,11 @@ void ex_lease_give_back(struct exchange *ex);
  * counted): -ESTALE, another lease holds the key now; -ENOENT, nothing to
  * end. */
 void ex_log_release(struct exchange *ex, int rc, const struct sc_error *err);
+/* stage_idem.c: the end-to-end headers of r as a record keeps them, the
+ * request's own X-Request-Id in place of any the upstream sent; h has room
+ * for r->n_headers + 1. Borrowed from r and ex. */
+size_t ex_stored_headers(struct exchange *ex, const struct up_response *r,
+                         struct store_header *h);
 /* verdict.c: a store failure counted (sluice_store_errors_total). */
 void ex_count_store_error(struct exchange *ex);
 

@@ -19,6 +19,7 @@
 
 #include "obs/log.h"
 #include "policies/idemkey.h"
+#include "policies/verify.h"
 #include "proxy/exchange/stages.h"
 
 /* ---- key ------------------------------------------------------------------ */
@@ -90,7 +91,7 @@ static bool looked_up(struct exchange *ex)
     /* The attempt count survives redeliveries: it is the store's. */
     ex->attempt = rec->attempt + 1;
     if (rec->lease_expires_ms > now) {
-        ex_lease_held(ex, rec->lease_expires_ms - now);
+        ex_lease_held_record(ex, rec, now);
         return false;
     }
     store_record_clear(rec); /* released or expired lease: may take over */
@@ -110,13 +111,54 @@ static bool claim(struct exchange *ex, uint64_t now)
     return false;
 }
 
+/* duplicates: wait (contract §6): a key in progress (a lease, or a claim
+ * waiting for its permit) is looked at again instead of answered, 2 ms
+ * after the first look and then twice as long each time, up to 25 ms
+ * apart, until it is completed (the replay), free (a first request), or the
+ * policy's max_wait, counted from the first look and shared with the
+ * permit's wait, is up (lease_held as with refuse). Polling the store: the
+ * holder's record is visible to every loop the moment it is written. */
+#define DUP_POLL_FIRST_NS (2 * NS_PER_MS)
+#define DUP_POLL_MAX_NS (25 * NS_PER_MS)
+
+static bool wait_for_holder(struct exchange *ex, uint64_t now)
+{
+    uint64_t step;
+
+    if (ex->pol->idem.duplicates != SC_DUP_WAIT ||
+        ex->kind != ANSWER_INSTRUCTION || ex->reason != R_LEASE_HELD)
+        return false;
+    ex_begin_wait(ex, now);
+    if (now >= ex->wait_deadline_ns)
+        return false;
+    step = !ex->dup_poll_ns ? DUP_POLL_FIRST_NS
+           : ex->dup_poll_ns * 2 > DUP_POLL_MAX_NS ? DUP_POLL_MAX_NS
+                                                   : ex->dup_poll_ns * 2;
+    ex->dup_poll_ns = step;
+    ex->dup_waiting = true;
+    ex->wake_at = now + step < ex->wait_deadline_ns ? now + step : ex->wait_deadline_ns;
+    /* Not the answer yet: the next look decides. */
+    store_record_clear(&ex->replay);
+    ex->kind = ANSWER_PROBLEM;
+    ex->status = 0;
+    ex->outcome = 0;
+    ex->reason = R_NONE;
+    memset(&ex->instr, 0, sizeof ex->instr);
+    return true;
+}
+
 static enum ex_verdict lookup_run(struct exchange *ex, uint64_t now)
 {
-    enum ex_verdict v = ex_store_wait(ex, now, start_get, ex->woke == WOKE_FIRST, ST_GET);
+    bool first = ex->woke == WOKE_FIRST || ex->dup_waiting;
+    enum ex_verdict v;
 
+    ex->dup_waiting = false;
+    v = ex_store_wait(ex, now, start_get, first, ST_GET);
     if (v != EXV_NEXT)
         return v;
-    return looked_up(ex) && claim(ex, now) ? EXV_NEXT : EXV_ANSWER;
+    if (looked_up(ex) && claim(ex, now))
+        return EXV_NEXT;
+    return wait_for_holder(ex, now) ? EXV_WAIT : EXV_ANSWER;
 }
 
 /* The claim ends with the answer: from then on the lease (or nothing) keeps
@@ -178,8 +220,8 @@ static bool replayable(const struct exchange *ex)
 /* The end-to-end headers, as the worker gets them: the request's own
  * X-Request-Id in place of any the upstream sent, so a replay carries the
  * id of the request that reached the partner. h has room for one more. */
-static size_t stored_headers(struct exchange *ex, const struct up_response *r,
-                             struct store_header *h)
+size_t ex_stored_headers(struct exchange *ex, const struct up_response *r,
+                         struct store_header *h)
 {
     const struct up_header *keep[UP_MAX_HEADERS];
     size_t n = up_response_end_to_end(r, keep), m = 0;
@@ -214,7 +256,7 @@ static int start_complete(struct exchange *ex)
     }
     rc = store_complete_async(ex->env->store, ex->scall, ex->pol->name, ex->key,
                               ex->lease, ex_wall_ms(ex), ex->pol->idem.ttl_ms,
-                              r->status, h, stored_headers(ex, r, h),
+                              r->status, h, ex_stored_headers(ex, r, h),
                               blen ? evbuffer_pullup(r->body, -1) : NULL, blen,
                               omit);
     free(h);
@@ -256,14 +298,37 @@ static int start_release(struct exchange *ex)
                                ex->pol->idem.ttl_ms);
 }
 
+/* The verification of this unknown outcome, started in the background
+ * when the policy verifies (contract §11): its deadline D (wall ms), 0
+ * when none runs. */
+static uint64_t verify_begin(struct exchange *ex)
+{
+    enum outcome_transport t = ex->ureq.resp.result == UP_TIMEOUT ? OT_TIMEOUT
+                                                                  : OT_CONNECTION_LOST;
+
+    if (!ex->env->verify_begin || !verify_on_outcome(&ex->pol->idem, t, ex->leased))
+        return 0;
+    return ex->env->verify_begin(ex->env->verify_arg, ex);
+}
+
 /* Unknown outcome: the lease stands until it expires, and the job must
- * not come back before then. */
+ * not come back before then; unless a verification settles it sooner, and
+ * then the job comes back when the verification has ended (D), whatever
+ * it found, rather than after the whole lease. */
 static void keep(struct exchange *ex)
 {
     uint64_t lease_ms = ex->pol->idem.lease_ms;
+    uint64_t deadline = verify_begin(ex);
+    bool requeue = ex->kind == ANSWER_INSTRUCTION && ex->outcome == OUT_REQUEUE;
 
-    if (ex->kind == ANSWER_INSTRUCTION && ex->outcome == OUT_REQUEUE &&
-        ex->instr.delay_ms < lease_ms)
+    if (deadline) {
+        if (requeue)
+            ex->instr.delay_ms = verify_requeue_delay_ms(deadline, ex_wall_ms(ex),
+                                                         ex->instr.delay_ms);
+        ex->instr.verify_pending = ex->kind == ANSWER_INSTRUCTION;
+        return;
+    }
+    if (requeue && ex->instr.delay_ms < lease_ms)
         ex->instr.delay_ms = lease_ms;
 }
 

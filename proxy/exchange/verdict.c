@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "obs/log.h"
+#include "policies/verify.h"
 #include "proxy/exchange/stage.h"
 #include "util/clock.h"
 #include "util/rand.h"
@@ -41,6 +42,7 @@ void ex_instruct(struct exchange *ex, enum outcome o, enum reason r,
     in->max_attempts = ex->pol->retry.max_attempts;
     in->key = ex->key;
     in->upstream_status = upstream_status;
+    in->verify_pending = false;
 }
 
 uint32_t ex_attempts_so_far(const struct exchange *ex)
@@ -89,6 +91,28 @@ void ex_lease_held(struct exchange *ex, uint64_t remaining_ms)
 {
     ex_instruct(ex, OUT_REQUEUE, R_LEASE_HELD, remaining_ms ? remaining_ms : 1,
                 ex_attempts_so_far(ex), 0);
+}
+
+void ex_lease_held_record(struct exchange *ex, const struct store_record *rec,
+                          uint64_t now_ms)
+{
+    /* One sidecar's store: the holder is this process (a lease of an ended
+     * one was taken up at start-up), so only a pending mark changes the
+     * answer. */
+    struct verify_lease_view l = {
+        .verify_enabled = ex->pol->idem.verify.enabled,
+        .upstream_known = true,
+        .holder_alive = true,
+        .state = (enum verify_state)rec->verify,
+        .verifier_alive = true,
+        .deadline_ms = rec->verify_deadline_ms,
+        .expires_ms = rec->lease_expires_ms,
+    };
+    uint64_t delay_ms = 1;
+    enum verify_action a = verify_on_lease(&l, now_ms, &delay_ms);
+
+    ex_lease_held(ex, delay_ms);
+    ex->instr.verify_pending = a == VA_PENDING;
 }
 
 void ex_key_reused(struct exchange *ex)

@@ -108,6 +108,8 @@ static enum MHD_Result answer_replay(struct exchange *ex)
     MHD_add_response_header(resp, "Idempotent-Replayed", "true");
     if (rec->body_omitted)
         MHD_add_response_header(resp, "Sluice-Body-Omitted", "true");
+    if (rec->verified) /* completed from a lookup's answer (contract §11) */
+        MHD_add_response_header(resp, "Sluice-Verified", "true");
     ex->bytes_out = rec->body_len;
     ex->status = rec->status;
     ex->outcome = rec->status < 400 ? OUT_REPLAYED : OUT_PERMANENT_ERROR;

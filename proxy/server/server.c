@@ -23,6 +23,7 @@
 
 #include "proxy/app.h"
 #include "proxy/server/mhd_request.h"
+#include "proxy/server/verification.h"
 #include "obs/log.h"
 #include "policies/problem.h"
 #include "proxy/runtime.h"
@@ -893,6 +894,8 @@ static void env_init(struct loop *w)
         .metrics = &app->metrics.shards[w->idx],
         .statsd = &w->statsd,
         .spare_calls = &w->spare_call,
+        .verify_begin = verification_begin,
+        .verify_arg = w,
     };
 }
 
@@ -906,6 +909,7 @@ int loop_init(struct loop *w, struct app *app, unsigned idx,
     w->app = app;
     TAILQ_INIT(&w->waiting);
     TAILQ_INIT(&w->conns);
+    TAILQ_INIT(&w->verifications);
     w->base = base_new();
     if (!w->base) {
         sc_error_set(err, "cannot create an event loop");
@@ -985,6 +989,8 @@ void loop_join(struct loop *w)
 
 void loop_stop_daemon(struct loop *w)
 {
+    /* A verification still pending is made again at the next start. */
+    verification_stop_all(w);
     /* Our events on MHD's epoll fd go before MHD closes it. */
     free_event(&w->mhd_read_ev);
     free_event(&w->mhd_timer_ev);

@@ -52,6 +52,7 @@ struct loop {
     struct runtime *rt;         /* the loop's current config (a ref); its own */
     _Atomic(struct runtime *) next_rt; /* handed over by a reload (a ref) */
     struct exchange_list waiting; /* exchanges suspended on the upstream */
+    TAILQ_HEAD(, verification) verifications; /* running here (verification.c) */
     pthread_t tid;
     uint64_t mhd_runs;          /* MHD_run calls so far */
     uint64_t mhd_error_run;     /* the run in which MHD last answered an error itself */

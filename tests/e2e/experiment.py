@@ -188,7 +188,7 @@ policies:
     burst: {burst}
     max_wait: {max_wait}ms
     retry: {{base: 1s, multiplier: 2, cap: 60s, max_attempts: {attempts}, max_delay: {max_delay}s{on}}}
-{breaker}{shared}    idempotency: {{lease: {lease}s}}
+{breaker}{shared}    idempotency: {{lease: {lease}s{verify}}}
 routes:
   - {{name: grades, prefix: /v1, upstream: partner, policy: writes}}
 """
@@ -215,6 +215,9 @@ class Sluice:
                                        max_delay=args.queue_max_delay,
                                        max_wait=args.max_wait_ms, timeout=args.upstream_timeout,
                                        lease=args.lease,
+                                       verify=(", verify: {path: \"%s\", after: %dms}" %
+                                               (args.verify_path, args.verify_after_ms)
+                                               if getattr(args, "verify_path", None) else ""),
                                        on=f", on: [{args.retry_on}]" if args.retry_on else "",
                                        breaker="    breaker: {failures: 5, pause: 250ms, "
                                                "max_pause: 1s}\n" if args.breaker else ""))

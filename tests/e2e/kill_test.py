@@ -16,7 +16,11 @@ MONOTONIC, shared by every process on the machine) and the time each worker saw 
   `--transit-ms` after: the answer on its way into sluice's store), the process gone after it
   arrived. Each case is printed with the kill and the interval;
 - with the stub honouring Idempotency-Key (`--honour-idempotency`, a second variant with a fresh
-  Redis, stub, sluice and store): no duplicate at all.
+  Redis, stub, sluice and store): no duplicate at all;
+- with the stub ignoring keys but offering a lookup by them (`--lookup`, variant `lookup`) and
+  sluice verifying every unknown outcome with it (idempotency.verify): no duplicate at all either,
+  and each job caught in flight by a kill is replayed soon after the restart (the restart took
+  its lease up and asked the partner), not a lease later.
 
 Prints the duplicates of each variant and a summary table; exits 1 when a check fails. Both
 variants are bounded in kills and time and stop by themselves; everything is on loopback and every
@@ -80,10 +84,12 @@ class Killer:
                     log.write(f"kill-test: SIGKILL #{n} sent at {sent} ns CLOCK_MONOTONIC "
                               f"(t={(sent - self.t0_ns) / 1e9:.3f} s), process gone at {gone}\n")
                 restart_s = sluice.restart()
+                ready = time.monotonic_ns()
                 for k in again:
                     q.r.rpush(q.key("ready"), json.dumps(ex.make_job(q.name, int(k[-6:]))))
                 self.redelivered += len(again)
-                self.kills.append({"n": n, "sent": sent, "gone": gone, "restart_s": restart_s})
+                self.kills.append({"n": n, "sent": sent, "gone": gone, "restart_s": restart_s,
+                                   "ready": ready})
         except Exception as e:     # reported as a failure of the run
             self.error = f"kill/restart #{len(self.kills) + 1} failed: {e!r}"
 
@@ -141,10 +147,29 @@ def analyse(res, args, t0_ns):
             elif row["resent_s"] < args.lease - args.lease_slack:
                 early.append(row)
     res.update(forgotten=forgotten, dup_rows=dups, unexplained=unexplained, early=early)
+    res["settle_s"] = settle_times(res)
     res["dup_keys"] = sum(1 for i in res["keys"].values() if len(i.get("effects", [])) > 1)
     res["records_completed"] = sum(1 for v in res["records"].values()
                                    if v.get("state") == "completed")
     res["t0_ns"] = t0_ns
+
+
+def settle_times(res):
+    """For each job whose request a kill caught at the partner (its first side effect arrived
+    before the SIGKILL and was not answered before it): seconds from the restart (ready) to the
+    moment a worker saw that job succeed, i.e. to its replay."""
+    out = []
+    for key, info in res["keys"].items():
+        effects, acked = info.get("effects", []), res["acked"].get(key)
+        if not effects or acked is None:
+            continue
+        a = effects[0]
+        for k in res["kills"]:
+            if a["recv_ns"] <= k["sent"] and (not a["done_ns"] or a["done_ns"] >= k["sent"]):
+                if acked > k["ready"]:
+                    out.append((acked - k["ready"]) / 1e9)
+                break
+    return sorted(out)
 
 
 def t(ns, t0):
@@ -194,6 +219,9 @@ ROWS = [
      lambda r: sum(x["how"] == "answer in transit" for x in r["dup_rows"])),
     ("... unexplained (must be 0)", lambda r: len(r["unexplained"])),
     ("... resent before the lease ran out", lambda r: len(r["early"])),
+    ("jobs caught in flight: restart to replay, median / max (s)",
+     lambda r: f"{statistics.median(r['settle_s']):.2f} / {max(r['settle_s']):.2f} "
+               f"({len(r['settle_s'])})" if r["settle_s"] else "—"),
     ("stub's dedup: replays / 409 in progress",
      lambda r: f"{r['stats']['dedup_replays']} / {r['stats']['dedup_conflicts']}"),
     ("most attempts of one job (calls)", lambda r: r["max_attempts_used"]),
@@ -231,7 +259,13 @@ def failures(r, args):
                  f"{args.lease} s lease")
     if r["honour"] and r["duplicates"]:
         f.append(f"{r['duplicates']} duplicate(s) although the stub honoured Idempotency-Key")
+    if r["variant"] == "lookup" and r["duplicates"]:
+        f.append(f"{r['duplicates']} duplicate(s) although sluice verified every unknown "
+                 "outcome with the stub's lookup")
     return f
+
+
+LOOKUP_PREFIX = "/v1/lookup/"     # the stub's lookup; the route's prefix is /v1
 
 
 def run_variant(name, honour, args, sluice_bin, stub_bin, root, seed):
@@ -242,6 +276,10 @@ def run_variant(name, honour, args, sluice_bin, stub_bin, root, seed):
     killer = Killer(args, random.Random(seed), t0_ns)
     stub_args = ["--delay-ms", str(args.stub_delay_ms)] + (["--honour-idempotency"] if honour
                                                           else [])
+    args.verify_path = None
+    if name == "lookup":     # sluice asks the stub's lookup after every unknown outcome
+        stub_args += ["--lookup", LOOKUP_PREFIX]
+        args.verify_path = LOOKUP_PREFIX + "{key}"
     try:
         _, rport = ex.start_redis(procs, d)
         res = ex.run_arm("sluice", "python-acks", args, procs, rport, d, stub_bin, sluice_bin,
@@ -280,9 +318,12 @@ def main():
     ap.add_argument("--redeliver", type=int, default=3,
                     help="after each restart, deliver again the last N jobs acknowledged before "
                          "the kill (they must be replayed, not sent)")
-    ap.add_argument("--variants", default="plain,honour",
+    ap.add_argument("--variants", default="plain,honour,lookup",
                     help="plain (the stub counts every side effect), honour (the stub "
-                         "deduplicates by Idempotency-Key)")
+                         "deduplicates by Idempotency-Key), lookup (the stub ignores keys but "
+                         "offers a lookup by them, which sluice asks: idempotency.verify)")
+    ap.add_argument("--verify-after-ms", type=int, default=200,
+                    help="variant lookup: verify.after, ms")
     ap.add_argument("--seed", type=int, help="random seed of the kill times (default: random)")
     args = ap.parse_args()
     # A SIGTERM (ctest's timeout, Ctrl-C's cousin) still stops every process by its pid.
@@ -303,7 +344,7 @@ def main():
 
     results, bad = [], []
     for i, name in enumerate(args.variants.split(",")):
-        if name not in ("plain", "honour"):
+        if name not in ("plain", "honour", "lookup"):
             ap.error(f"unknown variant {name!r}")
         print(f"running {name} ...", file=sys.stderr, flush=True)
         r = run_variant(name, name == "honour", args, sluice_bin, stub_bin, root, seed + i)

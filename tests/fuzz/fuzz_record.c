@@ -62,10 +62,16 @@ static void check_decoded(const uint8_t *data, size_t size,
 
     FUZZ_CHECK(record_encode(rec, &enc, &len, &err) == 0,
                "a decoded record does not encode: %s", err.text);
-    /* v2 lacks the lease (8 bytes), v1 the flags byte too. */
-    if (data[0] == RECORD_VERSION)
+    /* v2 lacks the lease (8 bytes), v1 the flags byte too; a record
+     * without a verification mark is written as v3, one with a mark as v4
+     * (9 bytes more). */
+    if (data[0] == 3 || (data[0] == RECORD_VERSION &&
+                         (rec->verify || rec->verified)))
         FUZZ_CHECK(len == size && !memcmp(enc, data, size),
-                   "v3 value not written back as read");
+                   "v%u value not written back as read", data[0]);
+    else if (data[0] == RECORD_VERSION)
+        FUZZ_CHECK(len + 9 == size, "an unmarked v4 value of %zu bytes is "
+                   "%zu in v3", size, len);
     else
         FUZZ_CHECK(len == size + (data[0] == 2 ? 8 : 9),
                    "v%u value of %zu bytes is %zu in v3", data[0], size, len);

@@ -442,6 +442,8 @@ Test(config_sidecar, commented_example_loads_when_uncommented)
     setenv("PARTNER_TOKEN", "x", 1);
     setenv("REDIS_PASSWORD", "x", 1); /* the fleet-mode store keys */
     cfg = load_ok(out);
+    cr_expect_eq(cfg->store.backend, SC_BACKEND_ROCKSDB,
+                 "the fleet example stays off: fleet mode does not verify yet");
     cr_expect_eq(cfg->n_upstreams, 2);
     cr_expect_eq(cfg->n_policies, 2);
     cr_expect_eq(cfg->n_routes, 2);

@@ -136,7 +136,7 @@ Test(record, v3_round_trip)
     size_t len;
     uint8_t *buf = encode(&in, &len);
 
-    cr_expect_eq(buf[0], RECORD_VERSION);
+    cr_expect_eq(buf[0], 3, "a record without a verification mark is written as v3");
     cr_assert_eq(decode(buf, len, &out), 0, "%s", err.text);
     expect_same(&out, &in);
     store_record_clear(&out);
@@ -301,9 +301,9 @@ Test(record, unknown_versions_are_eproto)
     uint8_t v[] = {0, 2, 0, 0, 0, 0};
 
     cr_expect_eq(decode(v, sizeof v, &out), -EPROTO);
-    v[0] = 4;
+    v[0] = 5;
     cr_expect_eq(decode(v, sizeof v, &out), -EPROTO);
-    cr_expect(strstr(err.text, "version 4"), "%s", err.text);
+    cr_expect(strstr(err.text, "version 5"), "%s", err.text);
     v[0] = 255;
     cr_expect_eq(decode(v, 1, &out), -EPROTO);
 }
@@ -425,4 +425,83 @@ Test(record, clear_zeroes_and_takes_null)
     cr_expect_null(r.headers);
     cr_expect_eq(r.attempt, 0);
     store_record_clear(NULL);
+}
+
+/* ---- v4: the verification mark (docs/contract.md §11) ---- */
+
+Test(record, v4_round_trip_with_a_mark)
+{
+    struct store_record in = sample(), out;
+    size_t len3, len4;
+    uint8_t *buf3 = encode(&in, &len3), *buf4;
+
+    in.verify = 2; /* VERIFY_FOUND */
+    in.verified = true;
+    in.verify_deadline_ms = 1700000009000ull;
+    buf4 = encode(&in, &len4);
+    cr_expect_eq(buf4[0], 4);
+    cr_expect_eq(len4, len3 + 9, "the mark and its deadline take 9 bytes");
+    cr_assert_eq(decode(buf4, len4, &out), 0, "%s", err.text);
+    expect_same(&in, &out);
+    cr_expect_eq(out.verify, 2);
+    cr_expect(out.verified);
+    cr_expect_eq(out.verify_deadline_ms, 1700000009000ull);
+    store_record_clear(&out);
+    /* An unmarked record decodes with no mark. */
+    cr_assert_eq(decode(buf3, len3, &out), 0, "%s", err.text);
+    cr_expect_eq(out.verify, 0);
+    cr_expect_not(out.verified);
+    store_record_clear(&out);
+    free(buf3);
+    free(buf4);
+}
+
+Test(record, v4_pending_in_progress)
+{
+    struct store_record in = sample(), out;
+    uint64_t expires;
+    size_t len;
+    uint8_t *buf;
+
+    in.state = STORE_IN_PROGRESS;
+    in.status = 0;
+    in.n_headers = 0;
+    in.body_len = 0;
+    in.verify = 1; /* VERIFY_PENDING */
+    in.verify_deadline_ms = 1700000005000ull;
+    buf = encode(&in, &len);
+    cr_expect_eq(buf[0], 4);
+    cr_assert_eq(decode(buf, len, &out), 0, "%s", err.text);
+    cr_expect_eq(out.verify, 1);
+    cr_expect_not(out.verified);
+    cr_expect_eq(out.verify_deadline_ms, 1700000005000ull);
+    cr_expect_eq(record_peek_expiry(buf, len, &expires), 0);
+    cr_expect_eq(expires, in.expires_ms, "expires_ms stays at its offset");
+    store_record_clear(&out);
+    free(buf);
+}
+
+Test(record, v4_refusals)
+{
+    struct store_record in = sample(), out;
+    size_t len;
+    uint8_t *buf;
+
+    in.verify = 5;
+    cr_expect_eq(record_encode(&in, &buf, &len, &err), -EINVAL);
+    cr_expect(strstr(err.text, "verification mark"), "%s", err.text);
+    in.verify = 4;
+    buf = encode(&in, &len);
+    /* offset of the mark: version, state, flags, attempt, four times,
+     * fingerprint, fence */
+    buf[1 + 1 + 1 + 4 + 32 + STORE_FP_LEN + 8] = 9;
+    cr_expect_eq(decode(buf, len, &out), -EBADMSG);
+    cr_expect(strstr(err.text, "verification mark"), "%s", err.text);
+    buf[1 + 1 + 1 + 4 + 32 + STORE_FP_LEN + 8] = 4;
+    buf[2] |= 0x04; /* an unknown flag */
+    cr_expect_eq(decode(buf, len, &out), -EBADMSG);
+    buf[2] = 0x02;  /* verified in a v3 value: unknown there */
+    buf[0] = 3;
+    cr_expect_neq(decode(buf, len, &out), 0);
+    free(buf);
 }

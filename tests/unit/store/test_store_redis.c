@@ -887,3 +887,19 @@ Test(store, a_lease_granted_after_its_call_gave_up_is_given_back)
     aloop_free(&a);
     store_close(fast);
 }
+
+/* Fleet mode does not verify unknown outcomes yet (--check-config refuses
+ * idempotency.verify with store.backend: redis): its calls say so. */
+Test(store, verification_marks_are_not_supported)
+{
+    struct store_acquire_out out;
+
+    cr_assert_eq(store_acquire(st, "payments", "k", fp_a, t0, 60000, 86400000,
+                               &out, &err), 0, "%s", err.text);
+    cr_expect_eq(store_verify_claim(st, "payments", "k", out.lease, t0, t0 + 1,
+                                    false, &err), -EOPNOTSUPP);
+    cr_expect(strstr(err.text, "not supported"), "%s", err.text);
+    cr_expect_eq(store_verify_absent(st, "payments", "k", out.lease, t0, 1, &err),
+                 -EOPNOTSUPP);
+    cr_expect_eq(store_leases_each(st, t0, NULL, NULL, &err), -EOPNOTSUPP);
+}

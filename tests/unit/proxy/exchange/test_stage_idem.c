@@ -17,8 +17,13 @@ static const char yaml[] =
     "upstreams: { up: { url: http://127.0.0.1:9000, timeout: 100ms } }\n"
     "policies:\n"
     "  keyed: { idempotency: { lease: 300ms } }\n"
+    "  waits: { max_wait: 100ms, idempotency: { lease: 300ms, duplicates: wait } }\n"
+    "  verifies:\n"
+    "    idempotency: { lease: 30s, verify: { path: \"/v/{key}\", after: 500ms } }\n"
     "routes:\n"
-    "  - { prefix: /k, upstream: up, policy: keyed }\n";
+    "  - { prefix: /k, upstream: up, policy: keyed }\n"
+    "  - { prefix: /w, upstream: up, policy: waits }\n"
+    "  - { prefix: /v, upstream: up, policy: verifies }\n";
 
 static struct store *st;
 static char *dir;
@@ -47,11 +52,16 @@ TestSuite(idem, .init = up, .fini = down);
 static const struct ex_stage *const rows[] = {&stage_key, &stage_lookup, &stage_lease,
                                               &stage_commit};
 
+static void keyed_on(struct exchange *ex, size_t route, const char *key)
+{
+    fake(ex, route);
+    ex->target = route == 0 ? "/k/x" : route == 1 ? "/w/x" : "/v/x";
+    ex->key = key;
+}
+
 static void keyed(struct exchange *ex, const char *key)
 {
-    fake(ex, 0);
-    ex->target = "/k/x";
-    ex->key = key;
+    keyed_on(ex, 0, key);
 }
 
 /* Arrival: the key, then the store's lookup and the claim. */
@@ -227,4 +237,135 @@ Test(idem, the_same_key_for_another_request_is_refused)
     cr_expect_eq(other.status, 422);
     cr_expect_eq(other.reason, R_KEY_REUSED);
     finish(&other);
+}
+
+/* ---- duplicates: wait (contract §6) ---------------------------------------- */
+
+Test(idem, a_waiting_duplicate_looks_again_and_gets_the_holders_replay)
+{
+    struct exchange first, dup;
+    uint64_t t0 = fx.now.mono_ns;
+
+    keyed_on(&first, 1, "w-replay");
+    send_one(&first);
+    keyed_on(&dup, 1, "w-replay");
+    cr_assert_eq(arrive(&dup), EXV_WAIT, "it waits instead of lease_held");
+    cr_expect_eq(dup.wake_at, t0 + 2 * MS, "first look again after 2 ms");
+    cr_expect_eq(dup.kind, ANSWER_PROBLEM, "no answer decided yet");
+    cr_assert_eq(run(&stage_lookup, &dup, WOKE_TIMER, t0 + 2 * MS), EXV_WAIT);
+    cr_expect_eq(dup.wake_at, t0 + 6 * MS, "then twice as long");
+
+    first.ureq.resp.body = evbuffer_new();
+    evbuffer_add(first.ureq.resp.body, "done", 4);
+    result(&first, UP_OK, 201);
+    cr_assert_eq(run(&stage_commit, &first, WOKE_FIRST, t0 + 5 * MS), EXV_NEXT);
+    finish(&first);
+
+    cr_assert_eq(run(&stage_lookup, &dup, WOKE_TIMER, t0 + 6 * MS), EXV_ANSWER);
+    cr_expect_eq(dup.kind, ANSWER_REPLAY);
+    cr_expect_eq(dup.replay.status, 201);
+    finish(&dup);
+}
+
+Test(idem, a_waiting_duplicate_gets_lease_held_at_max_wait)
+{
+    struct exchange first, dup;
+    uint64_t t0 = fx.now.mono_ns, gap = 0, prev = t0;
+    enum ex_verdict v;
+    int looks = 1;
+
+    keyed_on(&first, 1, "w-slow");
+    send_one(&first);
+    keyed_on(&dup, 1, "w-slow");
+    v = arrive(&dup);
+    while (v == EXV_WAIT) {
+        cr_assert_gt(dup.wake_at, prev);
+        gap = dup.wake_at - prev;
+        cr_expect_leq(gap, 25 * MS, "looks at most 25 ms apart");
+        prev = dup.wake_at;
+        v = run(&stage_lookup, &dup, WOKE_TIMER, dup.wake_at);
+        looks++;
+        cr_assert_lt(looks, 50);
+    }
+    cr_expect_eq(v, EXV_ANSWER);
+    cr_expect_eq(dup.reason, R_LEASE_HELD);
+    cr_expect_eq(prev, t0 + 100 * MS, "the last look is at max_wait");
+    cr_expect_leq(looks, 10, "2, 4, 8, 16, then 25 ms apart: %d looks", looks);
+    finish(&dup);
+    finish(&first);
+}
+
+Test(idem, a_waiting_duplicate_goes_on_when_the_holder_frees_the_key)
+{
+    struct exchange first, dup;
+    uint64_t t0 = fx.now.mono_ns;
+
+    keyed_on(&first, 1, "w-free");
+    send_one(&first);
+    keyed_on(&dup, 1, "w-free");
+    cr_assert_eq(arrive(&dup), EXV_WAIT);
+    result(&first, UP_OK, 503);
+    cr_assert_eq(run(&stage_commit, &first, WOKE_FIRST, t0 + 1 * MS), EXV_NEXT);
+    cr_expect_eq(first.commit, COMMIT_RELEASE);
+    finish(&first);
+    cr_assert_eq(run(&stage_lookup, &dup, WOKE_TIMER, t0 + 2 * MS), EXV_NEXT,
+                 "free: on as a first request");
+    cr_assert_eq(run(&stage_lease, &dup, WOKE_FIRST, t0 + 2 * MS), EXV_NEXT);
+    cr_expect_eq(dup.attempt, 2);
+    finish(&dup);
+}
+
+/* ---- verify (contract §11): the commit of an unknown outcome --------------- */
+
+static uint64_t fake_deadline;
+static int begun;
+
+static uint64_t fake_verify_begin(void *arg, struct exchange *ex)
+{
+    begun++;
+    return fake_deadline;
+}
+
+Test(idem, an_unknown_outcome_that_starts_a_verification_is_requeued_for_d)
+{
+    struct exchange first, dup;
+
+    fx.env.verify_begin = fake_verify_begin;
+    fake_deadline = fx.now.wall_ms + 1500;
+    keyed_on(&first, 2, "v-1");
+    send_one(&first);
+    result(&first, UP_TIMEOUT, 0);
+    cr_assert_eq(run(&stage_commit, &first, WOKE_FIRST, fx.now.mono_ns), EXV_NEXT);
+    cr_expect_eq(begun, 1);
+    cr_expect(first.instr.verify_pending);
+    cr_expect_eq(first.instr.delay_ms, 1500, "D, not the 30 s lease");
+    finish(&first);
+
+    /* Not started (the store refused the claim): the lease, as without. */
+    fake_deadline = 0;
+    keyed_on(&dup, 2, "v-2");
+    send_one(&dup);
+    result(&dup, UP_TIMEOUT, 0);
+    cr_assert_eq(run(&stage_commit, &dup, WOKE_FIRST, fx.now.mono_ns), EXV_NEXT);
+    cr_expect_not(dup.instr.verify_pending);
+    cr_expect_geq(dup.instr.delay_ms, 30000);
+    finish(&dup);
+    fx.env.verify_begin = NULL;
+}
+
+Test(idem, a_policy_without_verify_never_starts_one)
+{
+    struct exchange first;
+
+    fx.env.verify_begin = fake_verify_begin;
+    begun = 0;
+    fake_deadline = fx.now.wall_ms + 1500;
+    keyed(&first, "nv-1");
+    send_one(&first);
+    result(&first, UP_TIMEOUT, 0);
+    cr_assert_eq(run(&stage_commit, &first, WOKE_FIRST, fx.now.mono_ns), EXV_NEXT);
+    cr_expect_eq(begun, 0);
+    cr_expect_not(first.instr.verify_pending);
+    finish(&first);
+    fx.env.verify_begin = NULL;
 }
