@@ -93,6 +93,7 @@ struct store_ops {
     int (*pause_clear)(struct store *st, const char *scope,
                        struct sc_error *err);
     bool (*healthy)(struct store *st);
+    void (*cause)(struct store *st, char *buf, size_t len); /* optional */
     uint64_t (*count)(struct store *st);
 
     /* Optional: asynchronous calls (see above). start returns -EINPROGRESS,

@@ -1,0 +1,122 @@
+/* One Redis connection, the only kind the store makes (docs/reference/fleet.md,
+ * "Connections"): hiredis only reads replies (its redisReader); the bytes
+ * move on a libevent bufferevent, plain or OpenSSL (util/tls_client.h), so
+ * the loops' connections, the blocking calls and the Sentinel thread share
+ * one place for connecting, TLS, AUTH (an ACL user or the default one),
+ * SELECT, loading scripts and pipelining. Internal to store/.
+ *
+ * Asynchronous use (redis_conn_open): commands may be sent at once, before
+ * the connection is up; they are written after the handshake and answered
+ * in order, each callback run exactly once (with NULL when the connection
+ * ends first). The caller bounds waits with its own timers. Blocking use
+ * (redis_sync_*): a private event base run until the reply or the timeout. */
+#ifndef SLUICE_STORE_REDIS_CONN_H
+#define SLUICE_STORE_REDIS_CONN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+#include <hiredis/hiredis.h>
+#include <openssl/ssl.h>
+
+#include "util/error.h"
+
+/* What every connection to one kind of server is made with; the strings
+ * and the context must outlive the connections. */
+struct redis_conn_opts {
+    SSL_CTX *tls;               /* NULL: plain TCP */
+    bool verify;                /* the server's name (or IP) is checked */
+    const char *server_name;    /* NULL or "": the host connected to */
+    const char *user;           /* NULL: AUTH <password> (the default user) */
+    const char *password;       /* NULL: no AUTH */
+    unsigned db;                /* SELECTed when not 0 */
+    const char *const *preload; /* SCRIPT LOAD of each, in the handshake */
+    unsigned n_preload;
+};
+
+struct redis_conn;
+
+/* A reply, or NULL when the connection ended before it came. The reply is
+ * freed when the callback returns, unless it calls redis_conn_keep. */
+typedef void redis_conn_reply_fn(struct redis_conn *c, redisReply *r,
+                                 void *priv);
+
+struct redis_conn_events {
+    /* The handshake is done (AUTH, SELECT, scripts): optional. */
+    void (*ready)(struct redis_conn *c, void *arg);
+    /* The connection ends: once, before the calls in flight get NULL.
+     * rc: -ENOTCONN (could not connect: TCP or TLS), -EACCES (credentials
+     * refused), -EIO (lost, or a handshake command failed), -EPROTO, or 0
+     * (closed by redis_conn_close). why never holds a secret. */
+    void (*lost)(struct redis_conn *c, int rc, const char *why, void *arg);
+    /* A reply no command waits for (a subscription's message): optional. */
+    void (*push)(struct redis_conn *c, redisReply *r, void *arg);
+    void *arg;
+};
+
+/* Starts connecting to host:port on base and sends the handshake. 0, or a
+ * negative code with err when it cannot even start (no callback runs). */
+int redis_conn_open(struct event_base *base, const char *host, unsigned port,
+                    const struct redis_conn_opts *o,
+                    const struct redis_conn_events *ev,
+                    struct redis_conn **out, struct sc_error *err);
+
+/* Queues a command (formatted, or as argv; fn may be NULL: the reply is
+ * dropped). 0, or -ENOTCONN once the connection is closing, -ENOMEM. */
+int redis_conn_send(struct redis_conn *c, const char *cmd, size_t len,
+                    redis_conn_reply_fn *fn, void *priv);
+int redis_conn_send_argv(struct redis_conn *c, int argc, const char **argv,
+                         const size_t *len, redis_conn_reply_fn *fn,
+                         void *priv);
+
+/* Inside a reply callback: the reply is the callback's to free. */
+void redis_conn_keep(struct redis_conn *c);
+
+/* Whether the handshake is done and the connection not closing. */
+bool redis_conn_ready(const struct redis_conn *c);
+
+/* Why it ended (or "" while it has not). */
+const char *redis_conn_why(const struct redis_conn *c);
+
+/* Closes it: lost (rc 0), then every call in flight gets NULL. From inside
+ * one of its callbacks this happens when that callback returns (its reply
+ * stays readable until then). c is gone afterwards. */
+void redis_conn_close(struct redis_conn *c);
+
+/* ---- blocking use ---- */
+
+struct redis_sync;
+
+/* A blocking connection's state (its own event base), not yet connected.
+ * push, if any, gets replies no command waits for. NULL: out of memory. */
+struct redis_sync *redis_sync_new(uint64_t timeout_ms,
+                                  void (*push)(const redisReply *r, void *arg),
+                                  void *arg);
+void redis_sync_free(struct redis_sync *s);
+
+/* Connects (dropping any connection it had) and runs the handshake, all
+ * within the timeout. 0, or -ENOTCONN ("cannot connect: ..."), -EACCES
+ * ("AUTH failed: ..."), -EIO, -ETIMEDOUT with err. */
+int redis_sync_connect(struct redis_sync *s, const char *host, unsigned port,
+                       const struct redis_conn_opts *o, struct sc_error *err);
+
+/* Whether it has a connection that is still open (what the server sent
+ * meanwhile is read first: a close, a subscription's messages). */
+bool redis_sync_open(struct redis_sync *s);
+
+void redis_sync_drop(struct redis_sync *s);
+
+/* One command, answered within the timeout: 0 and *out (free it), or
+ * -ETIMEDOUT ("no reply within N ms") / -EIO / -ENOTCONN with err, and the
+ * connection dropped. An error reply is a reply (0). */
+int redis_sync_command(struct redis_sync *s, int argc, const char **argv,
+                       const size_t *len, redisReply **out,
+                       struct sc_error *err);
+
+/* Waits up to ms for a pushed reply (handed to push) or for wake_fd (-1:
+ * none) to be readable; returns early on either. */
+void redis_sync_wait(struct redis_sync *s, uint64_t ms, int wake_fd);
+
+#endif
