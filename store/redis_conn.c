@@ -158,7 +158,8 @@ static void hello_reply(struct redis_conn *c, redisReply *r, void *priv)
                       !strncmp(r->str, "NOAUTH", 6);
 
         /* Redis's own text: it names the failure, never the password. */
-        fail(c, denied ? -EACCES : -EIO, "%s failed: %s", name[h], r->str);
+        fail(c, denied ? -EACCES : -EIO, "%s%s failed: %s",
+             denied ? "authentication failed: " : "", name[h], r->str);
         return;
     }
     if (--c->hello_left == 0) {

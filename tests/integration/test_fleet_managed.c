@@ -185,7 +185,7 @@ Test(managed_acl, a_refused_password_is_visible_and_its_fix_is_followed)
 
     snprintf(store, sizeof store, "url: \"redis://sluice:%s@127.0.0.1:%u/0\"", WRONG_PW, rs.port);
     cr_assert_eq(sluice_on(0, store, false), 0);
-    expect_refused(0, "AUTH failed: WRONGPASS", WRONG_PW);
+    expect_refused(0, "authentication failed: AUTH failed: WRONGPASS", WRONG_PW);
     /* The server side fixed (the user's password is this one too): back
      * without a restart. */
     cr_assert(redis_server_cmd(&rs, "ACL SETUSER sluice >" WRONG_PW));
@@ -211,7 +211,7 @@ Test(managed_acl, a_user_denied_a_command_sluice_needs_is_an_authentication_fail
     cr_assert(redis_server_cmd(&rs, "ACL SETUSER sluice -script|load"));
     snprintf(store, sizeof store, "url: \"redis://sluice:%s@127.0.0.1:%u/0\"", ACL_PW, rs.port);
     cr_assert_eq(sluice_on(0, store, false), 0);
-    expect_refused(0, "NOPERM", ACL_PW);
+    expect_refused(0, "authentication failed: SCRIPT LOAD failed: NOPERM", ACL_PW);
 }
 
 /* ---- TLS ---- */
