@@ -2,9 +2,12 @@
  * for the protocol (redis_conn.h).
  *
  * The commands in flight are a ring of {callback, argument} that grows by
- * doubling and is never shrunk, so a busy connection allocates nothing per
- * command; commands given as argv are written straight into the
- * bufferevent's output in RESP, without an intermediate string.
+ * doubling and is never shrunk, and an asynchronous connection's replies
+ * are built in an arena of its own (hiredis's reader takes the object
+ * functions), emptied after each reply's callback and kept for the next,
+ * so a busy connection allocates nothing per command; commands given as
+ * argv are written straight into the bufferevent's output in RESP, without
+ * an intermediate string.
  *
  * The handshake (AUTH, SELECT, SCRIPT LOAD) is written first, its replies
  * read by this file: a refusal ends the connection with its cause
@@ -37,12 +40,26 @@
 #include "util/tls_client.h"
 
 #define RING_MIN 16
+#define ARENA_CHUNK 4096
+/* A chunk made for one large reply (a record's body) is not kept. */
+#define ARENA_KEEP_MAX (64 * 1024)
 
 enum hello { HELLO_AUTH = 1, HELLO_SELECT, HELLO_SCRIPT };
 
 struct pending {
     redis_conn_reply_fn *fn;
     void *priv;
+};
+
+/* Bump allocation for one reply at a time; chunks kept across replies. */
+struct arena_chunk {
+    struct arena_chunk *next;
+    size_t cap, used;
+    max_align_t data[];
+};
+
+struct arena {
+    struct arena_chunk *first, *cur;
 };
 
 struct redis_conn {
@@ -54,8 +71,153 @@ struct redis_conn {
     unsigned hello_left;        /* handshake replies still to come */
     int depth;                  /* callbacks of ours running */
     bool tls, connected, ready, closing, kept;
+    bool heap;                  /* replies on the heap (blocking use: kept) */
+    redisReplyObjectFunctions *heap_fns; /* hiredis's own */
+    struct arena arena;
     int end_rc;
     char why[256];
+};
+
+/* ---- the replies' arena ---- */
+
+static void *arena_alloc(struct arena *a, size_t n)
+{
+    struct arena_chunk *c = a->cur;
+
+    n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
+    while (c && c->cap - c->used < n)
+        c = c->next;
+    if (!c) {
+        size_t cap = n > ARENA_CHUNK ? n : ARENA_CHUNK;
+
+        if (!(c = malloc(sizeof *c + cap)))
+            return NULL;
+        *c = (struct arena_chunk){.next = NULL, .cap = cap};
+        /* Appended: the chunks before keep what this reply holds. */
+        if (a->cur) {
+            c->next = a->cur->next;
+            a->cur->next = c;
+        } else {
+            c->next = a->first;
+            a->first = c;
+        }
+    }
+    a->cur = c;
+    c->used += n;
+    return (char *)c->data + c->used - n;
+}
+
+/* After a reply's callback: every chunk empty again, large ones freed. */
+static void arena_reset(struct arena *a)
+{
+    struct arena_chunk **p = &a->first;
+
+    while (*p) {
+        struct arena_chunk *c = *p;
+
+        if (c->cap > ARENA_KEEP_MAX) {
+            *p = c->next;
+            free(c);
+            continue;
+        }
+        c->used = 0;
+        p = &c->next;
+    }
+    a->cur = a->first;
+}
+
+static void arena_free(struct arena *a)
+{
+    while (a->first) {
+        struct arena_chunk *c = a->first;
+
+        a->first = c->next;
+        free(c);
+    }
+    a->cur = NULL;
+}
+
+/* hiredis's reader builds replies with these: the same redisReply shapes
+ * as its own, from the connection's arena (the root task's privdata). */
+static redisReply *reply_new(const redisReadTask *t, int type)
+{
+    const redisReadTask *root = t;
+    struct redis_conn *c;
+    redisReply *r;
+
+    while (root->parent)
+        root = root->parent;
+    c = root->privdata;
+    if (!(r = arena_alloc(&c->arena, sizeof *r)))
+        return NULL;
+    memset(r, 0, sizeof *r);
+    r->type = type;
+    if (t->parent) {
+        redisReply *parent = t->parent->obj;
+
+        parent->element[t->idx] = r;
+    }
+    return r;
+}
+
+static struct redis_conn *task_conn(const redisReadTask *t)
+{
+    while (t->parent)
+        t = t->parent;
+    return t->privdata;
+}
+
+static void *arena_string(const redisReadTask *t, char *s, size_t len)
+{
+    char *copy = arena_alloc(&task_conn(t)->arena, len + 1);
+    redisReply *r;
+
+    if (!copy || !(r = reply_new(t, t->type)))
+        return NULL;
+    memcpy(copy, s, len);
+    copy[len] = '\0';
+    r->str = copy;
+    r->len = len;
+    return r;
+}
+
+static void *arena_array(const redisReadTask *t, int n)
+{
+    redisReply **el = NULL;
+    redisReply *r;
+
+    if (n > 0 && !(el = arena_alloc(&task_conn(t)->arena, (size_t)n * sizeof *el)))
+        return NULL;
+    if (!(r = reply_new(t, REDIS_REPLY_ARRAY)))
+        return NULL;
+    if (n > 0)
+        memset(el, 0, (size_t)n * sizeof *el);
+    r->elements = n > 0 ? (size_t)n : 0;
+    r->element = el;
+    return r;
+}
+
+static void *arena_integer(const redisReadTask *t, long long v)
+{
+    redisReply *r = reply_new(t, REDIS_REPLY_INTEGER);
+
+    if (r)
+        r->integer = v;
+    return r;
+}
+
+static void *arena_nil(const redisReadTask *t)
+{
+    return reply_new(t, REDIS_REPLY_NIL);
+}
+
+static void arena_nofree(void *obj)
+{
+    (void)obj; /* the arena is emptied after the reply's callback */
+}
+
+static redisReplyObjectFunctions arena_fns = {
+    arena_string, arena_array, arena_integer, arena_nil, arena_nofree,
 };
 
 /* ---- the ring of calls in flight ---- */
@@ -105,6 +267,7 @@ static void end_now(struct redis_conn *c)
     if (c->bev)
         bufferevent_free(c->bev);
     redisReaderFree(c->reader);
+    arena_free(&c->arena);
     free(c->ring);
     free(c);
 }
@@ -180,7 +343,9 @@ static void deliver(struct redis_conn *c, redisReply *r)
     } else if (c->ev.push) {
         c->ev.push(c, r, c->ev.arg);
     }
-    if (!c->kept)
+    if (!c->heap)
+        arena_reset(&c->arena);
+    else if (!c->kept)
         freeReplyObject(r);
 }
 
@@ -374,6 +539,9 @@ int redis_conn_open(struct event_base *base, const char *host, unsigned port,
         goto fail;
     c->ev = *ev;
     c->tls = o->tls != NULL;
+    c->heap_fns = c->reader->fn;
+    c->reader->fn = &arena_fns;
+    c->reader->privdata = c;
     bufferevent_setcb(c->bev, on_read, NULL, on_event, c);
     if (bufferevent_enable(c->bev, EV_READ | EV_WRITE) != 0 ||
         send_hello(c, o) != 0)
@@ -454,6 +622,14 @@ int redis_conn_send_argv(struct redis_conn *c, int argc, const char **argv,
 void redis_conn_keep(struct redis_conn *c)
 {
     c->kept = true;
+}
+
+/* Blocking use keeps replies past their callback: hiredis's own objects. */
+static void use_heap(struct redis_conn *c)
+{
+    c->heap = true;
+    c->reader->fn = c->heap_fns;
+    c->reader->privdata = NULL;
 }
 
 bool redis_conn_ready(const struct redis_conn *c)
@@ -587,6 +763,7 @@ int redis_sync_connect(struct redis_sync *s, const char *host, unsigned port,
     if ((rc = redis_conn_open(s->base, host, port, o, sync_events(s, &ev),
                               &s->c, err)) != 0)
         return rc;
+    use_heap(s->c); /* before any reply: none is read until the base runs */
     if (run_until(s, &s->ready, s->timeout_ms))
         return 0;
     if (s->lost) {

@@ -210,3 +210,60 @@ Test(redis_conn, blocking_calls_time_out_and_reconnect)
     freeReplyObject(r);
     redis_sync_free(s);
 }
+
+struct nested {
+    int n;
+    bool ok;
+    size_t big_len;
+};
+
+static void on_nested(struct redis_conn *c, redisReply *r, void *arg)
+{
+    struct nested *s = arg;
+
+    s->n++;
+    s->ok = r && r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
+            r->element[0]->type == REDIS_REPLY_INTEGER && r->element[0]->integer == 1 &&
+            r->element[1]->type == REDIS_REPLY_ARRAY && r->element[1]->elements == 2 &&
+            r->element[1]->element[1]->type == REDIS_REPLY_STRING &&
+            !strcmp(r->element[1]->element[1]->str, "x") &&
+            r->element[2]->type == REDIS_REPLY_STRING && r->element[2]->len == 3 &&
+            !strcmp(r->element[2]->str, "abc");
+}
+
+static void on_big(struct redis_conn *c, redisReply *r, void *arg)
+{
+    struct nested *s = arg;
+
+    s->n++;
+    s->big_len = r && r->type == REDIS_REPLY_STRING ? r->len : 0;
+}
+
+/* Replies are built in the connection's arena, emptied after each
+ * callback: nested arrays keep their shape, a reply larger than a chunk
+ * comes whole, and the replies after it are intact. */
+Test(redis_conn, replies_of_every_shape_come_whole)
+{
+    const char *script[] = {"EVAL", "return {1, {2, 'x'}, 'abc'}", "0"};
+    size_t script_len[] = {4, 27, 1};
+    const char *big[] = {"GET", "big"};
+    size_t big_len[] = {3, 3};
+    struct redis_conn_opts o = {0};
+    struct seen s = {.in_order = true};
+    struct nested ns = {0};
+    struct redis_conn *c = open_conn(&s, &o);
+    char cmd[64];
+
+    snprintf(cmd, sizeof cmd, "EVAL redis.call('SET','big',string.rep('y',200000)) 0");
+    cr_assert(redis_server_cmd(&srv, cmd));
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(redis_conn_send_argv(c, 3, script, script_len, on_nested, &ns), 0);
+        cr_assert_eq(redis_conn_send_argv(c, 2, big, big_len, on_big, &ns), 0);
+    }
+    cr_assert_eq(redis_conn_send_argv(c, 3, script, script_len, on_nested, &ns), 0);
+    run_until(&ns.n, 7);
+    cr_expect_eq(ns.n, 7);
+    cr_expect(ns.ok, "the last nested reply lost its shape");
+    cr_expect_eq(ns.big_len, 200000);
+    redis_conn_close(c);
+}
