@@ -579,6 +579,26 @@ int redis_conn_send(struct redis_conn *c, const char *cmd, size_t len,
     return 0;
 }
 
+size_t redis_format_argv(char *buf, size_t cap, int argc, const char **argv,
+                         const size_t *len)
+{
+    char head[32];
+    size_t n = (size_t)snprintf(head, sizeof head, "*%d\r\n", argc), total = n;
+
+    if (total <= cap)
+        memcpy(buf, head, n);
+    for (int i = 0; i < argc; i++) {
+        n = (size_t)snprintf(head, sizeof head, "$%zu\r\n", len[i]);
+        if (total + n + len[i] + 2 <= cap) {
+            memcpy(buf + total, head, n);
+            memcpy(buf + total + n, argv[i], len[i]);
+            memcpy(buf + total + n + len[i], "\r\n", 2);
+        }
+        total += n + len[i] + 2;
+    }
+    return total;
+}
+
 /* "*<argc>\r\n" then "$<len>\r\n<arg>\r\n" for each. */
 static int put_argv(struct evbuffer *out, int argc, const char **argv,
                     const size_t *len)

@@ -71,6 +71,12 @@ int redis_conn_send_argv(struct redis_conn *c, int argc, const char **argv,
                          const size_t *len, redis_conn_reply_fn *fn,
                          void *priv);
 
+/* Formats argv as one RESP command into buf (cap bytes) when it fits;
+ * returns its length either way, so a caller may size a buffer and call
+ * again. */
+size_t redis_format_argv(char *buf, size_t cap, int argc, const char **argv,
+                         const size_t *len);
+
 /* Inside a reply callback: the reply is the callback's to free. */
 void redis_conn_keep(struct redis_conn *c);
 

@@ -54,6 +54,7 @@
 
 #include "store/store_redis_internal.h"
 #include "util/clock.h"
+#include "util/freelist.h"
 
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 5000
@@ -61,6 +62,10 @@
  * STORE_WAIT_TIMEOUTS, and long enough for Redis's short stalls (a fork
  * for a snapshot, a slow command) to end without a reconnect. */
 #define DROP_TIMEOUTS 10
+/* A call's command fits in its req up to this (a completion with a body
+ * takes a buffer of its own); reqs are kept by their loop for reuse. */
+#define REQ_CMD_INLINE 512
+#define REQS_KEPT 256
 
 enum conn_state {
     CONN_DOWN,       /* no connection; retry is armed */
@@ -101,6 +106,7 @@ struct rloop {
     struct rconn conn[2];       /* main; commit: completions with WAIT */
     unsigned n_conn;            /* 2 with replicas_ack, else 1 */
     bool freeing;               /* in loop_free: no completion runs */
+    struct freelist reqs;       /* spare reqs: none allocated per call */
 };
 
 struct req {
@@ -111,12 +117,14 @@ struct req {
     uint64_t deadline_ns;       /* its call gets -ETIMEDOUT then */
     uint64_t drop_ns;           /* the connection is given up then */
     bool timed_out;             /* past deadline_ns: its call has gone */
-    char *cmd;                  /* the formatted command, kept for a retry */
-    int cmd_len;
+    char *cmd;                  /* the formatted command, kept for a retry:
+                                   cmd_inline, or its own buffer */
+    size_t cmd_len;
     bool retried;               /* sent again after NOSCRIPT */
     struct redis_conn *ac;      /* sent on */
     uint64_t wait_seq;          /* the WAIT that covers it; 0: none */
     bool filled;                /* its call has the command's result */
+    char cmd_inline[REQ_CMD_INLINE];
 };
 
 static void conn_connect(struct rconn *cn);
@@ -323,8 +331,9 @@ static void conn_connect(struct rconn *cn)
 
 static void req_free(struct req *q)
 {
-    redisFreeCommand(q->cmd);
-    free(q);
+    if (q->cmd != q->cmd_inline)
+        free(q->cmd);
+    freelist_give(&q->cn->loop->reqs, q);
 }
 
 /* The call's result, from its command's reply (NULL: the connection
@@ -484,7 +493,7 @@ static bool resend(struct redis_conn *ac, struct req *q)
 
     q->retried = true;
     if (redis_conn_send_argv(ac, 3, argv, len, NULL, NULL) != 0 ||
-        redis_conn_send(ac, q->cmd, (size_t)q->cmd_len, on_reply, q) != 0)
+        redis_conn_send(ac, q->cmd, q->cmd_len, on_reply, q) != 0)
         return false;
     if (q->wait_seq)
         q->wait_seq = cover(q->cn);
@@ -557,7 +566,7 @@ static int req_new(struct rconn *cn, enum store_op op,
                    const struct store_args *a, struct req **out,
                    struct sc_error *err)
 {
-    struct req *q = calloc(1, sizeof *q);
+    struct req *q = freelist_take(&cn->loop->reqs);
     struct rcmd cmd;
     int rc;
 
@@ -566,20 +575,27 @@ static int req_new(struct rconn *cn, enum store_op op,
         sc_error_set(err, "store: out of memory");
         return -ENOMEM;
     }
+    q->cn = cn;
+    q->cmd = q->cmd_inline;
     if ((rc = rcmd_build(cn->st, op, a, &cmd, err)) == 0) {
-        q->cmd_len = redisFormatCommandArgv(&q->cmd, cmd.argc, cmd.argv, cmd.len);
-        if (q->cmd_len < 0) {
+        q->cmd_len = redis_format_argv(q->cmd, sizeof q->cmd_inline, cmd.argc,
+                                       cmd.argv, cmd.len);
+        if (q->cmd_len > sizeof q->cmd_inline &&
+            !(q->cmd = malloc(q->cmd_len))) {
             sc_error_set(err, "store: out of memory");
             rc = -ENOMEM;
+        } else if (q->cmd != q->cmd_inline) {
+            redis_format_argv(q->cmd, q->cmd_len, cmd.argc, cmd.argv, cmd.len);
         }
     }
     q->info = cmd.info;
     rcmd_free(&cmd);
     if (rc) {
-        free(q);
+        if (!q->cmd)
+            q->cmd = q->cmd_inline; /* nothing of its own to free */
+        req_free(q);
         return rc;
     }
-    q->cn = cn;
     *out = q;
     return 0;
 }
@@ -667,7 +683,7 @@ int redis_start(struct store_loop *sl, struct store_call *c, enum store_op op,
                      cn->st->addr, cn->why);
         return -ENOTCONN;
     }
-    if (redis_conn_send(cn->ac, q->cmd, (size_t)q->cmd_len, on_reply, q) != 0) {
+    if (redis_conn_send(cn->ac, q->cmd, q->cmd_len, on_reply, q) != 0) {
         req_free(q);
         sc_error_set(&c->err, "store: redis at %s: not connected: closing",
                      cn->st->addr);
@@ -718,6 +734,7 @@ int redis_loop_new(struct store *st, struct event_base *base,
         goto nomem;
     rl->base.st = st;
     rl->base.base = base;
+    freelist_init(&rl->reqs, sizeof(struct req), REQS_KEPT);
     rl->n_conn = ((struct redis_store *)st)->replicas_ack ? 2 : 1;
     for (unsigned i = 0; i < rl->n_conn; i++)
         if (conn_init(rl, &rl->conn[i]) != 0) {
@@ -762,5 +779,6 @@ void redis_loop_free(struct store_loop *sl)
     rl->freeing = true;
     for (unsigned i = 0; i < rl->n_conn; i++)
         conn_free(&rl->conn[i]);
+    freelist_clear(&rl->reqs);
     free(rl);
 }
