@@ -17,6 +17,7 @@
 
 #include "integration/harness.h"
 #include "support/redis_server.h"
+#include "support/sentinel_server.h"
 #include "support/testutil.h"
 
 #define ADMIN_PW "adm1n-pw"
@@ -28,6 +29,7 @@ static struct redis_server rs;
 static struct h_stub stub;
 static struct h_sluice sl[N_SL + 1];
 static char *pki;
+static struct sentinel_server sen;
 
 static const char policies[] =
     "policies:\n"
@@ -43,6 +45,7 @@ static void stop_all(void)
     for (int i = 0; i < N_SL + 1; i++)
         h_sluice_cleanup(&sl[i]);
     h_stub_stop(&stub);
+    sentinel_server_destroy(&sen);
     redis_server_destroy(&rs);
     if (pki) {
         tu_rm_rf(pki);
@@ -305,6 +308,28 @@ Test(managed_tls, verify_false_takes_any_certificate)
     snprintf(tls, sizeof tls, "verify: false, server_name: cache.example");
     tls_store(store, sizeof store, "127.0.0.1", tls);
     cr_assert_eq(sluice_on(0, store, true), 0, "not ready without verification");
+}
+
+/* The sentinels are asked over TLS too: the url's port has nothing behind
+ * it, so only a TLS sentinel naming the primary makes sluice ready. */
+Test(managed_tls, sentinels_are_asked_over_tls_too)
+{
+    char store[2048], *body;
+    struct h_resp r;
+
+    sen.tls_dir = pki;
+    cr_assert_eq(sentinel_server_start(&sen, "managed", rs.port, NULL), 0,
+                 "redis-sentinel (TLS) did not start");
+    snprintf(store, sizeof store,
+             "url: \"rediss://127.0.0.1:%u/0\", sentinels: [\"127.0.0.1:%u\"], master: managed,\n"
+             "tls: {ca_file: %s/ca.pem}", redis_server_free_port(), sen.port, pki);
+    cr_assert_eq(sluice_on(0, store, false), 0);
+    body = admin_when(0, "/readyz", 200);
+    cr_expect(body, "not ready through the TLS sentinel within 10 s");
+    free(body);
+    cr_assert_eq(post_key(0, "/k/pay", "tls-sentinel-key", &r), 0);
+    cr_expect_eq(r.status, 200, "%s", r.body ? r.body : "");
+    h_resp_free(&r);
 }
 
 Test(managed_mtls, a_required_client_certificate_is_presented)
