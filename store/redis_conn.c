@@ -3,8 +3,8 @@
  *
  * The commands in flight are a ring of {callback, argument} that grows by
  * doubling and is never shrunk, and an asynchronous connection's replies
- * are built in an arena of its own (hiredis's reader takes the object
- * functions), emptied after each reply's callback and kept for the next,
+ * are built in an arena of its own (redis_arena.c), emptied after each
+ * reply's callback and kept for the next,
  * so a busy connection allocates nothing per command; commands given as
  * argv are written straight into the bufferevent's output in RESP, without
  * an intermediate string.
@@ -37,29 +37,16 @@
 #include <openssl/err.h>
 #include <openssl/x509.h>
 
+#include "store/redis_arena.h"
 #include "util/tls_client.h"
 
 #define RING_MIN 16
-#define ARENA_CHUNK 4096
-/* A chunk made for one large reply (a record's body) is not kept. */
-#define ARENA_KEEP_MAX (64 * 1024)
 
 enum hello { HELLO_AUTH = 1, HELLO_SELECT, HELLO_SCRIPT };
 
 struct pending {
     redis_conn_reply_fn *fn;
     void *priv;
-};
-
-/* Bump allocation for one reply at a time; chunks kept across replies. */
-struct arena_chunk {
-    struct arena_chunk *next;
-    size_t cap, used;
-    max_align_t data[];
-};
-
-struct arena {
-    struct arena_chunk *first, *cur;
 };
 
 struct redis_conn {
@@ -73,151 +60,9 @@ struct redis_conn {
     bool tls, connected, ready, closing, kept;
     bool heap;                  /* replies on the heap (blocking use: kept) */
     redisReplyObjectFunctions *heap_fns; /* hiredis's own */
-    struct arena arena;
+    struct redis_arena arena;
     int end_rc;
     char why[256];
-};
-
-/* ---- the replies' arena ---- */
-
-static void *arena_alloc(struct arena *a, size_t n)
-{
-    struct arena_chunk *c = a->cur;
-
-    n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
-    while (c && c->cap - c->used < n)
-        c = c->next;
-    if (!c) {
-        size_t cap = n > ARENA_CHUNK ? n : ARENA_CHUNK;
-
-        if (!(c = malloc(sizeof *c + cap)))
-            return NULL;
-        *c = (struct arena_chunk){.next = NULL, .cap = cap};
-        /* Appended: the chunks before keep what this reply holds. */
-        if (a->cur) {
-            c->next = a->cur->next;
-            a->cur->next = c;
-        } else {
-            c->next = a->first;
-            a->first = c;
-        }
-    }
-    a->cur = c;
-    c->used += n;
-    return (char *)c->data + c->used - n;
-}
-
-/* After a reply's callback: every chunk empty again, large ones freed. */
-static void arena_reset(struct arena *a)
-{
-    struct arena_chunk **p = &a->first;
-
-    while (*p) {
-        struct arena_chunk *c = *p;
-
-        if (c->cap > ARENA_KEEP_MAX) {
-            *p = c->next;
-            free(c);
-            continue;
-        }
-        c->used = 0;
-        p = &c->next;
-    }
-    a->cur = a->first;
-}
-
-static void arena_free(struct arena *a)
-{
-    while (a->first) {
-        struct arena_chunk *c = a->first;
-
-        a->first = c->next;
-        free(c);
-    }
-    a->cur = NULL;
-}
-
-/* hiredis's reader builds replies with these: the same redisReply shapes
- * as its own, from the connection's arena (the root task's privdata). */
-static redisReply *reply_new(const redisReadTask *t, int type)
-{
-    const redisReadTask *root = t;
-    struct redis_conn *c;
-    redisReply *r;
-
-    while (root->parent)
-        root = root->parent;
-    c = root->privdata;
-    if (!(r = arena_alloc(&c->arena, sizeof *r)))
-        return NULL;
-    memset(r, 0, sizeof *r);
-    r->type = type;
-    if (t->parent) {
-        redisReply *parent = t->parent->obj;
-
-        parent->element[t->idx] = r;
-    }
-    return r;
-}
-
-static struct redis_conn *task_conn(const redisReadTask *t)
-{
-    while (t->parent)
-        t = t->parent;
-    return t->privdata;
-}
-
-static void *arena_string(const redisReadTask *t, char *s, size_t len)
-{
-    char *copy = arena_alloc(&task_conn(t)->arena, len + 1);
-    redisReply *r;
-
-    if (!copy || !(r = reply_new(t, t->type)))
-        return NULL;
-    memcpy(copy, s, len);
-    copy[len] = '\0';
-    r->str = copy;
-    r->len = len;
-    return r;
-}
-
-static void *arena_array(const redisReadTask *t, int n)
-{
-    redisReply **el = NULL;
-    redisReply *r;
-
-    if (n > 0 && !(el = arena_alloc(&task_conn(t)->arena, (size_t)n * sizeof *el)))
-        return NULL;
-    if (!(r = reply_new(t, REDIS_REPLY_ARRAY)))
-        return NULL;
-    if (n > 0)
-        memset(el, 0, (size_t)n * sizeof *el);
-    r->elements = n > 0 ? (size_t)n : 0;
-    r->element = el;
-    return r;
-}
-
-static void *arena_integer(const redisReadTask *t, long long v)
-{
-    redisReply *r = reply_new(t, REDIS_REPLY_INTEGER);
-
-    if (r)
-        r->integer = v;
-    return r;
-}
-
-static void *arena_nil(const redisReadTask *t)
-{
-    return reply_new(t, REDIS_REPLY_NIL);
-}
-
-static void arena_nofree(void *obj)
-{
-    (void)obj; /* the arena is emptied after the reply's callback */
-}
-
-static redisReplyObjectFunctions arena_fns = {
-    arena_string, arena_array, arena_integer, arena_nil, arena_nofree,
 };
 
 /* ---- the ring of calls in flight ---- */
@@ -267,7 +112,7 @@ static void end_now(struct redis_conn *c)
     if (c->bev)
         bufferevent_free(c->bev);
     redisReaderFree(c->reader);
-    arena_free(&c->arena);
+    redis_arena_free(&c->arena);
     free(c->ring);
     free(c);
 }
@@ -344,7 +189,7 @@ static void deliver(struct redis_conn *c, redisReply *r)
         c->ev.push(c, r, c->ev.arg);
     }
     if (!c->heap)
-        arena_reset(&c->arena);
+        redis_arena_reset(&c->arena);
     else if (!c->kept)
         freeReplyObject(r);
 }
@@ -540,8 +385,7 @@ int redis_conn_open(struct event_base *base, const char *host, unsigned port,
     c->ev = *ev;
     c->tls = o->tls != NULL;
     c->heap_fns = c->reader->fn;
-    c->reader->fn = &arena_fns;
-    c->reader->privdata = c;
+    redis_arena_use(&c->arena, c->reader);
     bufferevent_setcb(c->bev, on_read, NULL, on_event, c);
     if (bufferevent_enable(c->bev, EV_READ | EV_WRITE) != 0 ||
         send_hello(c, o) != 0)
@@ -644,8 +488,7 @@ void redis_conn_keep(struct redis_conn *c)
     c->kept = true;
 }
 
-/* Blocking use keeps replies past their callback: hiredis's own objects. */
-static void use_heap(struct redis_conn *c)
+void redis_conn_heap_replies(struct redis_conn *c)
 {
     c->heap = true;
     c->reader->fn = c->heap_fns;
@@ -662,198 +505,3 @@ const char *redis_conn_why(const struct redis_conn *c)
     return c->why;
 }
 
-/* ---- blocking use ---- */
-
-struct redis_sync {
-    struct event_base *base;
-    struct redis_conn *c;
-    uint64_t timeout_ms;
-    void (*push)(const redisReply *r, void *arg);
-    void *push_arg;
-    bool ready, lost, got, woke;
-    int lost_rc;
-    char why[256];
-    redisReply *reply;
-};
-
-static void sync_ready(struct redis_conn *c, void *arg)
-{
-    ((struct redis_sync *)arg)->ready = true;
-}
-
-static void sync_lost(struct redis_conn *c, int rc, const char *why, void *arg)
-{
-    struct redis_sync *s = arg;
-
-    s->lost = true;
-    s->lost_rc = rc;
-    snprintf(s->why, sizeof s->why, "%s", why);
-    s->c = NULL;
-}
-
-static void sync_push(struct redis_conn *c, redisReply *r, void *arg)
-{
-    struct redis_sync *s = arg;
-
-    s->woke = true;
-    if (s->push)
-        s->push(r, s->push_arg);
-}
-
-static void sync_reply(struct redis_conn *c, redisReply *r, void *arg)
-{
-    struct redis_sync *s = arg;
-
-    s->got = true;
-    s->reply = r;
-    if (r)
-        redis_conn_keep(c);
-}
-
-struct redis_sync *redis_sync_new(uint64_t timeout_ms,
-                                  void (*push)(const redisReply *r, void *arg),
-                                  void *arg)
-{
-    struct redis_sync *s = calloc(1, sizeof *s);
-
-    if (!s)
-        return NULL;
-    if (!(s->base = event_base_new())) {
-        free(s);
-        return NULL;
-    }
-    s->timeout_ms = timeout_ms;
-    s->push = push;
-    s->push_arg = arg;
-    return s;
-}
-
-void redis_sync_drop(struct redis_sync *s)
-{
-    if (s->c)
-        redis_conn_close(s->c); /* sync_lost clears s->c */
-    s->c = NULL;
-}
-
-void redis_sync_free(struct redis_sync *s)
-{
-    if (!s)
-        return;
-    redis_sync_drop(s);
-    event_base_free(s->base);
-    free(s);
-}
-
-static void on_wake(evutil_socket_t fd, short what, void *arg)
-{
-    *(bool *)arg = true;
-}
-
-/* Runs the base until *flag, the connection's end, or ms; whether *flag. */
-static bool run_until(struct redis_sync *s, bool *flag, uint64_t ms)
-{
-    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
-    bool expired = false;
-    struct event *t = evtimer_new(s->base, on_wake, &expired);
-
-    if (!t)
-        return false;
-    evtimer_add(t, &tv);
-    while (!*flag && !s->lost && !expired)
-        event_base_loop(s->base, EVLOOP_ONCE);
-    event_free(t);
-    return *flag;
-}
-
-static const struct redis_conn_events *sync_events(struct redis_sync *s,
-                                                   struct redis_conn_events *ev)
-{
-    *ev = (struct redis_conn_events){sync_ready, sync_lost, sync_push, s};
-    return ev;
-}
-
-int redis_sync_connect(struct redis_sync *s, const char *host, unsigned port,
-                       const struct redis_conn_opts *o, struct sc_error *err)
-{
-    struct redis_conn_events ev;
-    int rc;
-
-    redis_sync_drop(s);
-    s->ready = s->lost = false;
-    if ((rc = redis_conn_open(s->base, host, port, o, sync_events(s, &ev),
-                              &s->c, err)) != 0)
-        return rc;
-    use_heap(s->c); /* before any reply: none is read until the base runs */
-    if (run_until(s, &s->ready, s->timeout_ms))
-        return 0;
-    if (s->lost) {
-        sc_error_set(err, "%s", s->why);
-        return s->lost_rc ? s->lost_rc : -EIO;
-    }
-    redis_sync_drop(s);
-    sc_error_set(err, "cannot connect: no answer within %llu ms",
-                 (unsigned long long)s->timeout_ms);
-    return -ETIMEDOUT;
-}
-
-bool redis_sync_open(struct redis_sync *s)
-{
-    if (s->c)
-        event_base_loop(s->base, EVLOOP_NONBLOCK);
-    return s->c != NULL;
-}
-
-int redis_sync_command(struct redis_sync *s, int argc, const char **argv,
-                       const size_t *len, redisReply **out,
-                       struct sc_error *err)
-{
-    int rc;
-
-    *out = NULL;
-    if (!s->c) {
-        sc_error_set(err, "not connected");
-        return -ENOTCONN;
-    }
-    s->got = false;
-    s->reply = NULL;
-    if ((rc = redis_conn_send_argv(s->c, argc, argv, len, sync_reply, s)) != 0) {
-        sc_error_set(err, "%s", rc == -ENOMEM ? "out of memory" : "not connected");
-        return rc;
-    }
-    if (run_until(s, &s->got, s->timeout_ms) && s->reply) {
-        *out = s->reply;
-        return 0;
-    }
-    if (s->lost) {
-        sc_error_set(err, "%s", s->why);
-        return -EIO;
-    }
-    /* Its reply may still come: only a new connection is in step. */
-    redis_sync_drop(s);
-    sc_error_set(err, "no reply within %llu ms", (unsigned long long)s->timeout_ms);
-    return -ETIMEDOUT;
-}
-
-void redis_sync_wait(struct redis_sync *s, uint64_t ms, int wake_fd)
-{
-    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
-    bool woke = false, expired = false;
-    struct event *t = evtimer_new(s->base, on_wake, &expired);
-    struct event *w = wake_fd >= 0
-                          ? event_new(s->base, wake_fd, EV_READ, on_wake, &woke)
-                          : NULL;
-
-    if (!t || (wake_fd >= 0 && !w))
-        goto out;
-    evtimer_add(t, &tv);
-    if (w)
-        event_add(w, NULL);
-    s->woke = false;
-    while (!woke && !s->woke && !expired)
-        event_base_loop(s->base, EVLOOP_ONCE);
-out:
-    if (w)
-        event_free(w);
-    if (t)
-        event_free(t);
-}

@@ -8,8 +8,8 @@
  * Asynchronous use (redis_conn_open): commands may be sent at once, before
  * the connection is up; they are written after the handshake and answered
  * in order, each callback run exactly once (with NULL when the connection
- * ends first). The caller bounds waits with its own timers. Blocking use
- * (redis_sync_*): a private event base run until the reply or the timeout. */
+ * ends first). The caller bounds waits with its own timers. Blocking use:
+ * redis_sync.h. */
 #ifndef SLUICE_STORE_REDIS_CONN_H
 #define SLUICE_STORE_REDIS_CONN_H
 
@@ -77,7 +77,13 @@ int redis_conn_send_argv(struct redis_conn *c, int argc, const char **argv,
 size_t redis_format_argv(char *buf, size_t cap, int argc, const char **argv,
                          const size_t *len);
 
-/* Inside a reply callback: the reply is the callback's to free. */
+/* Replies on the heap, as hiredis makes them, instead of the connection's
+ * arena, so that redis_conn_keep may keep them: for blocking use
+ * (redis_sync.c), before any reply is read. */
+void redis_conn_heap_replies(struct redis_conn *c);
+
+/* Inside a reply callback of a connection with heap replies: the reply is
+ * the callback's to free. */
 void redis_conn_keep(struct redis_conn *c);
 
 /* Whether the handshake is done and the connection not closing. */
@@ -90,39 +96,5 @@ const char *redis_conn_why(const struct redis_conn *c);
  * one of its callbacks this happens when that callback returns (its reply
  * stays readable until then). c is gone afterwards. */
 void redis_conn_close(struct redis_conn *c);
-
-/* ---- blocking use ---- */
-
-struct redis_sync;
-
-/* A blocking connection's state (its own event base), not yet connected.
- * push, if any, gets replies no command waits for. NULL: out of memory. */
-struct redis_sync *redis_sync_new(uint64_t timeout_ms,
-                                  void (*push)(const redisReply *r, void *arg),
-                                  void *arg);
-void redis_sync_free(struct redis_sync *s);
-
-/* Connects (dropping any connection it had) and runs the handshake, all
- * within the timeout. 0, or -ENOTCONN ("cannot connect: ..."), -EACCES
- * ("AUTH failed: ..."), -EIO, -ETIMEDOUT with err. */
-int redis_sync_connect(struct redis_sync *s, const char *host, unsigned port,
-                       const struct redis_conn_opts *o, struct sc_error *err);
-
-/* Whether it has a connection that is still open (what the server sent
- * meanwhile is read first: a close, a subscription's messages). */
-bool redis_sync_open(struct redis_sync *s);
-
-void redis_sync_drop(struct redis_sync *s);
-
-/* One command, answered within the timeout: 0 and *out (free it), or
- * -ETIMEDOUT ("no reply within N ms") / -EIO / -ENOTCONN with err, and the
- * connection dropped. An error reply is a reply (0). */
-int redis_sync_command(struct redis_sync *s, int argc, const char **argv,
-                       const size_t *len, redisReply **out,
-                       struct sc_error *err);
-
-/* Waits up to ms for a pushed reply (handed to push) or for wake_fd (-1:
- * none) to be readable; returns early on either. */
-void redis_sync_wait(struct redis_sync *s, uint64_t ms, int wake_fd);
 
 #endif

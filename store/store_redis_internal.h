@@ -13,6 +13,7 @@
 
 #include "store/record.h"
 #include "store/redis_conn.h"
+#include "store/redis_sync.h"
 #include "store/redis_scripts.h"
 #include "store/store_backend.h"
 

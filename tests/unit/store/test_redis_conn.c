@@ -13,6 +13,7 @@
 #include <event2/event.h>
 
 #include "store/redis_conn.h"
+#include "store/redis_sync.h"
 #include "support/redis_server.h"
 #include "support/testutil.h"
 #include "util/clock.h"
