@@ -31,6 +31,14 @@ static bool given(const yaml_node_t *n)
     return n && !cfg_is_null(n);
 }
 
+/* Whether a tls block says anything beyond its defaults (a dump of the
+ * config, /config, writes the defaults out). */
+static bool tls_set(const struct sc_tls *t)
+{
+    return !t->verify || (t->ca_file && *t->ca_file) || (t->cert_file && *t->cert_file) ||
+           (t->key_file && *t->key_file) || (t->server_name && *t->server_name);
+}
+
 void cfg_check_store(struct cfg_loader *lc, void *obj,
                  yaml_node_t *const *vals, struct sc_pos where)
 {
@@ -50,17 +58,21 @@ void cfg_check_store(struct cfg_loader *lc, void *obj,
                 "addresses to ask for the primary)");
     if (url[0] && config_redis_url_parse(url, &u, buf, sizeof buf, &err) != 0)
         cfg_err_sub(lc, cfg_pos_of(vals[SK_URL]), "url", "%s", err.text);
+    else if (url[0] && !u.tls && tls_set(&cfg->store.tls))
+        /* Settings that would silently do nothing: the url says plain TCP. */
+        cfg_err_sub(lc, cfg_pos_of(vals[SK_TLS]), "tls", "needs a rediss:// url "
+                "(url is redis://, plain TCP)");
     if (cfg->store.backend != SC_BACKEND_REDIS)
         return;
     /* Refused here rather than at start, so that --check-config and a reload
      * say it before a deploy does. */
     if (!url[0] && cfg->store.sentinels.n)
         cfg_err_sub(lc, cfg_pos_of(vals[SK_SENTINELS]), "url", "required with "
-                "sentinels too: its password and db apply to the primary, its "
-                "host is a first guess (redis://[:password@]host:port/db)");
+                "sentinels too: its credentials and db apply to the primary, its "
+                "host is a first guess (redis[s]://[[user]:password@]host:port/db)");
     else if (!url[0])
         cfg_err_sub(lc, cfg_pos_of(vals[SK_BACKEND]), "url", "required with backend: "
-                "redis (redis://[:password@]host:port/db)");
+                "redis (redis[s]://[[user]:password@]host:port/db)");
 }
 
 /* A file the process must read: false, with the error at pos, when it

@@ -52,17 +52,18 @@ struct sc_addr_list {
 
 /* store.url, parsed (config_redis_url_parse). */
 struct sc_redis_url {
+    bool tls;               /* rediss:// */
     const char *host;
     unsigned port;
+    const char *user;       /* NULL: the default user (AUTH password) */
     const char *password;   /* NULL: none */
     unsigned db;
 };
 
-/* Parses redis://[:password@]host[:port][/db] into *u (port 6379, db 0 when
- * left out; the password may be %-encoded). The strings go into buf (buflen
- * bytes), which must outlive u. rediss:// is refused: this build's Redis
- * client (hiredis 0.14) has no TLS. 0 or -EINVAL / -ENOTSUP / -ENOSPC with
- * err, whose text never holds the password. */
+/* Parses redis[s]://[[user]:password@]host[:port][/db] into *u (port 6379,
+ * db 0 when left out; user and password may be %-encoded; rediss: TLS). The
+ * strings go into buf (buflen bytes), which must outlive u. 0 or -EINVAL /
+ * -ENOSPC with err, whose text never holds the password. */
 int config_redis_url_parse(const char *url, struct sc_redis_url *u, char *buf,
                            size_t buflen, struct sc_error *err);
 
@@ -77,6 +78,8 @@ struct sc_tls {
     char *ca_file;  /* "" = system store */
     char *cert_file; /* client certificate (PEM) for mutual TLS; "" = none */
     char *key_file;  /* its private key (PEM) */
+    char *server_name; /* store.tls only: the name checked and sent as SNI;
+                          "" = the host connected to */
     struct sc_pos ca_pos, cert_pos, key_pos;
 };
 
@@ -288,6 +291,7 @@ struct sc_config {
         uint64_t timeout_ms;  /* redis: one round trip; default 100ms */
         struct sc_addr_list sentinels; /* redis: find the primary through them */
         char *master;         /* redis: the Sentinel master name */
+        struct sc_tls tls;    /* rediss: every connection, sentinels too */
         uint32_t replicas_ack; /* redis: WAIT for that many after a completion */
     } store;
     struct {

@@ -1,6 +1,7 @@
-/* redis://[:password@]host[:port][/db], the config's store.url
+/* redis[s]://[[user]:password@]host[:port][/db], the config's store.url
  * (docs/contract.md §10): checked when the config loads, read again by
- * the process when it opens the Redis store. */
+ * the process when it opens the Redis store. rediss:// is TLS; a user is a
+ * Redis 6+ ACL user (AUTH user password). */
 #include "config/config.h"
 
 #include <errno.h>
@@ -34,27 +35,45 @@ static char *put(struct out *o, const char *s, size_t n)
     return start;
 }
 
-/* "[:password" or "default:password" before '@'. Other user names would
- * need AUTH <user> <password> (Redis ACLs), which this build does not send. */
+/* A %-decoded part of the userinfo into out: 0, -ENOSPC, or -EINVAL. */
+static int put_decoded(struct out *out, const char *s, size_t n,
+                       const char *what, const char **dst, struct sc_error *err)
+{
+    char *v = put(out, s, n);
+
+    if (!v)
+        return -ENOSPC;
+    if (!hex_unescape(v)) {
+        sc_error_set(err, "bad %%-escape in the %s", what);
+        return -EINVAL;
+    }
+    *dst = *v ? v : NULL;
+    return 0;
+}
+
+/* "user:password", ":password" (the default user) or "default:password"
+ * before '@'. A user needs a password: Redis's AUTH takes both. */
 static int parse_userinfo(const char *s, size_t n, struct sc_redis_url *o,
                           struct out *out, struct sc_error *err)
 {
     const char *colon = memchr(s, ':', n);
-    char *pw;
+    int rc;
 
-    if (!colon || !(colon == s || (colon - s == 7 && !memcmp(s, "default", 7)))) {
-        sc_error_set(err, "write the password as "
-                     "redis://:password@host (user names other than "
-                     "\"default\" are not supported)");
+    if (!colon) {
+        sc_error_set(err, "write the credentials as redis://user:password@host "
+                     "or redis://:password@host (the default user)");
         return -EINVAL;
     }
-    if (!(pw = put(out, colon + 1, n - (size_t)(colon + 1 - s))))
-        return -ENOSPC;
-    if (!hex_unescape(pw)) {
-        sc_error_set(err, "bad %%-escape in the password");
+    o->user = NULL;
+    if ((rc = put_decoded(out, s, (size_t)(colon - s), "user name", &o->user, err)) ||
+        (rc = put_decoded(out, colon + 1, n - (size_t)(colon + 1 - s), "password",
+                          &o->password, err)))
+        return rc;
+    if (o->user && !o->password) {
+        sc_error_set(err, "user \"%s\" needs a password (redis://user:password@host)",
+                     o->user);
         return -EINVAL;
     }
-    o->password = *pw ? pw : NULL;
     return 0;
 }
 
@@ -108,7 +127,7 @@ static int parse_hostport(const char *s, size_t n, struct sc_redis_url *o,
     return 0;
 bad:
     sc_error_set(err, "a host is required "
-                 "(redis://[:password@]host:port/db)");
+                 "(redis[s]://[[user]:password@]host:port/db)");
     return -EINVAL;
 }
 
@@ -126,10 +145,10 @@ static int parse_db(const char *path, struct sc_redis_url *o,
     return 0;
 }
 
-static int parse(const char *url, struct sc_redis_url *o, struct out *out,
+static int parse(const char *auth, struct sc_redis_url *o, struct out *out,
                  struct sc_error *err)
 {
-    const char *auth = url + strlen(SCHEME), *at, *path;
+    const char *at, *path;
     int rc;
 
     path = strchr(auth, '/');
@@ -140,7 +159,7 @@ static int parse(const char *url, struct sc_redis_url *o, struct out *out,
     for (const char *p = auth; p < path; p++)
         if (*p == '@')
             at = p;
-    o->password = NULL;
+    o->password = o->user = NULL;
     if (at && (rc = parse_userinfo(auth, (size_t)(at - auth), o, out, err)) != 0)
         return rc;
     if (at)
@@ -156,18 +175,17 @@ int config_redis_url_parse(const char *url, struct sc_redis_url *o,
     struct out out = {buf, buflen};
     int rc;
 
-    if (!url || !strncmp(url, TLS_SCHEME, strlen(TLS_SCHEME))) {
-        sc_error_set(err, "%s is not supported: this build's hiredis "
-                     "(0.14) has no TLS; use redis:// on a private network "
-                     "or through a TLS tunnel", url ? "rediss:// (TLS)" : "a NULL url");
-        return url ? -ENOTSUP : -EINVAL;
-    }
-    if (strncmp(url, SCHEME, strlen(SCHEME)) != 0) {
-        /* Not echoed: it may hold a password. */
-        sc_error_set(err, "a redis url must start with redis://");
+    if (!url) {
+        sc_error_set(err, "a NULL url");
         return -EINVAL;
     }
-    rc = parse(url, o, &out, err);
+    o->tls = !strncmp(url, TLS_SCHEME, strlen(TLS_SCHEME));
+    if (!o->tls && strncmp(url, SCHEME, strlen(SCHEME)) != 0) {
+        /* Not echoed: it may hold a password. */
+        sc_error_set(err, "a redis url must start with redis:// or rediss:// (TLS)");
+        return -EINVAL;
+    }
+    rc = parse(url + strlen(o->tls ? TLS_SCHEME : SCHEME), o, &out, err);
     if (rc == -ENOSPC)
         sc_error_set(err, "redis url too long (%zu bytes)", strlen(url));
     return rc;

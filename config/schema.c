@@ -192,6 +192,26 @@ static const struct cfg_name fp_names[] = {
 
 #define CF(field) offsetof(struct sc_config, field)
 
+/* store.tls: the upstream's rows and server_name (a Redis reached by IP, or
+ * through a tunnel, whose certificate names something else). */
+static const struct cfg_key store_tls_keys[] = {
+    [TK_VERIFY] = {"verify", CT_BOOL, offsetof(struct sc_tls, verify),
+                   .def = "true"},
+    [TK_CA_FILE] = {"ca_file", CT_STRING, offsetof(struct sc_tls, ca_file),
+                    .def = "",
+                    .pos_off = CFG_OPT(offsetof(struct sc_tls, ca_pos))},
+    [TK_CERT_FILE] = {"cert_file", CT_STRING,
+                      offsetof(struct sc_tls, cert_file), .def = "",
+                      .pos_off = CFG_OPT(offsetof(struct sc_tls, cert_pos))},
+    [TK_KEY_FILE] = {"key_file", CT_STRING, offsetof(struct sc_tls, key_file),
+                     .def = "",
+                     .pos_off = CFG_OPT(offsetof(struct sc_tls, key_pos))},
+    [TK_SERVER_NAME] = {"server_name", CT_STRING,
+                        offsetof(struct sc_tls, server_name), .def = ""},
+};
+static const struct cfg_block store_tls_block = {"tls", KEYS(store_tls_keys),
+                                                 .check = cfg_check_tls};
+
 static const struct cfg_key store_keys[] = {
     [SK_BACKEND] = {"backend", CT_ENUM, CF(store.backend), .def = "rocksdb",
                     .names = backend_names},
@@ -213,6 +233,7 @@ static const struct cfg_key store_keys[] = {
     [SK_MASTER] = {"master", CT_STRING, CF(store.master), .def = ""},
     [SK_REPLICAS_ACK] = {"replicas_ack", CT_U32, CF(store.replicas_ack),
                          .def = "0", .max = "16"},
+    [SK_TLS] = {"tls", CT_BLOCK, CF(store.tls), .block = &store_tls_block},
 };
 FITS(store_keys);
 static const struct cfg_block store_block = {"store", KEYS(store_keys),
@@ -262,6 +283,7 @@ static const struct cfg_key tls_keys[] = {
 };
 static const struct cfg_block tls_block = {"tls", KEYS(tls_keys),
                                            .check = cfg_check_tls};
+
 
 static const struct cfg_key upstream_keys[] = {
     {"url", CT_URL, 0, .required = true},

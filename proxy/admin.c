@@ -27,6 +27,7 @@
 #include "proxy/version.h"
 #include "store/store.h"
 #include "util/clock.h"
+#include "util/json_escape.h"
 
 static enum MHD_Result reply(struct MHD_Connection *c, unsigned status,
                              const char *type, char *body, bool owned)
@@ -476,6 +477,26 @@ static enum MHD_Result ep_healthz(struct admin_req *rq)
     return reply(rq->c, 503, "application/json", text, true);
 }
 
+/* {"ready": false, "reason": "store_unavailable", "cause": "..."}: the
+ * store's own words (a TLS failure, refused credentials, no answer), never
+ * a secret (store_unhealthy_cause). */
+static enum MHD_Result store_unready(struct admin_req *rq)
+{
+    char cause[256], body[640], *owned;
+    size_t pos = 0;
+
+    store_unhealthy_cause(rq->app->store, cause, sizeof cause);
+    json_text_put(body, sizeof body, &pos, "{\"ready\": false, \"reason\": \"store_unavailable\"");
+    if (cause[0]) {
+        json_text_put(body, sizeof body, &pos, ", \"cause\": ");
+        json_escape_append(body, sizeof body, &pos, cause, strlen(cause));
+    }
+    json_text_put(body, sizeof body, &pos, "}\n");
+    if (!(owned = strdup(body)))
+        return reply_error(rq->c, 503, "store_unavailable");
+    return reply(rq->c, 503, "application/json", owned, true);
+}
+
 static enum MHD_Result ep_readyz(struct admin_req *rq)
 {
     struct app *app = rq->app;
@@ -483,10 +504,10 @@ static enum MHD_Result ep_readyz(struct admin_req *rq)
     /* JSON naming the cause, so a probe's log says why (contract §10). */
     if (atomic_load(&app->ready) && !atomic_load(&app->draining) && store_healthy(app->store))
         return reply(rq->c, 200, "application/json", "{\"ready\": true}\n", false);
+    if (!atomic_load(&app->draining) && !store_healthy(app->store))
+        return store_unready(rq);
     return reply(rq->c, 503, "application/json",
                  atomic_load(&app->draining) ? "{\"ready\": false, \"reason\": \"draining\"}\n"
-                 : !store_healthy(app->store)
-                     ? "{\"ready\": false, \"reason\": \"store_unavailable\"}\n"
                      : "{\"ready\": false, \"reason\": \"starting\"}\n",
                  false);
 }

@@ -47,6 +47,42 @@ static int fixed_sentinels(struct app_fixed *f, const struct sc_config *cfg)
     return 0;
 }
 
+static char *dup_or_empty(const char *s)
+{
+    return strdup(s ? s : "");
+}
+
+/* store.tls, its strings owned by f. */
+static int fixed_tls(struct sc_tls *t, const struct sc_tls *from)
+{
+    t->verify = from->verify;
+    t->ca_file = dup_or_empty(from->ca_file);
+    t->cert_file = dup_or_empty(from->cert_file);
+    t->key_file = dup_or_empty(from->key_file);
+    t->server_name = dup_or_empty(from->server_name);
+    return t->ca_file && t->cert_file && t->key_file && t->server_name ? 0 : -ENOMEM;
+}
+
+static void tls_free(struct sc_tls *t)
+{
+    free(t->ca_file);
+    free(t->cert_file);
+    free(t->key_file);
+    free(t->server_name);
+}
+
+static bool str_eq(const char *a, const char *b)
+{
+    return !strcmp(a ? a : "", b ? b : "");
+}
+
+static bool tls_eq(const struct sc_tls *a, const struct sc_tls *b)
+{
+    return a->verify == b->verify && str_eq(a->ca_file, b->ca_file) &&
+           str_eq(a->cert_file, b->cert_file) && str_eq(a->key_file, b->key_file) &&
+           str_eq(a->server_name, b->server_name);
+}
+
 static int fixed_init(struct app_fixed *f, const struct sc_config *cfg)
 {
     f->file = strdup(cfg->file ? cfg->file : "");
@@ -73,7 +109,8 @@ static int fixed_init(struct app_fixed *f, const struct sc_config *cfg)
     f->statsd = strdup(cfg->metrics.statsd ? cfg->metrics.statsd : "");
     return f->file && f->listen.host && f->admin.host && f->store_path &&
                    f->statsd && f->store_url && f->store_prefix &&
-                   f->store_master && fixed_sentinels(f, cfg) == 0
+                   f->store_master && fixed_sentinels(f, cfg) == 0 &&
+                   fixed_tls(&f->store_tls, &cfg->store.tls) == 0
                ? 0 : -ENOMEM;
 }
 
@@ -86,6 +123,7 @@ static void fixed_free(struct app_fixed *f)
     free(f->store_url);
     free(f->store_prefix);
     free(f->store_master);
+    tls_free(&f->store_tls);
     for (uint32_t i = 0; i < f->sentinels.n; i++)
         free(f->sentinels.v[i].host);
     free(f->statsd);
@@ -157,7 +195,11 @@ static int open_redis(struct app *app, struct sc_error *err)
         sentinels[i] = (struct store_redis_addr){f->sentinels.v[i].host,
                                                  f->sentinels.v[i].port};
     o = (struct store_redis_opts){
-        .host = u.host, .port = u.port, .password = u.password, .db = u.db,
+        .host = u.host, .port = u.port, .user = u.user, .password = u.password,
+        .db = u.db, .tls = u.tls, .tls_verify = f->store_tls.verify,
+        .tls_ca_file = f->store_tls.ca_file, .tls_cert_file = f->store_tls.cert_file,
+        .tls_key_file = f->store_tls.key_file,
+        .tls_server_name = f->store_tls.server_name,
         .timeout_ms = f->store_timeout_ms, .prefix = f->store_prefix,
         .sentinels = sentinels, .n_sentinels = f->sentinels.n,
         .master = f->store_master, .replicas_ack = f->replicas_ack,
@@ -309,6 +351,7 @@ static int check_fixed(const struct app_fixed *f, const struct sc_config *c,
          !sentinels_eq(&f->sentinels, &c->store.sentinels) ||
          strcmp(f->store_master, c->store.master ? c->store.master : "") ||
          f->replicas_ack != c->store.replicas_ack ||
+         !tls_eq(&f->store_tls, &c->store.tls) ||
          (f->backend == SC_BACKEND_REDIS && f->store_timeout_ms != c->store.timeout_ms)) &&
         ++bad)
         fprintf(out, "%s: store changed: it needs a restart (the running config is "

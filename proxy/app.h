@@ -36,6 +36,7 @@ struct app_fixed {
     char *store_prefix;         /* redis: key_prefix */
     struct sc_addr_list sentinels; /* redis: hosts owned */
     char *store_master;         /* redis: with sentinels */
+    struct sc_tls store_tls;    /* rediss: its strings owned */
     uint32_t replicas_ack;      /* redis */
     uint32_t fleet_size;        /* sizes the shared policies' fallback */
     char *statsd;               /* "" = off */

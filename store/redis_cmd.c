@@ -258,33 +258,6 @@ void rcmd_free(struct rcmd *cmd)
     cmd->blob = NULL;
 }
 
-int redis_handshake_cmd(const struct redis_store *st, int i,
-                        const char *argv[3], size_t len[3], char *dbbuf,
-                        size_t dbbuf_len)
-{
-    if (st->password) {
-        if (i-- == 0) {
-            argv[0] = "AUTH", argv[1] = st->password;
-            len[0] = 4, len[1] = strlen(st->password);
-            return 2;
-        }
-    }
-    if (st->db) {
-        if (i-- == 0) {
-            snprintf(dbbuf, dbbuf_len, "%u", st->db);
-            argv[0] = "SELECT", argv[1] = dbbuf;
-            len[0] = 6, len[1] = strlen(dbbuf);
-            return 2;
-        }
-    }
-    if (i >= SCRIPT_COUNT)
-        return 0;
-    argv[0] = "SCRIPT", argv[1] = "LOAD";
-    argv[2] = redis_script_body((enum redis_script)i);
-    len[0] = 6, len[1] = 4, len[2] = strlen(argv[2]);
-    return 3;
-}
-
 /* ---- replies ---- */
 
 bool redis_reply_noscript(const redisReply *r)

@@ -15,9 +15,11 @@
  * or is refused a write. A sentinel that does not answer keeps the address
  * sluice has: the url's host at first, a guess, then the last one named.
  * Sentinels are asked without AUTH; the url's password is the primary's.
+ * With a rediss:// url they are reached over TLS, with store.tls.
  *
- * The thread uses hiredis's blocking calls, each bounded by timeout_ms,
- * and sleeps in poll() on the subscription and a pipe that wakes it. */
+ * The thread uses the store's blocking connections (redis_conn.c), each
+ * call bounded by timeout_ms, and sleeps on the subscription and a pipe
+ * that wakes it. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -45,8 +47,11 @@ struct redis_sentinel {
     bool running;
     int wake[2];                 /* written to wake the thread */
     atomic_bool stop, reask;
-    redisContext *sub;           /* subscribed to +switch-master; or NULL */
+    struct redis_sync *ask;      /* a question's connection */
+    struct redis_sync *sub;      /* subscribed to +switch-master while open */
 };
+
+static void on_notice(const redisReply *r, void *arg);
 
 /* ---- the primary's address ---- */
 
@@ -80,22 +85,13 @@ static void primary_set(struct redis_store *st, const char *host, unsigned port)
 
 /* ---- asking a sentinel ---- */
 
-static struct timeval ms_tv(uint64_t ms)
+static bool sentinel_connect(struct redis_sentinel *s, struct redis_sync *c,
+                             unsigned i)
 {
-    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
-    return tv;
-}
+    struct sc_error err;
 
-static redisContext *sentinel_connect(struct redis_sentinel *s, unsigned i)
-{
-    struct timeval tv = ms_tv(s->st->timeout_ms);
-    redisContext *c = redisConnectWithTimeout(s->addr[i].host,
-                                              (int)s->addr[i].port, tv);
-
-    if (c && !c->err && redisSetTimeout(c, tv) == REDIS_OK)
-        return c;
-    redisFree(c);
-    return NULL;
+    return redis_sync_connect(c, s->addr[i].host, s->addr[i].port,
+                              &s->st->sentinel_conn, &err) == 0;
 }
 
 /* The port of a reply's string element: 0 when it is not one. */
@@ -115,13 +111,15 @@ static unsigned port_of(const redisReply *r)
 /* One sentinel's answer for master: 0 (the primary set), or -1. */
 static int ask_one(struct redis_sentinel *s, unsigned i)
 {
-    redisContext *c = sentinel_connect(s, i);
-    redisReply *r;
+    const char *argv[] = {"SENTINEL", "get-master-addr-by-name", s->master};
+    size_t len[] = {8, 23, strlen(s->master)};
+    struct sc_error err;
+    redisReply *r = NULL;
     int rc = -1;
 
-    if (!c)
+    if (!sentinel_connect(s, s->ask, i))
         return -1;
-    r = redisCommand(c, "SENTINEL get-master-addr-by-name %s", s->master);
+    redis_sync_command(s->ask, 3, argv, len, &r, &err);
     if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
         r->element[0]->type == REDIS_REPLY_STRING &&
         r->element[0]->len < REDIS_HOST_MAX && port_of(r->element[1])) {
@@ -129,7 +127,7 @@ static int ask_one(struct redis_sentinel *s, unsigned i)
         rc = 0;
     }
     freeReplyObject(r);
-    redisFree(c);
+    redis_sync_drop(s->ask);
     return rc;
 }
 
@@ -150,29 +148,32 @@ static int ask_all(struct redis_sentinel *s)
 
 /* ---- the +switch-master subscription ---- */
 
-static void sub_close(struct redis_sentinel *s)
+static bool sub_live(struct redis_sentinel *s)
 {
-    redisFree(s->sub);
-    s->sub = NULL;
+    return redis_sync_open(s->sub);
 }
 
 /* On the sentinel that answered last; the notice's channel is the same on
  * every sentinel. No subscription (polling only) when it fails. */
 static void sub_open(struct redis_sentinel *s)
 {
-    redisReply *r;
+    const char *argv[] = {"SUBSCRIBE", "+switch-master"};
+    size_t len[] = {9, 14};
+    struct sc_error err;
+    redisReply *r = NULL;
 
-    if (!(s->sub = sentinel_connect(s, s->first)))
+    if (!sentinel_connect(s, s->sub, s->first))
         return;
-    r = redisCommand(s->sub, "SUBSCRIBE +switch-master");
+    redis_sync_command(s->sub, 2, argv, len, &r, &err);
     if (!r || r->type != REDIS_REPLY_ARRAY)
-        sub_close(s);
+        redis_sync_drop(s->sub);
     freeReplyObject(r);
 }
 
 /* "+switch-master <master> <old-ip> <old-port> <new-ip> <new-port>" */
-static void on_notice(struct redis_sentinel *s, const redisReply *r)
+static void on_notice(const redisReply *r, void *arg)
 {
+    struct redis_sentinel *s = arg;
     char text[REDIS_HOST_MAX * 2 + MASTER_MAX + 32], *save = NULL, *w[5];
     const redisReply *msg;
     int n = 0;
@@ -196,24 +197,6 @@ static void on_notice(struct redis_sentinel *s, const redisReply *r)
         primary_set(s->st, w[3], (unsigned)port);
 }
 
-/* Reads what the subscription has; a lost one is closed (reopened on the
- * next question). */
-static void sub_read(struct redis_sentinel *s)
-{
-    void *reply;
-
-    if (redisBufferRead(s->sub) != REDIS_OK) {
-        sub_close(s);
-        return;
-    }
-    while (redisGetReplyFromReader(s->sub, &reply) == REDIS_OK && reply) {
-        on_notice(s, reply);
-        freeReplyObject(reply);
-    }
-    if (s->sub->err)
-        sub_close(s);
-}
-
 /* ---- the thread ---- */
 
 static void drain_wake(struct redis_sentinel *s)
@@ -224,18 +207,16 @@ static void drain_wake(struct redis_sentinel *s)
         ;
 }
 
-/* Sleeps until a notice, a wake-up, or ms. */
+/* Sleeps until a notice (read on the way: on_notice), a wake-up, or ms. */
 static void wait_for(struct redis_sentinel *s, uint64_t ms)
 {
-    struct pollfd p[2] = {{.fd = s->wake[0], .events = POLLIN},
-                          {.fd = s->sub ? s->sub->fd : -1, .events = POLLIN}};
+    struct pollfd p = {.fd = s->wake[0], .events = POLLIN};
 
-    if (poll(p, 2, (int)ms) <= 0)
-        return;
-    if (p[0].revents)
-        drain_wake(s);
-    if (s->sub && p[1].revents)
-        sub_read(s);
+    if (sub_live(s))
+        redis_sync_wait(s->sub, ms, s->wake[0]);
+    else
+        poll(&p, 1, (int)ms);
+    drain_wake(s);
 }
 
 static void *follow(void *arg)
@@ -248,7 +229,7 @@ static void *follow(void *arg)
 
         if (since >= POLL_MS ||
             (since >= REASK_GAP_MS && atomic_exchange(&s->reask, false))) {
-            if (ask_all(s) == 0 && !s->sub)
+            if (ask_all(s) == 0 && !sub_live(s))
                 sub_open(s);
             asked = now;
             continue;
@@ -273,7 +254,13 @@ static int sentinel_new(const struct store_redis_opts *o,
                      STORE_SENTINELS_MAX);
         return -EINVAL;
     }
-    if (!(s = calloc(1, sizeof *s))) {
+    if (!(s = calloc(1, sizeof *s)) ||
+        !(s->ask = redis_sync_new(o->timeout_ms ? o->timeout_ms : 100, NULL, NULL)) ||
+        !(s->sub = redis_sync_new(o->timeout_ms ? o->timeout_ms : 100, on_notice, s))) {
+        if (s) {
+            redis_sync_free(s->ask);
+            free(s);
+        }
         sc_error_set(err, "store: out of memory");
         return -ENOMEM;
     }
@@ -342,7 +329,8 @@ void redis_sentinel_stop(struct redis_store *st)
         }
         pthread_join(s->thread, NULL);
     }
-    sub_close(s);
+    redis_sync_free(s->sub);
+    redis_sync_free(s->ask);
     if (s->wake[0] >= 0)
         close(s->wake[0]);
     if (s->wake[1] >= 0)

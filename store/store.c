@@ -96,6 +96,14 @@ bool store_healthy(struct store *st)
     return st->ops->healthy(st);
 }
 
+void store_unhealthy_cause(struct store *st, char *buf, size_t len)
+{
+    if (len)
+        buf[0] = '\0';
+    if (st && st->ops->cause)
+        st->ops->cause(st, buf, len);
+}
+
 uint64_t store_count(struct store *st)
 {
     return st ? st->ops->count(st) : 0;

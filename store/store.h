@@ -95,8 +95,13 @@ struct store_redis_opts {
     unsigned n_sentinels;                     /* 0: host is the primary */
     const char *master;                       /* with sentinels */
     unsigned replicas_ack; /* > 0: a completion WAITs for that many replicas */
+    const char *user;     /* NULL: AUTH <password> (the default user) */
     const char *password; /* NULL: none (no AUTH) */
     unsigned db;          /* SELECTed when not 0 */
+    bool tls;             /* rediss://: every connection, sentinels too */
+    bool tls_verify;      /* chain and name checked */
+    const char *tls_ca_file, *tls_cert_file, *tls_key_file; /* NULL or "" */
+    const char *tls_server_name; /* NULL or "": the host connected to */
     uint64_t timeout_ms;  /* connect and per-command; 0: 100 ms */
     const char *prefix;   /* key prefix; NULL or "": "sluice" */
 };
@@ -196,6 +201,9 @@ int store_pause_clear(struct store *st, const char *scope, struct sc_error *err)
 /* False once a write has failed (a full disk, an I/O error): from then on
  * every write is refused until the process restarts; reads still work. */
 bool store_healthy(struct store *st);
+/* Why the store was last found unhealthy ("" when it says nothing), into
+ * buf: for /readyz, never holding a secret. */
+void store_unhealthy_cause(struct store *st, char *buf, size_t len);
 
 /* Live records, estimated (for the sluice_store_records gauge). */
 uint64_t store_count(struct store *st);

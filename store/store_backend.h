@@ -109,6 +109,7 @@ struct store_ops {
     int (*pause_clear)(struct store *st, const char *scope,
                        struct sc_error *err);
     bool (*healthy)(struct store *st);
+    void (*cause)(struct store *st, char *buf, size_t len); /* optional */
     uint64_t (*count)(struct store *st);
     /* Optional: verification marks (store.h); NULL: -EOPNOTSUPP. */
     int (*verify)(struct store *st, const char *scope, const char *key,

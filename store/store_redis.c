@@ -27,12 +27,12 @@
 #include "store/store.h"
 
 #include <errno.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "store/store_redis_internal.h"
+#include "util/tls_client.h"
 
 #define DEFAULT_TIMEOUT_MS 100
 #define DEFAULT_PREFIX "sluice"
@@ -46,29 +46,21 @@ static struct redis_store *rs(struct store *base)
 
 /* ---- the blocking connection ---- */
 
-static struct timeval ms_tv(uint64_t ms)
+/* Why the store is not healthy, for /readyz (redis_conn's texts and Redis's
+ * error replies never hold the password). Under st->lock. */
+static void set_cause(struct redis_store *st, const char *why)
 {
-    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
-    return tv;
+    snprintf(st->cause, sizeof st->cause, "%.*s", (int)sizeof st->cause - 1, why);
 }
 
-/* Drops the connection after an I/O error or a timeout; the next call
+/* The connection broke or timed out (dropped by redis_sync): the next call
  * connects again. */
-static int conn_broken(struct redis_store *st, int saved_errno,
-                       const char *what, struct sc_error *err)
+static int conn_broken(struct redis_store *st, int rc, const char *what,
+                       const struct sc_error *e, struct sc_error *err)
 {
-    bool timeout = saved_errno == EAGAIN || saved_errno == EWOULDBLOCK;
-
-    if (timeout)
-        sc_error_set(err, "store: redis at %s: %s: no reply within %llu ms",
-                     st->addr, what, (unsigned long long)st->timeout_ms);
-    else
-        sc_error_set(err, "store: redis at %s: %s: %s", st->addr, what,
-                     st->ctx->errstr[0] ? st->ctx->errstr : "connection lost");
-    redisFree(st->ctx);
-    st->ctx = NULL;
+    sc_error_set(err, "store: redis at %s: %s: %s", st->addr, what, e->text);
     redis_sentinel_reask(st);
-    return timeout ? -ETIMEDOUT : -EIO;
+    return rc;
 }
 
 /* One command on the connection (held under st->lock); NULL when the
@@ -77,77 +69,42 @@ static redisReply *command(struct redis_store *st, int argc, const char **argv,
                            const size_t *len, const char *what, int *rc,
                            struct sc_error *err)
 {
+    struct sc_error e;
     redisReply *r;
+    int c = redis_sync_command(st->sync, argc, argv, len, &r, &e);
 
-    errno = 0;
-    r = redisCommandArgv(st->ctx, argc, argv, len);
-    if (!r)
-        *rc = conn_broken(st, errno, what, err);
-    return r;
+    if (c != 0)
+        *rc = conn_broken(st, c, what, &e, err);
+    return c ? NULL : r;
 }
 
-/* AUTH, SELECT and SCRIPT LOAD, each checked. */
-static int handshake(struct redis_store *st, struct sc_error *err)
-{
-    const char *argv[3];
-    size_t len[3];
-    char db[16];
-    int argc, rc = 0;
-
-    for (int i = 0; (argc = redis_handshake_cmd(st, i, argv, len, db, sizeof db)); i++) {
-        redisReply *r = command(st, argc, argv, len, argv[0], &rc, err);
-
-        if (!r)
-            return rc;
-        if (r->type == REDIS_REPLY_ERROR) {
-            sc_error_set(err, "store: redis at %s: %s failed: %s", st->addr,
-                         argv[0], r->str);
-            rc = -EIO;
-        }
-        freeReplyObject(r);
-        if (rc)
-            return rc;
-    }
-    return 0;
-}
-
+/* Connects to the primary of now, with the handshake (redis_conn.c). A
+ * refused handshake (credentials, a db) is not a reason to ask the
+ * sentinels again; an unreachable server is. */
 static int connect_blocking(struct redis_store *st, struct sc_error *err)
 {
     char host[REDIS_HOST_MAX];
     unsigned port;
+    struct sc_error e;
     int rc;
 
     redis_primary(st, host, &port, &st->ctx_gen);
-    st->ctx = redisConnectWithTimeout(host, (int)port, ms_tv(st->timeout_ms));
-    if (!st->ctx) {
-        sc_error_set(err, "store: out of memory");
-        return -ENOMEM;
-    }
-    if (st->ctx->err) {
-        sc_error_set(err, "store: redis at %s: cannot connect: %s", st->addr,
-                     st->ctx->errstr);
-        redisFree(st->ctx);
-        st->ctx = NULL;
+    rc = redis_sync_connect(st->sync, host, port, &st->conn, &e);
+    if (rc == 0)
+        return 0;
+    sc_error_set(err, "store: redis at %s: %s", st->addr, e.text);
+    if (rc == -ENOTCONN || rc == -ETIMEDOUT)
         redis_sentinel_reask(st);
-        return -ENOTCONN;
-    }
-    redisSetTimeout(st->ctx, ms_tv(st->timeout_ms));
-    if ((rc = handshake(st, err)) != 0 && st->ctx) {
-        redisFree(st->ctx);
-        st->ctx = NULL;
-    }
     return rc;
 }
 
-/* An idle request/response connection has nothing to read: if its socket
- * is readable, Redis closed it (a restart, a timeout on its side), and a
- * command sent there would fail for nothing. One made to a primary the
- * sentinels no longer name is stale too. */
+/* An idle request/response connection has nothing to read: if Redis closed
+ * it (a restart, a timeout on its side), a command sent there would fail
+ * for nothing. One made to a primary the sentinels no longer name is stale
+ * too. */
 static bool stale(struct redis_store *st)
 {
-    struct pollfd p = {.fd = st->ctx->fd, .events = POLLIN};
-
-    return st->ctx_gen != redis_primary_gen(st) || poll(&p, 1, 0) != 0;
+    return st->ctx_gen != redis_primary_gen(st) || !redis_sync_open(st->sync);
 }
 
 /* A write refused by a demoted primary: the next command connects to the
@@ -156,8 +113,7 @@ static void check_readonly(struct redis_store *st, const redisReply *r)
 {
     if (!redis_reply_readonly(r))
         return;
-    redisFree(st->ctx);
-    st->ctx = NULL;
+    redis_sync_drop(st->sync);
     redis_sentinel_reask(st);
 }
 
@@ -171,11 +127,7 @@ static int run_locked(struct redis_store *st, int argc, const char **argv,
     redisReply *r = NULL;
     int rc = 0;
 
-    if (st->ctx && stale(st)) {
-        redisFree(st->ctx);
-        st->ctx = NULL;
-    }
-    if (!st->ctx && (rc = connect_blocking(st, err)) != 0)
+    if (stale(st) && (rc = connect_blocking(st, err)) != 0)
         goto out;
     if (!(r = command(st, argc, argv, len, argv[0], &rc, err)))
         goto out;
@@ -195,6 +147,10 @@ static int run_locked(struct redis_store *st, int argc, const char **argv,
         check_readonly(st, r);
 out:
     atomic_store(&st->healthy, r && r->type != REDIS_REPLY_ERROR);
+    if (!r)
+        set_cause(st, err->text);
+    else if (r->type == REDIS_REPLY_ERROR)
+        set_cause(st, r->str);
     *out = r;
     return r ? 0 : rc;
 }
@@ -432,7 +388,7 @@ static bool redis_healthy(struct store *base)
     if (!st)
         return false;
     pthread_mutex_lock(&st->lock);
-    ok = atomic_load(&st->healthy) && st->ctx && !stale(st);
+    ok = atomic_load(&st->healthy) && !stale(st);
     pthread_mutex_unlock(&st->lock);
     if (ok)
         return true;
@@ -496,11 +452,52 @@ static void redis_close(struct store *base)
     if (!st)
         return;
     redis_sentinel_stop(st);
-    redisFree(st->ctx);
+    redis_sync_free(st->sync);
+    SSL_CTX_free(st->tls);
+    free(st->user);
     free(st->password);
+    free(st->server_name);
     pthread_mutex_destroy(&st->lock);
     pthread_mutex_destroy(&st->primary_lock);
     free(st);
+}
+
+/* strdup of an optional string: 0, or -ENOMEM. */
+static int dup_opt(char **dst, const char *src)
+{
+    *dst = NULL;
+    return src && *src && !(*dst = strdup(src)) ? -ENOMEM : 0;
+}
+
+/* The TLS context of every connection the store makes (util/tls_client.c,
+ * as the upstream client's): made once, here, so a bad file fails the
+ * open. 0 or -EINVAL with err. */
+static int tls_setup(struct redis_store *st, const struct store_redis_opts *o,
+                     struct sc_error *err)
+{
+    struct tls_client_files f = {o->tls_verify, o->tls_ca_file,
+                                 o->tls_cert_file, o->tls_key_file};
+
+    if (!o->tls)
+        return 0;
+    return (st->tls = tls_client_ctx_new(&f, "store", err)) ? 0 : -EINVAL;
+}
+
+/* What every connection is made with: to the primary the handshake (AUTH,
+ * SELECT, the scripts); to the sentinels only TLS (they are asked without
+ * AUTH). */
+static void conn_opts(struct redis_store *st, const struct store_redis_opts *o)
+{
+    for (int i = 0; i < SCRIPT_COUNT; i++)
+        st->scripts[i] = redis_script_body((enum redis_script)i);
+    st->conn = (struct redis_conn_opts){
+        .tls = st->tls, .verify = o->tls_verify, .server_name = st->server_name,
+        .user = st->user, .password = st->password, .db = st->db,
+        .preload = st->scripts, .n_preload = SCRIPT_COUNT,
+    };
+    st->sentinel_conn = (struct redis_conn_opts){
+        .tls = st->tls, .verify = o->tls_verify, .server_name = st->server_name,
+    };
 }
 
 int store_open_redis(const struct store_redis_opts *o, struct store **out,
@@ -525,10 +522,17 @@ int store_open_redis(const struct store_redis_opts *o, struct store **out,
     st->timeout_ms = o->timeout_ms ? o->timeout_ms : DEFAULT_TIMEOUT_MS;
     set_prefix(st, o->prefix);
     set_addr(st, o);
-    if (o->password && !(st->password = strdup(o->password))) {
+    if (dup_opt(&st->user, o->user) || dup_opt(&st->password, o->password) ||
+        dup_opt(&st->server_name, o->tls_server_name) ||
+        !(st->sync = redis_sync_new(st->timeout_ms, NULL, NULL))) {
         redis_close(&st->base);
         goto nomem;
     }
+    if ((rc = tls_setup(st, o, err)) != 0) {
+        redis_close(&st->base);
+        return rc;
+    }
+    conn_opts(st, o);
     if ((rc = redis_sentinel_start(st, o, err)) != 0) {
         redis_close(&st->base);
         return rc;
@@ -536,13 +540,26 @@ int store_open_redis(const struct store_redis_opts *o, struct store **out,
     /* A first connection now, so a healthy Redis is ready at once; its
      * failure is the store's health, not the open's. */
     pthread_mutex_lock(&st->lock);
-    atomic_store(&st->healthy, connect_blocking(st, &first) == 0);
+    rc = connect_blocking(st, &first);
+    atomic_store(&st->healthy, rc == 0);
+    if (rc)
+        set_cause(st, first.text);
     pthread_mutex_unlock(&st->lock);
     *out = &st->base;
     return 0;
 nomem:
     sc_error_set(err, "store: out of memory");
     return -ENOMEM;
+}
+
+static void redis_cause(struct store *base, char *buf, size_t len)
+{
+    struct redis_store *st = rs(base);
+
+    pthread_mutex_lock(&st->lock);
+    if (!atomic_load(&st->healthy))
+        snprintf(buf, len, "%s", st->cause);
+    pthread_mutex_unlock(&st->lock);
 }
 
 static const struct store_ops redis_ops = {
@@ -558,6 +575,7 @@ static const struct store_ops redis_ops = {
     .pause_get = redis_pause_get,
     .pause_clear = redis_pause_clear,
     .healthy = redis_healthy,
+    .cause = redis_cause,
     .count = redis_count,
     .loop_new = redis_loop_new,
     .loop_free = redis_loop_free,

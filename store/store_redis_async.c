@@ -1,12 +1,13 @@
 /* The Redis backend's asynchronous calls (store.h, store_backend.h): one
- * hiredis connection per event loop (two with replicas_ack), attached to that loop's event_base,
+ * connection (redis_conn.c) per event loop (two with replicas_ack), on that loop's event_base,
  * shared by every exchange on the loop (their commands are pipelined on it
  * and answered in order).
  *
- * Connection: AUTH, SELECT and SCRIPT LOAD are sent right after connecting,
- * ahead of any call, so calls may be issued while it connects: Redis answers
- * them in order, after the handshake. hiredis 0.14 has no timeouts of its
- * own, so a watchdog timer bounds every reply and the connect: a call not
+ * Connection: AUTH, SELECT and SCRIPT LOAD are sent right after connecting
+ * (redis_conn.c), ahead of any call, so calls may be issued while it
+ * connects: Redis answers them in order, after the handshake. The
+ * connection has no timeouts of its own, so a watchdog timer bounds every
+ * reply and the connect (TLS handshake and AUTH included): a call not
  * answered within timeout_ms completes with -ETIMEDOUT (a completion with
  * replicas_ack: STORE_WAIT_TIMEOUTS of them), so a caller never waits
  * longer; the connection itself is given up only when its oldest reply is
@@ -18,10 +19,11 @@
  * calls fail at once (-ENOTCONN) until a new connection is made: tries
  * after 100 ms, doubling up to 5 s, on the same loop.
  *
- * Each call in flight is a small struct req of ours (hiredis's privdata):
- * cancelling clears its call pointer, so a reply that comes later is read
- * and dropped; hiredis runs every callback exactly once, with a NULL reply
- * when the connection goes, and that is where a req is freed.
+ * Each call in flight is a small struct req of ours (the connection's
+ * callback argument): cancelling clears its call pointer, so a reply that
+ * comes later is read and dropped; the connection runs every callback
+ * exactly once, with a NULL reply when it goes, and that is where a req is
+ * freed.
  *
  * With sentinels (redis_sentinel.c) the address connected to is the one
  * they name now: a lost connection or a write refused as READONLY (a
@@ -38,10 +40,9 @@
  * runs, so a loop with no replica in reach still completes any number of
  * them per two timeouts.
  *
- * hiredis 0.14 resolves a host name with a blocking getaddrinfo: give the
- * url an IP address or a name the host resolves locally (a Kubernetes
- * Service's name is answered by the node's resolver) to keep reconnects
- * short. */
+ * A host name is resolved with a blocking getaddrinfo: give the url an IP
+ * address or a name the host resolves locally (a Kubernetes Service's name
+ * is answered by the node's resolver) to keep reconnects short. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -50,11 +51,10 @@
 #include <sys/queue.h>
 
 #include <event2/event.h>
-#include <hiredis/async.h>
-#include <hiredis/adapters/libevent.h>
 
 #include "store/store_redis_internal.h"
 #include "util/clock.h"
+#include "util/freelist.h"
 
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 5000
@@ -62,6 +62,10 @@
  * STORE_WAIT_TIMEOUTS, and long enough for Redis's short stalls (a fork
  * for a snapshot, a slow command) to end without a reconnect. */
 #define DROP_TIMEOUTS 10
+/* A call's command fits in its req up to this (a completion with a body
+ * takes a buffer of its own); reqs are kept by their loop for reuse. */
+#define REQ_CMD_INLINE 512
+#define REQS_KEPT 256
 
 enum conn_state {
     CONN_DOWN,       /* no connection; retry is armed */
@@ -77,16 +81,15 @@ struct rloop;
 struct rconn {
     struct rloop *loop;
     struct redis_store *st;
-    redisAsyncContext *ac;      /* NULL while down */
+    struct redis_conn *ac;      /* NULL while down */
     unsigned gen;               /* the primary's generation ac was made to */
-    redisAsyncContext *old;     /* left for another primary: freed by reap */
+    struct redis_conn *old;     /* left for another primary: freed by reap */
     struct event *reap;
     uint64_t wait_seq;          /* of the last WAIT sent */
     uint64_t wait_busy;         /* the WAIT in flight on ac; 0: none */
     bool wait_owed;             /* completions sent since: one WAIT for
                                    them all when wait_busy answers */
     enum conn_state state;
-    int handshake_sent, handshake_left;
     uint64_t ready_by_ns;       /* the connection attempt's deadline */
     unsigned backoff_ms;        /* before the next attempt */
     struct event *retry;        /* the next connection attempt */
@@ -103,6 +106,7 @@ struct rloop {
     struct rconn conn[2];       /* main; commit: completions with WAIT */
     unsigned n_conn;            /* 2 with replicas_ack, else 1 */
     bool freeing;               /* in loop_free: no completion runs */
+    struct freelist reqs;       /* spare reqs: none allocated per call */
 };
 
 struct req {
@@ -113,16 +117,18 @@ struct req {
     uint64_t deadline_ns;       /* its call gets -ETIMEDOUT then */
     uint64_t drop_ns;           /* the connection is given up then */
     bool timed_out;             /* past deadline_ns: its call has gone */
-    char *cmd;                  /* the formatted command, kept for a retry */
-    int cmd_len;
+    char *cmd;                  /* the formatted command, kept for a retry:
+                                   cmd_inline, or its own buffer */
+    size_t cmd_len;
     bool retried;               /* sent again after NOSCRIPT */
-    redisAsyncContext *ac;      /* sent on */
+    struct redis_conn *ac;      /* sent on */
     uint64_t wait_seq;          /* the WAIT that covers it; 0: none */
     bool filled;                /* its call has the command's result */
+    char cmd_inline[REQ_CMD_INLINE];
 };
 
 static void conn_connect(struct rconn *cn);
-static void settle_waiters(struct rconn *cn, const redisAsyncContext *ac,
+static void settle_waiters(struct rconn *cn, const struct redis_conn *ac,
                            uint64_t seq, const redisReply *r);
 
 static struct rloop *rloop_of(struct store_loop *sl)
@@ -170,7 +176,7 @@ static void arm_watchdog(struct rconn *cn)
 
 /* ---- losing the connection ---- */
 
-/* The connection is gone (hiredis frees it, or conn_drop does): new calls
+/* The connection is gone (it ended, or conn_drop closed it): new calls
  * fail at once, and a new attempt is scheduled. */
 static void conn_lost(struct rconn *cn, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -195,41 +201,35 @@ static void conn_lost(struct rconn *cn, int rc, const char *fmt, ...)
 }
 
 /* Closes the connection on our side: the calls in flight complete (with
- * cn->why) from inside redisAsyncFree, or right after the callback that
+ * cn->why) from inside redis_conn_close, or right after the callback that
  * called this returns. */
 static void conn_drop(struct rconn *cn, int rc, const char *why)
 {
-    redisAsyncContext *ac = cn->ac;
+    struct redis_conn *ac = cn->ac;
 
     conn_lost(cn, rc, "%s", why);
     if (ac)
-        redisAsyncFree(ac);
+        redis_conn_close(ac);
 }
 
-static const char *ac_reason(const redisAsyncContext *ac)
+static const char *ac_reason(const struct redis_conn *ac)
 {
-    return ac->errstr && ac->errstr[0] ? ac->errstr : "connection closed";
+    const char *why = redis_conn_why(ac);
+
+    return why[0] ? why : "connection closed";
 }
 
-static void on_connect(const redisAsyncContext *ac, int status)
+/* The connection ended (could not connect, refused the handshake, lost,
+ * or closed by us): called before its calls in flight get NULL, and the
+ * connection is freed once they have. */
+static void on_lost(struct redis_conn *ac, int rc, const char *why, void *arg)
 {
-    struct rconn *cn = ac->data;
-
-    /* On failure hiredis frees ac once this returns. */
-    if (status != REDIS_OK && cn->old == ac)
-        cn->old = NULL;
-    if (status != REDIS_OK && cn->ac == ac)
-        conn_lost(cn, -ENOTCONN, "cannot connect: %s", ac_reason(ac));
-}
-
-static void on_disconnect(const redisAsyncContext *ac, int status)
-{
-    struct rconn *cn = ac->data;
+    struct rconn *cn = arg;
 
     if (cn->old == ac)
-        cn->old = NULL; /* hiredis frees it once this returns */
+        cn->old = NULL;
     if (cn->ac == ac)
-        conn_lost(cn, -EIO, "%s", ac_reason(ac));
+        conn_lost(cn, rc ? rc : -EIO, "%s", why);
     /* Written, but their WAIT will never answer: not confirmed. */
     settle_waiters(cn, ac, UINT64_MAX, NULL);
 }
@@ -291,82 +291,39 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
 
 /* ---- connecting ---- */
 
-/* The handshake's replies come first and in order: the last one makes the
- * connection ready; an error reply (a wrong password, a bad db) drops it. */
-static void on_handshake(redisAsyncContext *ac, void *reply, void *priv)
+/* The handshake's replies came (redis_conn.c): the connection is ready. */
+static void on_ready(struct redis_conn *ac, void *arg)
 {
-    struct rconn *cn = priv;
-    redisReply *r = reply;
-    const char *argv[3];
-    size_t len[3];
-    char db[16], why[160];
+    struct rconn *cn = arg;
 
     if (cn->ac != ac)
-        return; /* an old connection, or loop_free */
-    if (!r) {
-        conn_lost(cn, -EIO, "%s", ac_reason(ac));
         return;
-    }
-    if (r->type == REDIS_REPLY_ERROR) {
-        redis_handshake_cmd(cn->st, cn->handshake_sent - cn->handshake_left,
-                            argv, len, db, sizeof db);
-        snprintf(why, sizeof why, "%s failed: %s", argv[0], r->str);
-        conn_drop(cn, -EIO, why);
-        return;
-    }
-    if (--cn->handshake_left == 0) {
-        cn->state = CONN_READY;
-        cn->backoff_ms = BACKOFF_MIN_MS;
-        arm_watchdog(cn);
-    }
-}
-
-static void send_handshake(struct rconn *cn)
-{
-    const char *argv[3];
-    size_t len[3];
-    char db[16];
-    int argc;
-
-    cn->handshake_sent = 0;
-    while ((argc = redis_handshake_cmd(cn->st, cn->handshake_sent, argv, len,
-                                       db, sizeof db)) > 0) {
-        redisAsyncCommandArgv(cn->ac, on_handshake, cn, argc, argv, len);
-        cn->handshake_sent++;
-    }
-    cn->handshake_left = cn->handshake_sent;
+    cn->state = CONN_READY;
+    cn->backoff_ms = BACKOFF_MIN_MS;
+    arm_watchdog(cn);
 }
 
 static void conn_connect(struct rconn *cn)
 {
+    struct redis_conn_events ev = {on_ready, on_lost, NULL, cn};
     char host[REDIS_HOST_MAX];
     unsigned port;
-    redisAsyncContext *ac;
+    struct redis_conn *ac;
+    struct sc_error err;
+    int rc;
 
     redis_primary(cn->st, host, &port, &cn->gen);
-    ac = redisAsyncConnect(host, (int)port);
-
-    if (!ac || ac->err) {
-        conn_lost(cn, -ENOTCONN, "cannot connect: %s",
-                  ac ? ac_reason(ac) : "out of memory");
-        if (ac)
-            redisAsyncFree(ac);
+    rc = redis_conn_open(cn->loop->base.base, host, port, &cn->st->conn, &ev,
+                         &ac, &err);
+    if (rc != 0) {
+        conn_lost(cn, rc, "%s", err.text);
         return;
     }
-    ac->data = cn;
-    if (redisLibeventAttach(ac, cn->loop->base.base) != REDIS_OK) {
-        conn_lost(cn, -ENOMEM, "cannot watch the connection");
-        redisAsyncFree(ac);
-        return;
-    }
-    redisAsyncSetConnectCallback(ac, on_connect);
-    redisAsyncSetDisconnectCallback(ac, on_disconnect);
     cn->ac = ac;
     cn->wait_busy = 0; /* a new connection has no WAIT in flight */
     cn->wait_owed = false;
     cn->state = CONN_CONNECTING;
     cn->ready_by_ns = clock_mono_ns() + timeout_ns(cn);
-    send_handshake(cn);
     arm_watchdog(cn);
 }
 
@@ -374,8 +331,9 @@ static void conn_connect(struct rconn *cn)
 
 static void req_free(struct req *q)
 {
-    redisFreeCommand(q->cmd);
-    free(q);
+    if (q->cmd != q->cmd_inline)
+        free(q->cmd);
+    freelist_give(&q->cn->loop->reqs, q);
 }
 
 /* The call's result, from its command's reply (NULL: the connection
@@ -446,7 +404,7 @@ static void finish_wait(struct req *q, const redisReply *r)
 
 /* Completes the completions sent on ac that WAIT seq (or an earlier one)
  * covers. Those added meanwhile (by a done) are not filled yet. */
-static void settle_waiters(struct rconn *cn, const redisAsyncContext *ac,
+static void settle_waiters(struct rconn *cn, const struct redis_conn *ac,
                            uint64_t seq, const redisReply *r)
 {
     struct req *q = TAILQ_FIRST(&cn->reqs), *next;
@@ -458,7 +416,7 @@ static void settle_waiters(struct rconn *cn, const redisAsyncContext *ac,
     }
 }
 
-static void on_reply(redisAsyncContext *ac, void *reply, void *priv);
+static void on_reply(struct redis_conn *ac, redisReply *reply, void *priv);
 static bool send_wait(struct rconn *cn);
 
 /* What a WAIT's callback needs: the completions it covers are found by
@@ -469,7 +427,7 @@ struct wait_tag {
     uint64_t seq;
 };
 
-static void on_wait(redisAsyncContext *ac, void *reply, void *priv)
+static void on_wait(struct redis_conn *ac, redisReply *reply, void *priv)
 {
     struct wait_tag *t = priv;
     struct rconn *cn = t->cn;
@@ -477,7 +435,7 @@ static void on_wait(redisAsyncContext *ac, void *reply, void *priv)
 
     free(t);
     if (!reply && cn->ac == ac)
-        conn_lost(cn, -EIO, "%s", ac_reason(ac)); /* hiredis frees ac */
+        conn_lost(cn, -EIO, "%s", ac_reason(ac)); /* the connection goes */
     if (cn->ac == ac && cn->wait_busy == seq) {
         /* Sent before the completions settle, whose done may send more. */
         cn->wait_busy = 0;
@@ -492,13 +450,17 @@ static void on_wait(redisAsyncContext *ac, void *reply, void *priv)
 static bool send_wait(struct rconn *cn)
 {
     struct wait_tag *t = malloc(sizeof *t);
+    char n[16], ms[24];
+    const char *argv[] = {"WAIT", n, ms};
+    size_t len[3] = {4};
 
     if (!t)
         return false;
     *t = (struct wait_tag){cn, cn->wait_seq + 1};
-    if (redisAsyncCommand(cn->ac, on_wait, t, "WAIT %u %llu",
-                          cn->st->replicas_ack,
-                          (unsigned long long)cn->st->timeout_ms) != REDIS_OK) {
+    len[1] = (size_t)snprintf(n, sizeof n, "%u", cn->st->replicas_ack);
+    len[2] = (size_t)snprintf(ms, sizeof ms, "%llu",
+                              (unsigned long long)cn->st->timeout_ms);
+    if (redis_conn_send_argv(cn->ac, 3, argv, len, on_wait, t) != 0) {
         free(t);
         return false;
     }
@@ -523,16 +485,15 @@ static uint64_t cover(struct rconn *cn)
 /* After NOSCRIPT (a restarted or failed-over Redis, SCRIPT FLUSH): the
  * script is loaded again and the call sent again behind it, once (covered
  * by a later WAIT: the one it had answers before it is applied). */
-static bool resend(redisAsyncContext *ac, struct req *q)
+static bool resend(struct redis_conn *ac, struct req *q)
 {
     const char *body = redis_script_body((enum redis_script)q->info.script);
     const char *argv[] = {"SCRIPT", "LOAD", body};
     size_t len[] = {6, 4, strlen(body)};
 
     q->retried = true;
-    if (redisAsyncCommandArgv(ac, NULL, NULL, 3, argv, len) != REDIS_OK ||
-        redisAsyncFormattedCommand(ac, on_reply, q, q->cmd,
-                                   (size_t)q->cmd_len) != REDIS_OK)
+    if (redis_conn_send_argv(ac, 3, argv, len, NULL, NULL) != 0 ||
+        redis_conn_send(ac, q->cmd, q->cmd_len, on_reply, q) != 0)
         return false;
     if (q->wait_seq)
         q->wait_seq = cover(q->cn);
@@ -571,17 +532,17 @@ static void give_back_late_lease(struct rconn *cn, const struct req *q,
     a.now_ms = clock_wall_ms();
     a.ttl_ms = q->info.ttl_ms;
     if (rcmd_build(cn->st, STORE_OP_RELEASE_UNSENT, &a, &cmd, &err) == 0)
-        redisAsyncCommandArgv(cn->ac, NULL, NULL, cmd.argc, cmd.argv, cmd.len);
+        redis_conn_send_argv(cn->ac, cmd.argc, cmd.argv, cmd.len, NULL, NULL);
     rcmd_free(&cmd);
 }
 
-static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
+static void on_reply(struct redis_conn *ac, redisReply *reply, void *priv)
 {
     struct req *q = priv;
     struct rconn *cn = q->cn;
 
     if (!reply && cn->ac == ac)
-        conn_lost(cn, -EIO, "%s", ac_reason(ac)); /* hiredis frees ac */
+        conn_lost(cn, -EIO, "%s", ac_reason(ac)); /* the connection goes */
     if (reply && q->info.script >= 0 && !q->retried && cn->ac == ac &&
         redis_reply_noscript(reply) && resend(ac, q))
         return;
@@ -605,7 +566,7 @@ static int req_new(struct rconn *cn, enum store_op op,
                    const struct store_args *a, struct req **out,
                    struct sc_error *err)
 {
-    struct req *q = calloc(1, sizeof *q);
+    struct req *q = freelist_take(&cn->loop->reqs);
     struct rcmd cmd;
     int rc;
 
@@ -614,20 +575,27 @@ static int req_new(struct rconn *cn, enum store_op op,
         sc_error_set(err, "store: out of memory");
         return -ENOMEM;
     }
+    q->cn = cn;
+    q->cmd = q->cmd_inline;
     if ((rc = rcmd_build(cn->st, op, a, &cmd, err)) == 0) {
-        q->cmd_len = redisFormatCommandArgv(&q->cmd, cmd.argc, cmd.argv, cmd.len);
-        if (q->cmd_len < 0) {
+        q->cmd_len = redis_format_argv(q->cmd, sizeof q->cmd_inline, cmd.argc,
+                                       cmd.argv, cmd.len);
+        if (q->cmd_len > sizeof q->cmd_inline &&
+            !(q->cmd = malloc(q->cmd_len))) {
             sc_error_set(err, "store: out of memory");
             rc = -ENOMEM;
+        } else if (q->cmd != q->cmd_inline) {
+            redis_format_argv(q->cmd, q->cmd_len, cmd.argc, cmd.argv, cmd.len);
         }
     }
     q->info = cmd.info;
     rcmd_free(&cmd);
     if (rc) {
-        free(q);
+        if (!q->cmd)
+            q->cmd = q->cmd_inline; /* nothing of its own to free */
+        req_free(q);
         return rc;
     }
-    q->cn = cn;
     *out = q;
     return 0;
 }
@@ -647,11 +615,11 @@ static void set_deadline(struct rconn *cn, struct req *q)
 /* ---- following the primary ---- */
 
 /* Frees the connection left for another primary: its calls in flight
- * complete with an error (from inside redisAsyncFree). */
+ * complete with an error (from inside redis_conn_close). */
 static void on_reap(evutil_socket_t fd, short what, void *arg)
 {
     struct rconn *cn = arg;
-    redisAsyncContext *old = cn->old;
+    struct redis_conn *old = cn->old;
     char why[sizeof cn->why];
     int rc = cn->down_rc;
 
@@ -661,7 +629,7 @@ static void on_reap(evutil_socket_t fd, short what, void *arg)
     memcpy(why, cn->why, sizeof why);
     snprintf(cn->why, sizeof cn->why, "the sentinels named another primary");
     cn->down_rc = -EIO;
-    redisAsyncFree(old);
+    redis_conn_close(old);
     memcpy(cn->why, why, sizeof why);
     cn->down_rc = rc;
 }
@@ -715,8 +683,7 @@ int redis_start(struct store_loop *sl, struct store_call *c, enum store_op op,
                      cn->st->addr, cn->why);
         return -ENOTCONN;
     }
-    if (redisAsyncFormattedCommand(cn->ac, on_reply, q, q->cmd,
-                                   (size_t)q->cmd_len) != REDIS_OK) {
+    if (redis_conn_send(cn->ac, q->cmd, q->cmd_len, on_reply, q) != 0) {
         req_free(q);
         sc_error_set(&c->err, "store: redis at %s: not connected: closing",
                      cn->st->addr);
@@ -767,6 +734,7 @@ int redis_loop_new(struct store *st, struct event_base *base,
         goto nomem;
     rl->base.st = st;
     rl->base.base = base;
+    freelist_init(&rl->reqs, sizeof(struct req), REQS_KEPT);
     rl->n_conn = ((struct redis_store *)st)->replicas_ack ? 2 : 1;
     for (unsigned i = 0; i < rl->n_conn; i++)
         if (conn_init(rl, &rl->conn[i]) != 0) {
@@ -785,13 +753,13 @@ nomem:
 
 static void conn_free(struct rconn *cn)
 {
-    redisAsyncContext *ac = cn->ac;
+    struct redis_conn *ac = cn->ac;
 
     cn->ac = NULL;
     if (ac)
-        redisAsyncFree(ac); /* runs every callback, with NULL replies */
+        redis_conn_close(ac); /* runs every callback, with NULL replies */
     if (cn->old)
-        redisAsyncFree(cn->old);
+        redis_conn_close(cn->old);
     while (!TAILQ_EMPTY(&cn->reqs))
         finish(TAILQ_FIRST(&cn->reqs), NULL);
     if (cn->retry)
@@ -811,5 +779,6 @@ void redis_loop_free(struct store_loop *sl)
     rl->freeing = true;
     for (unsigned i = 0; i < rl->n_conn; i++)
         conn_free(&rl->conn[i]);
+    freelist_clear(&rl->reqs);
     free(rl);
 }

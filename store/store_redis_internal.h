@@ -12,6 +12,8 @@
 #include <hiredis/hiredis.h>
 
 #include "store/record.h"
+#include "store/redis_conn.h"
+#include "store/redis_sync.h"
 #include "store/redis_scripts.h"
 #include "store/store_backend.h"
 
@@ -31,16 +33,23 @@ struct redis_store {
     atomic_uint primary_gen;     /* bumped when host:port change */
     struct redis_sentinel *sentinel; /* NULL: no sentinels */
     unsigned replicas_ack;       /* WAIT for them after a completion */
+    char *user;                  /* NULL: the default user */
     char *password;              /* NULL: none */
+    char *server_name;           /* tls.server_name; NULL: the host */
+    SSL_CTX *tls;                /* NULL: plain TCP */
     unsigned db;
+    const char *scripts[SCRIPT_COUNT]; /* loaded on every new connection */
+    struct redis_conn_opts conn;  /* every connection to the primary */
+    struct redis_conn_opts sentinel_conn; /* to the sentinels: TLS, no AUTH */
     uint64_t timeout_ms;
     char prefix[REDIS_PREFIX_MAX + 2]; /* with its trailing ':' */
     char addr[REDIS_ADDR_MAX];   /* "host:port" or "master NAME", for
                                     messages: fixed at open */
-    pthread_mutex_t lock;        /* guards ctx */
-    redisContext *ctx;           /* the blocking connection; NULL: none */
+    pthread_mutex_t lock;        /* guards sync, ctx_gen, cause */
+    struct redis_sync *sync;     /* the blocking connection */
     unsigned ctx_gen;            /* the primary's generation it was made to */
     atomic_bool healthy;         /* the last blocking command worked */
+    char cause[256];             /* why it did not: for /readyz, no secret */
 };
 
 /* What a reply is read against: kept by an asynchronous call in flight,
@@ -139,13 +148,6 @@ int redis_unexpected(const struct redis_store *st, const struct rcmd_info *info,
 /* Whether r is Redis's "the script is not in my cache" (a restarted or
  * failed-over Redis, or SCRIPT FLUSH): load it again and call again. */
 bool redis_reply_noscript(const redisReply *r);
-
-/* A handshake command sent on every new connection, blocking or not:
- * AUTH, SELECT, then SCRIPT LOAD of each script. Fills argv/len and returns
- * the argc of the i-th one, or 0 past the last. */
-int redis_handshake_cmd(const struct redis_store *st, int i,
-                        const char *argv[3], size_t len[3], char *dbbuf,
-                        size_t dbbuf_len);
 
 /* Whether r is Redis's "this is a replica" to a write: the primary we
  * talk to was demoted by a failover. */

@@ -19,20 +19,13 @@
 
 #include "obs/metrics.h"
 #include "util/clock.h"
+#include "util/tls_client.h"
 
 static int conn_start(struct up_conn *c, struct up_request *req);
 static void req_finish(struct up_request *req, enum up_result r,
                        const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* ---- TLS ---------------------------------------------------------------- */
-
-static bool is_ip_literal(const char *host)
-{
-    unsigned char buf[16];
-
-    return inet_pton(AF_INET, host, buf) == 1 ||
-           inet_pton(AF_INET6, host, buf) == 1;
-}
 
 /* ---- connection metrics -------------------------------------------------- */
 
@@ -103,14 +96,7 @@ SSL *up_tls_new(struct up_conn *c)
         return NULL;
     SSL_set_app_data(ssl, c);
     SSL_set_info_callback(ssl, tls_info);
-    if (is_ip_literal(host)) {
-        if (pool->u->tls.verify)
-            X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), host);
-    } else {
-        SSL_set_tlsext_host_name(ssl, host);
-        if (pool->u->tls.verify)
-            SSL_set1_host(ssl, host);
-    }
+    tls_client_ssl_host(ssl, host, pool->u->tls.verify);
     return ssl;
 }
 

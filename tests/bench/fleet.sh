@@ -13,7 +13,8 @@
 #     permit and lease one script) against shared: local (lookup, lease, completion).
 # Environment: SIDECARS (4), CLIENTS (64 per sidecar), RATE (500), BURST (20), DURATION (10 s),
 # PHASES ("1 2 3": which of the above to run), BUILD_DIR (build-bench-fleet/), NO_BUILD=1,
-# KEEP=1 (keep the temp dir).
+# KEEP=1 (keep the temp dir), TLS=1 (Redis TLS only, --port 0 --tls-port, with a CA made by
+# openssl here; the sidecars connect with rediss:// and store.tls.ca_file).
 set -euo pipefail
 
 SIDECARS=${SIDECARS:-4}
@@ -44,12 +45,31 @@ free_ports() { python3 "$HERE/ratestat.py" ports "$1"; }
 
 # ---- servers -------------------------------------------------------------------
 REDIS_PORT=$(free_ports 1)
-redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no \
+REDIS_LISTEN=(--port "$REDIS_PORT")
+RCLI_TLS=()
+SCHEME=redis
+STORE_TLS=""
+if [ "${TLS:-0}" = 1 ]; then
+    (cd "$TMP" &&
+        openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 \
+            -subj /CN=bench-ca &&
+        openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=redis &&
+        printf 'subjectAltName=IP:127.0.0.1' >server.ext &&
+        openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
+            -out server.pem -days 2 -extfile server.ext) >"$TMP/openssl.log" 2>&1 ||
+        die "openssl failed, see $TMP/openssl.log"
+    REDIS_LISTEN=(--port 0 --tls-port "$REDIS_PORT" --tls-cert-file "$TMP/server.pem"
+        --tls-key-file "$TMP/server.key" --tls-ca-cert-file "$TMP/ca.pem" --tls-auth-clients no)
+    RCLI_TLS=(--tls --cacert "$TMP/ca.pem")
+    SCHEME=rediss
+    STORE_TLS=", tls: {ca_file: \"$TMP/ca.pem\"}"
+fi
+redis-server --bind 127.0.0.1 "${REDIS_LISTEN[@]}" --save '' --appendonly no \
     --dir "$TMP" >"$TMP/redis.log" 2>&1 &
 REDIS_PID=$!
 PIDS="$PIDS $REDIS_PID"
-for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
-rcli() { redis-cli -p "$REDIS_PORT" "$@"; }
+rcli() { redis-cli "${RCLI_TLS[@]}" -p "$REDIS_PORT" "$@"; }
+for _ in $(seq 100); do rcli ping >/dev/null 2>&1 && break; sleep 0.05; done
 
 start_stub "$STUB"
 stub() { curl -sf --max-time 10 -X "$1" "http://127.0.0.1:$STUB_PORT$2"; }
@@ -70,7 +90,7 @@ listen: 127.0.0.1:$p
 admin: 127.0.0.1:$a
 threads: 1
 log: {level: warn, access: false}
-store: {backend: redis, url: "redis://127.0.0.1:$REDIS_PORT/0", fleet_size: $SIDECARS}
+store: {backend: redis, url: "$SCHEME://127.0.0.1:$REDIS_PORT/0", fleet_size: $SIDECARS$STORE_TLS}
 upstreams:
   stub: {url: "http://127.0.0.1:$STUB_PORT", max_connections: $CLIENTS}
 policies:

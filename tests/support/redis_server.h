@@ -14,6 +14,11 @@ struct redis_server {
     char password[64];      /* "" : none (requirepass, and masterauth) */
     unsigned replicaof;     /* set before start: a replica of the server on
                                that port (0: a primary) */
+    const char *tls_dir;    /* set before start: TLS only (no plain port),
+                               on port, with tls_dir/{ca.pem,server.pem,
+                               server.key}; the test's own commands go
+                               through redis-cli --tls with client.pem */
+    bool tls_auth_clients;  /* with tls_dir: a client certificate required */
 };
 
 /* Starts one and waits (at most 5 s) until it answers PING. port 0 picks a
@@ -40,7 +45,8 @@ unsigned redis_server_free_port(void);
 void redis_server_destroy(struct redis_server *rs);
 
 /* Runs one command (space-separated words) on it; true if the reply is not
- * an error. For test set-up: SCRIPT FLUSH, CONFIG SET, ... */
+ * an error. For test set-up: SCRIPT FLUSH, CONFIG SET, ... (INFO and the
+ * waits on it need a plain server.) */
 bool redis_server_cmd(const struct redis_server *rs, const char *cmd);
 
 #endif

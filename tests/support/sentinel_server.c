@@ -32,12 +32,29 @@ static redisReply *ask(const struct sentinel_server *s, const char *fmt,
     return r;
 }
 
+/* Whether a TLS sentinel answers PING (through redis-cli --tls). */
+static bool tls_up(const struct sentinel_server *s)
+{
+    char cmd[4096], out[64] = "";
+    FILE *p;
+
+    snprintf(cmd, sizeof cmd, "redis-cli --tls --cacert %s/ca.pem -h 127.0.0.1 -p %u PING 2>&1",
+             s->tls_dir, s->port);
+    if (!(p = popen(cmd, "r")))
+        return false;
+    if (!fgets(out, sizeof out, p))
+        out[0] = '\0';
+    while (fgets(cmd, sizeof cmd, p))
+        ;
+    return pclose(p) == 0 && !strncmp(out, "PONG", 4);
+}
+
 /* Sentinel rewrites its config file: it must be its own, writable. The
  * timings make a failover take a few seconds instead of a minute. */
 static char *write_conf(const struct sentinel_server *s, const char *master,
                         unsigned primary_port, const char *password)
 {
-    char text[2048];
+    char text[4096];
     int n = snprintf(text, sizeof text,
         "port %u\nbind 127.0.0.1\ndaemonize no\ndir %s\nlogfile %s/sentinel.log\n"
         "sentinel monitor %s 127.0.0.1 %u 1\n"
@@ -47,8 +64,14 @@ static char *write_conf(const struct sentinel_server *s, const char *master,
         s->port, s->dir, s->dir, master, primary_port, master, master, master);
 
     if (password && *password)
-        snprintf(text + n, sizeof text - (size_t)n, "sentinel auth-pass %s %s\n",
-                 master, password);
+        n += snprintf(text + n, sizeof text - (size_t)n, "sentinel auth-pass %s %s\n",
+                      master, password);
+    if (s->tls_dir)
+        snprintf(text + n, sizeof text - (size_t)n,
+                 "port 0\ntls-port %u\ntls-cert-file %s/server.pem\n"
+                 "tls-key-file %s/server.key\ntls-ca-cert-file %s/ca.pem\n"
+                 "tls-replication yes\ntls-auth-clients no\n",
+                 s->port, s->tls_dir, s->tls_dir, s->tls_dir);
     return tu_write_file(s->dir, "sentinel.conf", text);
 }
 
@@ -73,8 +96,8 @@ int sentinel_server_start(struct sentinel_server *s, const char *master,
         return -1;
     }
     for (int waited = 0; waited < READY_WAIT_MS; waited += POLL_MS) {
-        redisReply *r = ask(s, "PING", NULL);
-        bool up = r && r->type != REDIS_REPLY_ERROR;
+        redisReply *r = s->tls_dir ? NULL : ask(s, "PING", NULL);
+        bool up = s->tls_dir ? tls_up(s) : r && r->type != REDIS_REPLY_ERROR;
         int status;
 
         freeReplyObject(r);

@@ -13,6 +13,10 @@ struct sentinel_server {
     pid_t pid;              /* 0: not running */
     unsigned port;
     char *dir;              /* its config file and log */
+    const char *tls_dir;    /* set before start: TLS only (no plain port),
+                               to clients and to the primary it watches,
+                               with tls_dir/{ca.pem,server.pem,server.key};
+                               then only start and destroy work */
 };
 
 /* Starts one watching master (the primary on 127.0.0.1:primary_port,

@@ -903,3 +903,35 @@ Test(store, verification_marks_are_not_supported)
                  -EOPNOTSUPP);
     cr_expect_eq(store_leases_each(st, t0, NULL, NULL, &err), -EOPNOTSUPP);
 }
+
+/* A completion larger than a call's own command buffer (a body of 64 KiB)
+ * goes whole, and its lookup's reply, larger than a reply chunk, comes
+ * back whole on the loop. */
+Test(store, async_large_bodies_go_and_come_back_whole)
+{
+    struct aloop a = aloop_new(st);
+    struct waiter w = {0};
+    struct store_call c;
+    static uint8_t body[64 * 1024];
+
+    for (size_t i = 0; i < sizeof body; i++)
+        body[i] = (uint8_t)(i * 7 + 3);
+    cr_assert_eq(start_acquire(&a, &c, &w, "big", t0), -EINPROGRESS, "%s", c.err.text);
+    cr_assert(run_until(a.base, &w, 1, WAIT_MS));
+    cr_assert_eq(c.rc, 0, "%s", c.err.text);
+    call_init(&c, &w);
+    cr_assert_eq(store_complete_async(a.sl, &c, SCOPE, "big", lease_in(st, SCOPE, "big"), t0 + 5,
+                                      TTL, 200, NULL, 0, body, sizeof body, false), -EINPROGRESS);
+    cr_assert(run_until(a.base, &w, 2, WAIT_MS));
+    cr_assert_eq(c.rc, 0, "%s", c.err.text);
+    for (int i = 0; i < 2; i++) {
+        call_init(&c, &w);
+        cr_assert_eq(store_get_async(a.sl, &c, SCOPE, "big", t0 + 6), -EINPROGRESS);
+        cr_assert(run_until(a.base, &w, 3 + i, WAIT_MS));
+        cr_assert_eq(c.rc, 0, "%s", c.err.text);
+        cr_expect_eq(c.rec.body_len, sizeof body);
+        cr_expect(c.rec.body && !memcmp(c.rec.body, body, sizeof body), "the body changed");
+        store_record_clear(&c.rec);
+    }
+    aloop_free(&a);
+}
