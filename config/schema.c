@@ -192,20 +192,24 @@ static const struct cfg_name fp_names[] = {
 
 #define CF(field) offsetof(struct sc_config, field)
 
+/* The rows an upstream's tls block and store.tls share. */
+#define TLS_ROWS \
+    [TK_VERIFY] = {"verify", CT_BOOL, offsetof(struct sc_tls, verify), \
+                   .def = "true"}, \
+    [TK_CA_FILE] = {"ca_file", CT_STRING, offsetof(struct sc_tls, ca_file), \
+                    .def = "", \
+                    .pos_off = CFG_OPT(offsetof(struct sc_tls, ca_pos))}, \
+    [TK_CERT_FILE] = {"cert_file", CT_STRING, \
+                      offsetof(struct sc_tls, cert_file), .def = "", \
+                      .pos_off = CFG_OPT(offsetof(struct sc_tls, cert_pos))}, \
+    [TK_KEY_FILE] = {"key_file", CT_STRING, offsetof(struct sc_tls, key_file), \
+                     .def = "", \
+                     .pos_off = CFG_OPT(offsetof(struct sc_tls, key_pos))},
+
 /* store.tls: the upstream's rows and server_name (a Redis reached by IP, or
  * through a tunnel, whose certificate names something else). */
 static const struct cfg_key store_tls_keys[] = {
-    [TK_VERIFY] = {"verify", CT_BOOL, offsetof(struct sc_tls, verify),
-                   .def = "true"},
-    [TK_CA_FILE] = {"ca_file", CT_STRING, offsetof(struct sc_tls, ca_file),
-                    .def = "",
-                    .pos_off = CFG_OPT(offsetof(struct sc_tls, ca_pos))},
-    [TK_CERT_FILE] = {"cert_file", CT_STRING,
-                      offsetof(struct sc_tls, cert_file), .def = "",
-                      .pos_off = CFG_OPT(offsetof(struct sc_tls, cert_pos))},
-    [TK_KEY_FILE] = {"key_file", CT_STRING, offsetof(struct sc_tls, key_file),
-                     .def = "",
-                     .pos_off = CFG_OPT(offsetof(struct sc_tls, key_pos))},
+    TLS_ROWS
     [TK_SERVER_NAME] = {"server_name", CT_STRING,
                         offsetof(struct sc_tls, server_name), .def = ""},
 };
@@ -269,17 +273,7 @@ static const struct cfg_block metrics_block = {"metrics", KEYS(metrics_keys)};
 #define CU(field) offsetof(struct sc_upstream, field)
 
 static const struct cfg_key tls_keys[] = {
-    [TK_VERIFY] = {"verify", CT_BOOL, offsetof(struct sc_tls, verify),
-                   .def = "true"},
-    [TK_CA_FILE] = {"ca_file", CT_STRING, offsetof(struct sc_tls, ca_file),
-                    .def = "",
-                    .pos_off = CFG_OPT(offsetof(struct sc_tls, ca_pos))},
-    [TK_CERT_FILE] = {"cert_file", CT_STRING,
-                      offsetof(struct sc_tls, cert_file), .def = "",
-                      .pos_off = CFG_OPT(offsetof(struct sc_tls, cert_pos))},
-    [TK_KEY_FILE] = {"key_file", CT_STRING, offsetof(struct sc_tls, key_file),
-                     .def = "",
-                     .pos_off = CFG_OPT(offsetof(struct sc_tls, key_pos))},
+    TLS_ROWS
 };
 static const struct cfg_block tls_block = {"tls", KEYS(tls_keys),
                                            .check = cfg_check_tls};
