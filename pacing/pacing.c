@@ -35,17 +35,59 @@ static void local_numbers(const struct sc_policy *p, uint32_t fleet_size,
     *concurrency = ceil_div(p->concurrency, n);
 }
 
-/* A full bucket with no pause. */
-static void bucket_init(struct bucket *b, double rate, uint32_t burst,
-                        bool partition)
+static void bucket_fini(struct bucket *b)
 {
-    gcra_init(&b->g, rate, burst);
-    gcra_init(&b->sent, rate, burst);
+    if (b->pm)
+        permits_free(b->pm);
+    free(b->pm);
+    b->pm = NULL;
+}
+
+/* A full bucket of ps's numbers with no pause; with ps's lanes, its permits
+ * too. 0 or -ENOMEM. */
+static int bucket_init(struct policy_state *ps, struct bucket *b, bool partition)
+{
+    gcra_init(&b->g, ps->rate, ps->burst);
+    gcra_init(&b->sent, ps->rate, ps->burst);
     atomic_store(&b->cooldown_until, 0);
     atomic_store(&b->cooldown_why, PAUSE_NONE);
     atomic_store(&b->holders, 0);
     b->partition = partition;
     b->next = NULL;
+    b->pm = NULL;
+    if (!ps->lanes)
+        return 0;
+    if (!(b->pm = malloc(sizeof *b->pm)) ||
+        permits_init(b->pm, ps->lanes, ps->n_lanes, ps->rate, ps->burst, 0) != 0) {
+        bucket_fini(b);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+static void lanes_copy_free(struct policy_state *ps)
+{
+    for (size_t i = 0; ps->lanes && i < ps->n_lanes; i++)
+        free(ps->lanes[i].name);
+    free(ps->lanes);
+    ps->lanes = NULL;
+}
+
+/* The policy's lanes, names and all: the config may go before the state. */
+static int lanes_copy(struct policy_state *ps, const struct sc_policy *p)
+{
+    if (!p->n_lanes || !p->has_rate)
+        return 0;
+    if (!(ps->lanes = calloc(p->n_lanes, sizeof *ps->lanes)))
+        return -ENOMEM;
+    ps->n_lanes = p->n_lanes;
+    for (size_t i = 0; i < p->n_lanes; i++) {
+        ps->lanes[i] = p->lanes[i];
+        ps->lanes[i].name = strdup(p->lanes[i].name ? p->lanes[i].name : "");
+        if (!ps->lanes[i].name)
+            return -ENOMEM;
+    }
+    return 0;
 }
 
 static struct policy_state *state_new(const struct sc_policy *p,
@@ -62,18 +104,25 @@ static struct policy_state *state_new(const struct sc_policy *p,
     ps->shared = p->shared == SC_SHARED_REDIS;
     ps->partition_max = p->partition_max;
     ps->has_bucket = p->has_rate;
+    pthread_mutex_init(&ps->mu, NULL);
+    TAILQ_INIT(&ps->waiters);
+    TAILQ_INIT(&ps->lru);
+    if (lanes_copy(ps, p) != 0) {
+        pacing_state_put(ps);
+        return NULL;
+    }
     if (p->has_rate) {
         struct gcra fleet;
 
-        bucket_init(&ps->bucket, ps->rate, ps->burst, false);
+        if (bucket_init(ps, &ps->bucket, false) != 0) {
+            pacing_state_put(ps);
+            return NULL;
+        }
         /* The fleet's own numbers, undivided, for the bucket in Redis. */
         gcra_init(&fleet, p->rate, p->burst);
         ps->fleet_t_ns = fleet.t_ns;
         ps->fleet_tau_ns = fleet.tau_ns;
     }
-    pthread_mutex_init(&ps->mu, NULL);
-    TAILQ_INIT(&ps->waiters);
-    TAILQ_INIT(&ps->lru);
     if (p->partition_header && p->has_rate) {
         ps->partition_header = strdup(p->partition_header);
         while (n < (size_t)p->partition_max * 2 && n < (1u << 22))
@@ -92,6 +141,22 @@ static struct policy_state *state_new(const struct sc_policy *p,
     return ps;
 }
 
+/* The lanes' names, shares and waits: a change makes a new state, which
+ * takes the waiters over lane by name. */
+static bool same_lanes(const struct policy_state *ps, const struct sc_policy *p)
+{
+    size_t n = p->has_rate ? p->n_lanes : 0;
+
+    if (ps->n_lanes != n)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(ps->lanes[i].name, p->lanes[i].name ? p->lanes[i].name : "") ||
+            ps->lanes[i].share != p->lanes[i].share ||
+            ps->lanes[i].max_wait_ms != p->lanes[i].max_wait_ms)
+            return false;
+    return true;
+}
+
 static bool same_numbers(const struct policy_state *ps, const struct sc_policy *p,
                          uint32_t fleet_size)
 {
@@ -101,6 +166,7 @@ static bool same_numbers(const struct policy_state *ps, const struct sc_policy *
 
     local_numbers(p, fleet_size, &rate, &burst, &concurrency);
     return !strcmp(ps->name, p->name) && ps->has_bucket == p->has_rate &&
+           same_lanes(ps, p) &&
            ps->shared == (p->shared == SC_SHARED_REDIS) &&
            (!p->has_rate || (ps->rate == rate && ps->burst == burst)) &&
            ps->concurrency == concurrency &&
@@ -166,9 +232,12 @@ void pacing_state_put(struct policy_state *ps)
     next = atomic_load(&ps->next);
     while ((p = TAILQ_FIRST(&ps->lru))) {
         TAILQ_REMOVE(&ps->lru, p, lru);
+        bucket_fini(&p->b);
         free(p->name);
         free(p);
     }
+    bucket_fini(&ps->bucket);
+    lanes_copy_free(ps);
     free(ps->table);
     free(ps->name);
     free(ps->partition_header);
@@ -254,6 +323,28 @@ void bucket_pause(struct bucket *b, uint64_t now, uint64_t until,
     }
     gcra_empty(&b->g, now);
     gcra_pause_until(&b->g, until);
+    if (h->pm)
+        permits_pause(h->pm, now, until);
+}
+
+uint32_t bucket_available(struct bucket *b, uint64_t now, uint64_t *next_ns)
+{
+    uint64_t until;
+    struct bucket *h = pause_home(b, &until);
+
+    if (h->pm)
+        return permits_available(h->pm, now, next_ns);
+    return gcra_available(&b->g, now, next_ns);
+}
+
+void bucket_empty(struct bucket *b, uint64_t now)
+{
+    uint64_t until;
+    struct bucket *h = pause_home(b, &until);
+
+    gcra_empty(&b->g, now);
+    if (h->pm)
+        permits_empty(h->pm, now);
 }
 
 const char *pause_why_name(enum pause_why why)
@@ -303,6 +394,8 @@ static bool bucket_resume(struct bucket *b, uint64_t now)
     if (until <= now)
         return false;
     gcra_resume(&b->g, now);
+    if (h->pm)
+        permits_resume(h->pm, now);
     return true;
 }
 
@@ -394,10 +487,20 @@ static int partition_new(struct policy_state *ps, const char *name,
     }
     free(p->name);
     p->name = n;
-    bucket_init(&p->b, ps->rate, ps->burst, true);
+    bucket_fini(&p->b);
+    if (bucket_init(ps, &p->b, true) != 0) {
+        /* Out of memory: out of the table (an evicted one was counted, a
+         * new one just was); the request shares the policy's bucket. */
+        free(p->name);
+        free(p);
+        ps->n_parts--;
+        return -ENOMEM;
+    }
     if (evicted) {
         gcra_set_empty(&p->b.g, now);
         gcra_set_empty(&p->b.sent, now);
+        if (p->b.pm)
+            permits_set_empty(p->b.pm, now);
     }
     *out = p;
     return 0;
@@ -605,6 +708,11 @@ static void bucket_hand_over(struct bucket *b, struct bucket *to, uint64_t now)
                                            PACING_MOVED64));
     gcra_hand_over(&b->g, &to->g, now, &to->cooldown_until);
     gcra_hand_over(&b->sent, &to->sent, now, NULL);
+    if (b->pm && to->pm && permits_hand_over(b->pm, to->pm, now) != 0)
+        log_warn("out of memory: a bucket's waiting requests stay on the old "
+                 "lanes (the send check still bounds what leaves)");
+    else if (to->pm && until > now && until != PACING_MOVED64)
+        permits_pause(to->pm, now, until);
 }
 
 /* After bucket_hand_over: the requests holding b now hold `to`, and give it
@@ -635,7 +743,12 @@ static void partitions_hand_over(struct policy_state *old,
             lost++;
             continue;
         }
-        bucket_init(&q->b, ps->rate, ps->burst, true);
+        if (bucket_init(ps, &q->b, true) != 0) {
+            free(q->name);
+            free(q);
+            lost++;
+            continue;
+        }
         bucket_hand_over(&p->b, &q->b, now);
         holders_hand_over(&p->b, &q->b);
         chain_add(ps, q);

@@ -14,6 +14,7 @@
 #include "config/config.h"
 #include "policies/breaker.h"
 #include "policies/gcra.h"
+#include "pacing/permits.h"
 
 /* Why a bucket is paused, for GET /cooldowns. A pause put back from the
  * store after a restart is `restored`: the store keeps its end, not its
@@ -43,6 +44,9 @@ struct bucket {
     _Atomic int cooldown_why;        /* enum pause_why of the latest pause */
     _Atomic uint32_t holders;        /* a partition's: requests holding it */
     bool partition;                  /* a partition's (pacing_bucket_put) */
+    struct permits *pm;              /* a policy with lanes: permits granted
+                                        as they fall due (permits.h), not
+                                        reserved on g; else NULL */
     struct bucket *next;             /* where a handed-over one went */
 };
 
@@ -73,6 +77,10 @@ struct policy_state {
     uint32_t burst, concurrency, partition_max;
     char *partition_header;       /* NULL = not partitioned */
     bool has_bucket;
+    struct sc_lane *lanes;        /* a copy of the policy's (names too), or
+                                     NULL: its buckets grant permits as they
+                                     fall due (struct bucket's pm) */
+    size_t n_lanes;
     bool shared;                  /* shared: redis: the numbers above are
                                      this sidecar's fallback share */
     atomic_bool fallback;         /* shared, and the fleet's bucket or
@@ -126,6 +134,13 @@ struct breaker_state *pacing_breaker(struct policy_state *ps);
  * over an earlier one, and so does its `why`. */
 void bucket_pause(struct bucket *b, uint64_t now, uint64_t until,
                   enum pause_why why);
+
+/* Whole permits b could give at now, and the ns until the next when none
+ * (next_ns may be NULL): its granted permits' tokens, or its GCRA's. */
+uint32_t bucket_available(struct bucket *b, uint64_t now, uint64_t *next_ns);
+
+/* Any 429: the bucket is emptied at now (its permits' too). */
+void bucket_empty(struct bucket *b, uint64_t now);
 
 /* The end of b's pause (0: none), wherever a reload moved it. */
 uint64_t bucket_cooldown(const struct bucket *b);

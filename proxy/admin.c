@@ -179,7 +179,7 @@ static void policy_gauges(FILE *f, struct runtime *rt, bool store_up)
     for (size_t i = 0; i < cfg->n_policies; i++)
         if (pc->pol[i]->has_bucket)
             fprintf(f, "sluice_bucket_tokens{policy=\"%s\"} %u\n", cfg->policies[i].name,
-                    gcra_available(&pc->pol[i]->bucket.g, now, NULL));
+                    bucket_available(&pc->pol[i]->bucket, now, NULL));
     /* Beside the tokens, what they are out of: a panel or an alert reads
      * "tokens / burst" without the config at hand. */
     gauge_head(f, "sluice_bucket_rate", "The policy's configured rate, in permits per second "
