@@ -173,6 +173,13 @@ static void check_quota(struct cfg_loader *lc, struct sc_policy *p)
                "paces the policy's bucket, never above its rate", lc->path);
         return;
     }
+    if (q->follow && p->mode == SC_MODE_SHADOW)
+        cfg_err_at(lc, q->pos, "%s.quota: not with mode: shadow (a shadow policy "
+               "forwards at once: nothing paces to the quota)", lc->path);
+    if (q->follow && p->shared == SC_SHARED_REDIS)
+        cfg_err_at(lc, q->pos, "%s.quota: follow is not built for shared: redis "
+               "(the followed rate would be this sidecar's alone; docs/status.md)",
+               lc->path);
     if (q->min_rate <= p->rate)
         return;
     units_format_rate(q->min_rate, min, sizeof min);

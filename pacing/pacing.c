@@ -62,6 +62,8 @@ static int bucket_init(struct policy_state *ps, struct bucket *b, bool partition
         bucket_fini(b);
         return -ENOMEM;
     }
+    if (ps->follow)
+        permits_follow(b->pm, ps->min_rate);
     return 0;
 }
 
@@ -73,11 +75,35 @@ static void lanes_copy_free(struct policy_state *ps)
     ps->lanes = NULL;
 }
 
+/* Granted permits: a policy with lanes, or one that follows its quota
+ * (which paces as one lane, unless it has lanes), on this sidecar's bucket
+ * (the config check refuses both in shadow mode and for a fleet). */
+static bool grants(const struct sc_policy *p)
+{
+    return p->has_rate && (p->n_lanes || (p->quota.enabled && p->quota.follow));
+}
+
+/* The one lane of a policy that follows its quota without lanes. */
+static int lane_implicit(struct policy_state *ps, const struct sc_policy *p)
+{
+    if (!(ps->lanes = calloc(1, sizeof *ps->lanes)) ||
+        !(ps->lanes[0].name = strdup("")))
+        return -ENOMEM;
+    ps->n_lanes = 1;
+    ps->lanes[0].share = 100;
+    ps->lanes[0].max_wait_ms = p->max_wait_ms;
+    return 0;
+}
+
 /* The policy's lanes, names and all: the config may go before the state. */
 static int lanes_copy(struct policy_state *ps, const struct sc_policy *p)
 {
-    if (!p->n_lanes || !p->has_rate)
+    if (!grants(p))
         return 0;
+    ps->follow = p->quota.enabled && p->quota.follow;
+    ps->min_rate = p->quota.min_rate;
+    if (!p->n_lanes)
+        return lane_implicit(ps, p);
     if (!(ps->lanes = calloc(p->n_lanes, sizeof *ps->lanes)))
         return -ENOMEM;
     ps->n_lanes = p->n_lanes;
@@ -145,8 +171,14 @@ static struct policy_state *state_new(const struct sc_policy *p,
  * takes the waiters over lane by name. */
 static bool same_lanes(const struct policy_state *ps, const struct sc_policy *p)
 {
-    size_t n = p->has_rate ? p->n_lanes : 0;
+    size_t n = grants(p) ? p->n_lanes : 0;
 
+    if (grants(p) != (ps->lanes != NULL) ||
+        ps->follow != (p->quota.enabled && p->quota.follow) ||
+        (ps->follow && ps->min_rate != p->quota.min_rate))
+        return false;
+    if (ps->lanes && !n) /* the one lane of a quota */
+        return ps->lanes[0].max_wait_ms == p->max_wait_ms;
     if (ps->n_lanes != n)
         return false;
     for (size_t i = 0; i < n; i++)
@@ -353,6 +385,7 @@ const char *pause_why_name(enum pause_why why)
     case PAUSE_UPSTREAM_429: return "upstream_429";
     case PAUSE_BREAKER: return "breaker";
     case PAUSE_RESTORED: return "restored";
+    case PAUSE_QUOTA: return "quota";
     default: return "unknown";
     }
 }

@@ -19,7 +19,8 @@
 /* Why a bucket is paused, for GET /cooldowns. A pause put back from the
  * store after a restart is `restored`: the store keeps its end, not its
  * cause. */
-enum pause_why { PAUSE_NONE = 0, PAUSE_UPSTREAM_429, PAUSE_BREAKER, PAUSE_RESTORED };
+enum pause_why { PAUSE_NONE = 0, PAUSE_UPSTREAM_429, PAUSE_BREAKER, PAUSE_RESTORED,
+                 PAUSE_QUOTA /* an advertised r = 0 (quota.follow) */ };
 
 /* A bucket and the cooldown an upstream imposed on it. `g` reserves start
  * times in arrival order (and decides max_wait); `sent`, with the same
@@ -80,7 +81,10 @@ struct policy_state {
     struct sc_lane *lanes;        /* a copy of the policy's (names too), or
                                      NULL: its buckets grant permits as they
                                      fall due (struct bucket's pm) */
-    size_t n_lanes;
+    size_t n_lanes;               /* a policy that follows its quota
+                                     without lanes has one, named "" */
+    bool follow;                  /* quota.follow: the rate is the partner's */
+    double min_rate;              /* quota.min_rate */
     bool shared;                  /* shared: redis: the numbers above are
                                      this sidecar's fallback share */
     atomic_bool fallback;         /* shared, and the fleet's bucket or
@@ -145,7 +149,7 @@ void bucket_empty(struct bucket *b, uint64_t now);
 /* The end of b's pause (0: none), wherever a reload moved it. */
 uint64_t bucket_cooldown(const struct bucket *b);
 
-/* "upstream_429", "breaker" or "restored". */
+/* "upstream_429", "breaker", "restored" or "quota". */
 const char *pause_why_name(enum pause_why why);
 
 /* Calls fn for each pause of ps still running at now (monotonic ns): the

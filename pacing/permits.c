@@ -18,6 +18,13 @@ int permits_init(struct permits *pm, const struct sc_lane *cfg, size_t n,
     return lanes_init(&pm->lanes, cfg, n) == 0 ? 0 : -ENOMEM;
 }
 
+void permits_follow(struct permits *pm, double min_rate)
+{
+    pm->follow = true;
+    quota_init(&pm->quota, pm->tb.rate, min_rate,
+               (uint32_t)(pm->tb.cap / TB_ONE));
+}
+
 void permits_free(struct permits *pm)
 {
     lanes_free(&pm->lanes);
@@ -50,6 +57,22 @@ static struct permits *lock_live(struct permits *pm, uint32_t *lane)
     }
 }
 
+/* Under mu: the bucket's rate and capacity as the advertised quota says
+ * at now (a reset passed raises them), before anything reads the bucket. */
+static void sync_quota(struct permits *pm, uint64_t now)
+{
+    if (pm->follow)
+        quota_bucket_sync(&pm->quota, &pm->tb, now);
+}
+
+/* Under mu: ns until n permits could be had, the quota's coming resets
+ * counted. */
+static uint64_t predict(const struct permits *pm, uint32_t lane, uint64_t now)
+{
+    return lanes_predict_ns(&pm->lanes, lane, &pm->tb, now,
+                            pm->follow ? quota_accrue_ns : NULL, &pm->quota);
+}
+
 /* Under mu. A waiter to keep time when none does: the head of the first
  * lane with waiters (any waiter would do: the keeper only runs rounds). */
 static struct permit_waiter *any_waiter(const struct permits *pm)
@@ -72,6 +95,7 @@ static void grant_round(struct permits *pm, uint64_t now,
     while ((lw = lanes_grant(&pm->lanes, &pm->tb, now))) {
         w = waiter_of(lw);
         w->granted = true;
+        pm->flight++;
         if (w == pm->keeper) {
             pm->keeper = NULL;
             w->keeper = false;
@@ -96,7 +120,8 @@ static uint64_t look_again(const struct permits *pm,
 
     if (!w->keeper)
         return 0;
-    ns = tbucket_next_ns(&pm->tb, now);
+    ns = tbucket_wait_ns(&pm->tb, now, 1, pm->follow ? quota_accrue_ns : NULL,
+                         &pm->quota);
     return ns > UINT64_MAX - now ? UINT64_MAX : now + (ns ? ns : 1);
 }
 
@@ -107,11 +132,12 @@ enum permit_ask permits_ask(struct permits *pm, struct permit_waiter *w,
     enum permit_ask r = PERMIT_WAIT;
 
     pm = lock_live(pm, &lane);
+    sync_quota(pm, now);
     w->granted = w->keeper = false;
     if (lanes_try_now(&pm->lanes, &pm->tb, now)) {
         r = PERMIT_GO;
-    } else if ((*at = lanes_predict_ns(&pm->lanes, lane, &pm->tb, now, NULL,
-                                       NULL)) > max_wait_ns) {
+        pm->flight++;
+    } else if ((*at = predict(pm, lane, now)) > max_wait_ns) {
         r = PERMIT_REFUSED;
     } else {
         lanes_push(&pm->lanes, &w->lw, lane);
@@ -132,6 +158,7 @@ enum permit_ask permits_poll(struct permits *pm, struct permit_waiter *w,
     enum permit_ask r = PERMIT_GO;
 
     pm = lock_live(pm, NULL);
+    sync_quota(pm, now);
     if (!w->granted && w->keeper)
         grant_round(pm, now, w);
     if (!w->granted) {
@@ -149,6 +176,7 @@ bool permits_leave(struct permits *pm, struct permit_waiter *w, uint64_t now,
     uint32_t lane = w->lw.lane;
 
     pm = lock_live(pm, NULL);
+    sync_quota(pm, now);
     left = lanes_remove(&pm->lanes, &w->lw);
     if (left && w->keeper) {
         /* Somebody else keeps time now. */
@@ -157,7 +185,7 @@ bool permits_leave(struct permits *pm, struct permit_waiter *w, uint64_t now,
         grant_round(pm, now, NULL);
     }
     if (delay_ns)
-        *delay_ns = lanes_predict_ns(&pm->lanes, lane, &pm->tb, now, NULL, NULL);
+        *delay_ns = predict(pm, lane, now);
     pthread_mutex_unlock(&pm->mu);
     return left;
 }
@@ -165,6 +193,7 @@ bool permits_leave(struct permits *pm, struct permit_waiter *w, uint64_t now,
 void permits_empty(struct permits *pm, uint64_t now)
 {
     pm = lock_live(pm, NULL);
+    sync_quota(pm, now);
     tbucket_empty(&pm->tb, now);
     pthread_mutex_unlock(&pm->mu);
 }
@@ -179,6 +208,7 @@ static void wake_keeper(struct permits *pm)
 void permits_pause(struct permits *pm, uint64_t now, uint64_t until)
 {
     pm = lock_live(pm, NULL);
+    sync_quota(pm, now);
     tbucket_pause_until(&pm->tb, now, until);
     wake_keeper(pm);
     pthread_mutex_unlock(&pm->mu);
@@ -187,6 +217,7 @@ void permits_pause(struct permits *pm, uint64_t now, uint64_t until)
 void permits_resume(struct permits *pm, uint64_t now)
 {
     pm = lock_live(pm, NULL);
+    sync_quota(pm, now);
     tbucket_resume(&pm->tb, now);
     wake_keeper(pm);
     pthread_mutex_unlock(&pm->mu);
@@ -197,6 +228,7 @@ uint32_t permits_available(struct permits *pm, uint64_t now, uint64_t *next_ns)
     double t;
 
     pm = lock_live(pm, NULL);
+    sync_quota(pm, now);
     t = tbucket_tokens(&pm->tb, now);
     if (next_ns)
         *next_ns = t >= 1 ? 0 : tbucket_next_ns(&pm->tb, now);
@@ -254,10 +286,48 @@ int permits_hand_over(struct permits *pm, struct permits *to, uint64_t now)
     pm->lane_map = map;
     for (uint32_t i = 0; i < pm->lanes.n; i++)
         map[i] = map_lane(pm, to, i);
+    if (pm->follow && to->follow) {
+        /* What the partner said still holds; the ceiling is the new one. */
+        memcpy(to->quota.items, pm->quota.items, sizeof pm->quota.items);
+        to->quota.n = pm->quota.n;
+        to->quota.at = pm->quota.at;
+        to->quota.at_wall_ms = pm->quota.at_wall_ms;
+        sync_quota(to, now);
+    }
+    to->flight = pm->flight;
     tbucket_carry(&to->tb, &pm->tb, now);
     waiters_hand_over(pm, to, now);
     pm->next = to;
     pthread_mutex_unlock(&to->mu);
     pthread_mutex_unlock(&pm->mu);
     return 0;
+}
+
+void permits_answered(struct permits *pm, const struct quota_headers *h,
+                      uint64_t now, uint64_t wall_ms, struct quota_result *res)
+{
+    struct quota_result none;
+
+    pm = lock_live(pm, NULL);
+    if (pm->flight)
+        pm->flight--;
+    if (pm->follow && h) {
+        /* The bucket accrued at the old numbers until now. */
+        sync_quota(pm, now);
+        quota_update(&pm->quota, h, now, wall_ms, pm->flight, res ? res : &none);
+        sync_quota(pm, now);
+        wake_keeper(pm);
+    }
+    pthread_mutex_unlock(&pm->mu);
+}
+
+void permits_view(struct permits *pm, uint64_t now, struct permits_view *v)
+{
+    pm = lock_live(pm, NULL);
+    sync_quota(pm, now);
+    v->rate = pm->follow ? quota_rate(&pm->quota, now) : pm->tb.rate;
+    v->capacity = (uint32_t)(pm->tb.cap / TB_ONE);
+    v->limited = pm->follow && quota_limits(&pm->quota, now);
+    v->quota = pm->quota;
+    pthread_mutex_unlock(&pm->mu);
 }

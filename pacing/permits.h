@@ -14,6 +14,12 @@
  * another waiter keeper and wakes it to take the timer on. So a permit
  * costs one lock and one wake-up, whatever the number of waiters.
  *
+ * A policy that follows its partner's quota (`quota: {follow: true}`,
+ * §12) paces the same way, with one lane when it has none: the bucket's
+ * rate and capacity follow policies/quota.c, which every answer of the
+ * policy feeds (permits_answered), so each permit is granted at the rate
+ * in force when it is granted.
+ *
  * A reload that changes the policy's numbers or lanes hands the state over
  * (permits_hand_over): the tokens (clamped to the new burst), the pause and
  * the waiters, each to the lane of the same name (else the last lane), in
@@ -28,6 +34,7 @@
 
 #include "config/config.h"
 #include "policies/lanes.h"
+#include "policies/quota.h"
 #include "policies/tbucket.h"
 
 /* A request waiting for its permit; owned by the request. `wake` runs under
@@ -50,6 +57,17 @@ struct permits {
     const struct sc_lane *cfg;  /* the policy state's copy: names */
     struct permits *next;       /* handed over to (a reload); under mu */
     uint32_t *lane_map;         /* with next: this lane index -> next's */
+    bool follow;                /* the rate follows `quota` */
+    struct quota quota;
+    uint32_t flight;            /* granted and not answered yet */
+};
+
+/* What GET /policies shows of one bucket. */
+struct permits_view {
+    double rate;                /* effective, permits per second */
+    uint32_t capacity;          /* effective burst */
+    bool limited;               /* advertised numbers hold the rate down */
+    struct quota quota;         /* a copy: what was advertised */
 };
 
 /* What an ask or a poll found. */
@@ -63,6 +81,20 @@ enum permit_ask {
  * must outlive pm). 0 or -ENOMEM; permits_free in any case. */
 int permits_init(struct permits *pm, const struct sc_lane *cfg, size_t n,
                  double rate, uint32_t burst, uint64_t now);
+/* From now on the rate follows what the partner advertises, within
+ * [min_rate, rate]. Before the permits are shared. */
+void permits_follow(struct permits *pm, double min_rate);
+
+/* A request granted by these permits was answered (its head read, or its
+ * failure, or it left unsent): it is no longer in flight. With h (a
+ * response's quota headers; NULL: none to read) and a policy that follows
+ * its quota, the advertised numbers are read at now (wall_ms, the Unix
+ * time) into the rate; res (may be NULL) says what they did. */
+void permits_answered(struct permits *pm, const struct quota_headers *h,
+                      uint64_t now, uint64_t wall_ms, struct quota_result *res);
+
+/* The bucket's effective numbers and what was advertised, at now. */
+void permits_view(struct permits *pm, uint64_t now, struct permits_view *v);
 void permits_free(struct permits *pm);
 
 /* An evicted partition's bucket comes back empty, never full. */

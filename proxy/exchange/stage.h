@@ -220,6 +220,7 @@ struct exchange {
     struct permit_waiter pwait; /* waits in its lane for a granted permit */
     struct event *permit_ev;    /* the grant (or the keeper's role), on this loop */
     bool permit_waiting;        /* pwait is queued (or granted unseen) */
+    bool pm_flight;             /* granted by bucket->pm, not answered yet */
 
     /* the upstream */
     struct up_request ureq;

@@ -66,6 +66,7 @@ static void stop_waiting(struct exchange *ex)
 static enum ex_verdict granted(struct exchange *ex, uint64_t now)
 {
     stop_waiting(ex);
+    ex->pm_flight = true;
     ex->permit_at = now;
     /* The slot before it included: the whole wait inside sluice. */
     ex->permit_wait_ns = now - ex->wait_start_ns;
@@ -134,6 +135,12 @@ static void permit_lanes_release(struct exchange *ex, enum ex_release how)
         permits_leave(ex->bucket->pm, &ex->pwait,
                       ex->env->clock->mono_ns(ex->env->clock->arg), NULL);
         stop_waiting(ex);
+    }
+    if (ex->pm_flight) {
+        /* Never sent, or answered without a quota row: out of flight. */
+        permits_answered(ex->bucket->pm, NULL,
+                         ex->env->clock->mono_ns(ex->env->clock->arg), 0, NULL);
+        ex->pm_flight = false;
     }
     if (how == REL_END && ex->permit_ev) {
         event_free(ex->permit_ev);

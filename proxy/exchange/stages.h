@@ -22,6 +22,10 @@ extern const struct ex_stage stage_permit, stage_permit_shadow, stage_permit_fle
  * falls due, among the lanes that have requests waiting. */
 extern const struct ex_stage stage_lane, stage_permit_lanes;
 
+/* stage_quota.c: what an answer of a policy that follows its quota
+ * advertises sets the rate its permits are granted at. */
+extern const struct ex_stage stage_quota;
+
 /* stage_permit.c's services to the permit rows of other files: the
  * request's bucket (its partition's, held until its end: false when none is
  * free, and the answer is decided), its release, and the refusal of a
