@@ -603,6 +603,7 @@ static const struct {
     {"sluice_ready", "gauge", false},
     {"sluice_build_info", "gauge", false},
     {"sluice_bucket_rate", "gauge", false},
+    {"sluice_policy_rate", "gauge", true},
     {"sluice_bucket_burst", "gauge", false},
     {"sluice_config_last_reload_successful", "gauge", false},
     {"sluice_config_last_reload_success_timestamp_seconds", "gauge", false},
