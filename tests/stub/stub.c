@@ -229,6 +229,7 @@ struct req {
     bool quota_refused;             /* beyond the window's quota: 429 */
     uint64_t q_limit, q_remaining, q_reset_s; /* the quota headers of its answer; q_limit 0:
                                                * none */
+    uint64_t q_end_ns;              /* its window's end, CLOCK_MONOTONIC */
     uint32_t effect;                /* 1 + index of its side effect in stub.effects, 0 = none */
     uint64_t effect_gen;            /* stub.effects_gen when `effect` was set */
     struct evbuffer *body;
@@ -735,6 +736,7 @@ static void quota_admit(struct stub *st, struct req *r, uint64_t now)
         st->quota_refused++;
     r->q_remaining = st->quota - (st->quota_used < st->quota ? st->quota_used : st->quota);
     r->q_reset_s = (end - now + 999999999ull) / 1000000000ull;
+    r->q_end_ns = end;
 }
 
 /* The quota headers of an answer, in the style asked for (--quota-style). */
@@ -753,10 +755,17 @@ static void put_quota_headers(struct evbuffer *o, const struct req *r, int style
         evbuffer_add_printf(o, "RateLimit-Limit: %llu;w=%u\r\nRateLimit-Remaining: %llu\r\n"
                                "RateLimit-Reset: %llu\r\n", q, window_s, rem, t);
     } else {
+        /* The window's end as a Unix time, rounded up: the stub's windows are not aligned
+         * to wall-clock seconds, and a partner's reset is never before its window ends. */
+        uint64_t left = r->q_end_ns > now_ns() ? r->q_end_ns - now_ns() : 0;
+
         clock_gettime(CLOCK_REALTIME, &ts);
         evbuffer_add_printf(o, "X-RateLimit-Limit: %llu\r\nX-RateLimit-Remaining: %llu\r\n"
                                "X-RateLimit-Reset: %llu\r\n", q, rem,
-                            (unsigned long long)ts.tv_sec + t);
+                            (unsigned long long)(((uint64_t)ts.tv_sec * 1000000000ull +
+                                                  (uint64_t)ts.tv_nsec + left + 999999999ull) /
+                                                 1000000000ull));
+        (void)t;
     }
 }
 

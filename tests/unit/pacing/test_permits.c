@@ -339,3 +339,47 @@ Test(permits, a_reload_hands_waiters_over_by_lane_name)
     permits_free(&to);
     sim_free(s);
 }
+
+/* quota: {follow: true}: what an answer advertises sets the rate permits
+ * are granted at, net of those granted and not answered; the reset raises
+ * it back. */
+Test(permits, an_advertised_quota_sets_the_rate_net_of_those_in_flight)
+{
+    static struct sc_lane one[] = {{.name = "", .share = 100, .max_wait_ms = 60000}};
+    struct sim *s = sim_new(one, 1, 100, 10);
+    struct quota_headers h = {.x_limit = "100", .x_remaining = "7", .x_reset = "10"};
+    struct quota_result res = {0};
+    struct permits_view v;
+    enum permit_ask r;
+
+    permits_follow(&s->pm, 0.1);
+    for (int i = 0; i < 3; i++)
+        ask(s, 0, NOW0, SEC, &r);
+    cr_expect_eq(s->pm.flight, 3);
+    /* One answered: 2 still in flight, 7 remain: (7 - 2) / 10 s. */
+    permits_answered(&s->pm, &h, NOW0, 1767225600000ull, &res);
+    cr_expect_eq(res.items, 1);
+    permits_view(&s->pm, NOW0, &v);
+    cr_expect_float_eq(v.rate, 0.5, 1e-9, "rate %g", v.rate);
+    cr_expect(v.limited);
+    cr_expect_eq(v.capacity, 7, "the bucket holds no more than remains");
+    permits_view(&s->pm, NOW0 + 11 * SEC, &v);
+    cr_expect_float_eq(v.rate, 100, 1e-9, "after the reset: the configured rate");
+    sim_free(s);
+}
+
+Test(permits, an_advertised_zero_asks_for_a_pause_until_the_reset)
+{
+    static struct sc_lane one[] = {{.name = "", .share = 100, .max_wait_ms = 60000}};
+    struct sim *s = sim_new(one, 1, 100, 10);
+    struct quota_headers h = {.ratelimit = "\"day\";r=0;t=30"};
+    struct quota_result res = {0};
+    enum permit_ask r;
+
+    permits_follow(&s->pm, 1);
+    ask(s, 0, NOW0, SEC, &r);
+    permits_answered(&s->pm, &h, NOW0, 1767225600000ull, &res);
+    cr_expect_eq(res.pause_until, NOW0 + 30 * SEC);
+    cr_expect_eq(s->pm.flight, 0);
+    sim_free(s);
+}
