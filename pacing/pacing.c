@@ -3,6 +3,7 @@
 #include "util/hash.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -133,7 +134,8 @@ static struct policy_state *state_new(const struct sc_policy *p,
     pthread_mutex_init(&ps->mu, NULL);
     TAILQ_INIT(&ps->waiters);
     TAILQ_INIT(&ps->lru);
-    if (lanes_copy(ps, p) != 0) {
+    if (lanes_copy(ps, p) != 0 ||
+        (ps->lanes && lanes_init(&ps->slot_lanes, ps->lanes, ps->n_lanes) != 0)) {
         pacing_state_put(ps);
         return NULL;
     }
@@ -269,6 +271,7 @@ void pacing_state_put(struct policy_state *ps)
         free(p);
     }
     bucket_fini(&ps->bucket);
+    lanes_free(&ps->slot_lanes);
     lanes_copy_free(ps);
     free(ps->table);
     free(ps->name);
@@ -631,14 +634,54 @@ static bool count_unlocked(struct policy_state *ps, int delta)
     return false;
 }
 
+/* The slot waiters, under ps->mu: in arrival order, or, for a policy with
+ * lanes, in their lanes, each slot going to the lane the stride scheduler
+ * picks (policies/lanes.h), so that slots follow the shares as permits do. */
+#define slot_waiter_of(l) \
+    ((struct slot_waiter *)((char *)(l) - offsetof(struct slot_waiter, lw)))
+
+static bool waiters_empty(const struct policy_state *ps)
+{
+    return ps->lanes ? lanes_idle(&ps->slot_lanes) : TAILQ_EMPTY(&ps->waiters);
+}
+
+static void waiters_push(struct policy_state *ps, struct slot_waiter *w)
+{
+    if (ps->lanes)
+        lanes_push(&ps->slot_lanes, &w->lw,
+                   w->lane < ps->n_lanes ? w->lane : (uint32_t)ps->n_lanes - 1);
+    else
+        TAILQ_INSERT_TAIL(&ps->waiters, w, link);
+}
+
+static void waiters_remove(struct policy_state *ps, struct slot_waiter *w)
+{
+    if (ps->lanes)
+        lanes_remove(&ps->slot_lanes, &w->lw);
+    else
+        TAILQ_REMOVE(&ps->waiters, w, link);
+}
+
+static struct slot_waiter *waiters_pop(struct policy_state *ps)
+{
+    struct lane_waiter *lw;
+    struct slot_waiter *w;
+
+    if (ps->lanes)
+        return (lw = lanes_pop(&ps->slot_lanes)) ? slot_waiter_of(lw) : NULL;
+    if ((w = TAILQ_FIRST(&ps->waiters)))
+        TAILQ_REMOVE(&ps->waiters, w, link);
+    return w;
+}
+
 /* Under ps->mu. A lowered limit grants nobody until enough slots are back. */
 static void grant_while_room(struct policy_state *ps)
 {
     struct slot_waiter *w;
 
-    while ((w = TAILQ_FIRST(&ps->waiters)) &&
+    while (!waiters_empty(ps) &&
            (ps->concurrency == 0 || atomic_load(&ps->inflight) < ps->concurrency)) {
-        TAILQ_REMOVE(&ps->waiters, w, link);
+        w = waiters_pop(ps);
         w->queued = false;
         w->granted = true;
         atomic_fetch_add(&ps->inflight, 1);
@@ -655,13 +698,13 @@ static bool slot_get(struct policy_state *ps, struct slot_waiter *w)
         return true;
     ps = lock_live(ps);
     got = ps->concurrency == 0 ||
-          (atomic_load(&ps->inflight) < ps->concurrency && TAILQ_EMPTY(&ps->waiters));
+          (atomic_load(&ps->inflight) < ps->concurrency && waiters_empty(ps));
     if (got) {
         atomic_fetch_add(&ps->inflight, 1);
     } else if (w) {
         w->queued = true;
         w->granted = false;
-        TAILQ_INSERT_TAIL(&ps->waiters, w, link);
+        waiters_push(ps, w);
     }
     pthread_mutex_unlock(&ps->mu);
     return got;
@@ -685,7 +728,7 @@ bool pacing_slot_cancel(struct policy_state *ps, struct slot_waiter *w)
 
     ps = lock_live(ps);
     if (w->queued) {
-        TAILQ_REMOVE(&ps->waiters, w, link);
+        waiters_remove(ps, w);
         w->queued = false;
         removed = true;
     }
@@ -793,6 +836,19 @@ static void partitions_hand_over(struct policy_state *old,
                  ps->name, lost);
 }
 
+/* A slot waiter's lane in the new state: the lane of the same name, else
+ * the last (the default of routes that name none). */
+static uint32_t slot_lane_in(const struct policy_state *old,
+                             const struct policy_state *ps, uint32_t lane)
+{
+    if (!ps->lanes)
+        return 0;
+    for (size_t j = 0; old->lanes && lane < old->n_lanes && j < ps->n_lanes; j++)
+        if (!strcmp(old->lanes[lane].name, ps->lanes[j].name))
+            return (uint32_t)j;
+    return (uint32_t)ps->n_lanes - 1;
+}
+
 /* Under both locks: waiters keep their order and are granted as far as the
  * new limit allows; in-flight requests count against it. */
 static void slots_hand_over(struct policy_state *old, struct policy_state *ps)
@@ -800,9 +856,9 @@ static void slots_hand_over(struct policy_state *old, struct policy_state *ps)
     struct slot_waiter *w;
 
     atomic_store(&ps->inflight, atomic_exchange(&old->inflight, PACING_MOVED32));
-    while ((w = TAILQ_FIRST(&old->waiters))) {
-        TAILQ_REMOVE(&old->waiters, w, link);
-        TAILQ_INSERT_TAIL(&ps->waiters, w, link);
+    while ((w = waiters_pop(old))) {
+        w->lane = slot_lane_in(old, ps, w->lane);
+        waiters_push(ps, w);
     }
     grant_while_room(ps);
 }

@@ -59,7 +59,9 @@ struct slot_waiter {
     void (*on_grant)(struct slot_waiter *w);
     void *arg;
     bool queued, granted;
-    TAILQ_ENTRY(slot_waiter) link;
+    uint32_t lane;                  /* a policy with lanes: the request's */
+    TAILQ_ENTRY(slot_waiter) link;  /* a policy without lanes: arrival order */
+    struct lane_waiter lw;          /* one with lanes: its lane's queue */
 };
 
 struct partition;
@@ -96,6 +98,8 @@ struct policy_state {
     _Atomic uint32_t inflight;
     struct breaker_state breaker;
     TAILQ_HEAD(slot_waiters, slot_waiter) waiters;
+    struct lanes slot_lanes;      /* with `lanes`: the slot waiters, whose
+                                     slots follow the shares as permits do */
     struct partition **table;     /* partitions: hash table + LRU */
     size_t table_size, n_parts;
     TAILQ_HEAD(partition_lru_head, partition) lru;

@@ -70,6 +70,7 @@ static long long now_ms(void)
 
 struct client {
     const char *target;
+    const char *headers;
     long long from_ms, until_ms;    /* runs from .. until */
     long long count_from, count_until; /* answers counted in this window */
     int ok, other, counted;
@@ -87,7 +88,8 @@ static void *run_client(void *arg)
         struct h_resp r;
         long long t0 = now_ms(), t1;
 
-        if (h_http(sl.port, "POST", c->target, NULL, "j", 1, &r) == 0 && r.status == 200)
+        if (h_http(sl.port, "POST", c->target, c->headers, "j", 1, &r) == 0 &&
+            r.status == 200)
             c->ok++;
         else
             c->other++;
@@ -366,4 +368,45 @@ Test(lanes, a_reload_keeps_the_waiters, .fini = stop, .timeout = 30)
         cr_expect_lt(o[i].ms, 3300, "waiter %d waited %lld ms", i, o[i].ms);
     }
     cr_expect_eq(h_stub_stat(&stub, "requests"), 5);
+}
+
+/* With concurrency too, a request takes its slot before it joins its lane,
+ * and slots follow the lanes' shares: 16 batch clients keep the one slot
+ * busy (100 ms a request), an interactive client joining waits about one
+ * interactive turn (1 / (0.3 x 10/s)), not the 16 batch requests ahead of it
+ * (1.6 s). */
+Test(lanes, slots_follow_the_shares_too, .fini = stop, .timeout = 60)
+{
+    static const char one_slot[] =
+        "policies:\n"
+        "  p:\n"
+        "    rate: 100/s\n"
+        "    burst: 10\n"
+        "    concurrency: 1\n"
+        "    max_wait: 20s\n"
+        "    lanes:\n"
+        "      - { name: interactive, share: 30%, max_wait: 5s }\n"
+        "      - { name: batch, share: 70%, max_wait: 20s }\n";
+    enum { NB = 16 };
+    static struct client b[NB], in;
+    pthread_t tb[NB], ti;
+    long long t0;
+
+    start(one_slot);
+    t0 = now_ms() + 200;
+    for (int i = 0; i < NB; i++) {
+        b[i] = (struct client){.target = "/sync", .headers = "X-Stub-Delay-Ms: 100\r\n",
+                               .from_ms = t0, .until_ms = t0 + 5000};
+        pthread_create(&tb[i], NULL, run_client, &b[i]);
+    }
+    in = (struct client){.target = "/click", .headers = "X-Stub-Delay-Ms: 100\r\n",
+                         .from_ms = t0 + 2000, .until_ms = t0 + 4500};
+    pthread_create(&ti, NULL, run_client, &in);
+    pthread_join(ti, NULL);
+    for (int i = 0; i < NB; i++)
+        pthread_join(tb[i], NULL);
+    cr_expect_eq(in.other, 0, "%d interactive answers not 200", in.other);
+    cr_expect_geq(in.ok, 4, "only %d interactive answers in 2.5 s", in.ok);
+    cr_expect_leq(in.max_wait_ms, 900, "interactive waited %lld ms", in.max_wait_ms);
+    cr_expect_leq(h_stub_stat(&stub, "in_flight_max"), 1, "the slot was exceeded");
 }
