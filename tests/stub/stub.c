@@ -718,13 +718,14 @@ static void arrivals_push(struct stub *st, uint64_t now)
  * when the window ends, as the partners do. */
 static void quota_admit(struct stub *st, struct req *r, uint64_t now)
 {
-    uint64_t w = (uint64_t)st->quota_window_s * 1000000000ull;
-    uint64_t idx = (now - st->quota_epoch_ns) / w;
-    uint64_t end = st->quota_epoch_ns + (idx + 1) * w;
+    uint64_t w = (uint64_t)st->quota_window_s * 1000000000ull, idx, end;
 
     r->q_limit = st->quota;
+    r->quota_refused = false;
     if (!st->quota)
         return;
+    idx = (now - st->quota_epoch_ns) / w;
+    end = st->quota_epoch_ns + (idx + 1) * w;
     if (idx != st->quota_window) {
         st->quota_window = idx;
         st->quota_used = 0;
