@@ -142,6 +142,8 @@ void log_access(const struct access_entry *e)
              e->attempt, e->permit_wait_ms, e->upstream_ms, e->total_ms,
              (unsigned long long)e->bytes_in, (unsigned long long)e->bytes_out);
     json_text_put(buf, sizeof buf, &pos, num);
+    put_str_field(buf, sizeof buf, &pos, "lane", e->lane ? e->lane : "",
+                  e->lane ? strlen(e->lane) : 0);
     if (e->shadow)
         put_str_field(buf, sizeof buf, &pos, "shadow", e->shadow, strlen(e->shadow));
     if (e->key) {

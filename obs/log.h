@@ -37,6 +37,7 @@ struct access_entry {
     int upstream_status;    /* the upstream's status line; 0: none received */
     uint64_t bytes_in;      /* request body bytes read from the worker */
     uint64_t bytes_out;     /* response body bytes given to the worker */
+    const char *lane;       /* the request's lane; "" for a policy without */
 };
 
 void log_access(const struct access_entry *e);

@@ -314,8 +314,14 @@ static void build_policies(struct build *b)
     for (size_t p = 0; p <= cfg->n_policies; p++) {
         const char *pl = policy_label(cfg, p);
 
-        setl(b, "policy=\"%s\"", pl);
-        b->ids->permit_wait[p] = reg(b, "sluice_permit_wait_seconds", S_HIST, H_PERMIT_WAIT);
+        size_t nl = p < cfg->n_policies ? cfg->policies[p].n_lanes : 0;
+
+        for (size_t l = 0; l < (nl ? nl : 1); l++) {
+            setl(b, "policy=\"%s\",lane=\"%s\"", pl,
+                 nl ? cfg->policies[p].lanes[l].name : "");
+            b->ids->permit_wait[b->ids->permit_wait_at[p] + l] =
+                reg(b, "sluice_permit_wait_seconds", S_HIST, H_PERMIT_WAIT);
+        }
         for (int rs = 0; rs < R__COUNT; rs++) {
             setl(b, "policy=\"%s\",reason=\"%s\"", pl, reason_name(rs));
             b->ids->requeue_delay[p * R__COUNT + rs] =
@@ -408,6 +414,7 @@ static void build_process(struct build *b)
 static int ids_alloc(struct metrics_ids *ids, const struct sc_config *cfg)
 {
     size_t r = cfg->n_routes + 1, p = cfg->n_policies + 1, u = cfg->n_upstreams;
+    size_t lanes = 0;
 
     memset(ids, 0, sizeof *ids);
     ids->n_routes = cfg->n_routes;
@@ -418,7 +425,14 @@ static int ids_alloc(struct metrics_ids *ids, const struct sc_config *cfg)
     ids->req_duration = calloc(r * OUT__COUNT, sizeof(uint32_t));
     ids->queue_age = calloc(r, sizeof(uint32_t));
     ids->queue_age_bad = calloc(r, sizeof(uint32_t));
-    ids->permit_wait = calloc(p, sizeof(uint32_t));
+    ids->permit_wait_at = calloc(p, sizeof(size_t));
+    for (size_t i = 0; ids->permit_wait_at && i < p; i++) {
+        size_t nl = i < cfg->n_policies ? cfg->policies[i].n_lanes : 0;
+
+        ids->permit_wait_at[i] = lanes;
+        lanes += nl ? nl : 1;
+    }
+    ids->permit_wait = calloc(lanes ? lanes : 1, sizeof(uint32_t));
     ids->requeue_delay = calloc(p * R__COUNT, sizeof(uint32_t));
     ids->verifications = calloc(p * N_VERIFY_RESULTS, sizeof(uint32_t));
     ids->up_codes = calloc(u * UC__COUNT + 1, sizeof(uint32_t));
@@ -429,7 +443,8 @@ static int ids_alloc(struct metrics_ids *ids, const struct sc_config *cfg)
     ids->up_tls = calloc(u + 1, sizeof(uint32_t));
     ids->up_connect_fail = calloc(u * UPH__COUNT + 1, sizeof(uint32_t));
     return ids->requests && ids->shadow && ids->req_duration && ids->queue_age &&
-                   ids->queue_age_bad && ids->permit_wait && ids->requeue_delay &&
+                   ids->queue_age_bad && ids->permit_wait && ids->permit_wait_at &&
+                   ids->requeue_delay &&
                    ids->verifications && ids->up_codes && ids->up_duration && ids->up_open &&
                    ids->up_idle && ids->up_connect && ids->up_tls && ids->up_connect_fail
                ? 0 : -ENOMEM;
@@ -443,6 +458,7 @@ void metrics_ids_free(struct metrics_ids *ids)
     free(ids->queue_age);
     free(ids->queue_age_bad);
     free(ids->permit_wait);
+    free(ids->permit_wait_at);
     free(ids->requeue_delay);
     free(ids->verifications);
     free(ids->up_codes);

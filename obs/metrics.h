@@ -80,7 +80,10 @@ struct metrics_ids {
     uint32_t *req_duration;   /* [(route+1) * OUT__COUNT] histogram base */
     uint32_t *queue_age;      /* [route+1] */
     uint32_t *queue_age_bad;  /* [route+1] counter */
-    uint32_t *permit_wait;    /* [policy+1], policy n = default */
+    uint32_t *permit_wait;    /* [permit_wait_at[policy] + lane] */
+    size_t *permit_wait_at;   /* [policy+1], policy n = default: its first
+                                 lane's (a policy without lanes has one,
+                                 lane="") */
     uint32_t *up_duration;    /* [upstream] */
     uint32_t *up_open, *up_idle; /* [upstream] gauges: pool connections */
     uint32_t *up_connect, *up_tls; /* [upstream] histogram bases */

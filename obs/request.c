@@ -55,7 +55,10 @@ static void record_statsd(const struct obs_request *r, struct statsd *sd)
         snprintf(tags, sizeof tags, "upstream:%s", r->upstream_name);
         statsd_timing(sd, "upstream_duration", (double)r->upstream_ns / 1e6, tags);
     }
-    snprintf(tags, sizeof tags, "policy:%s", r->policy_name);
+    if (r->lane_name && *r->lane_name)
+        snprintf(tags, sizeof tags, "policy:%s,lane:%s", r->policy_name, r->lane_name);
+    else
+        snprintf(tags, sizeof tags, "policy:%s", r->policy_name);
     if (r->sent)
         statsd_timing(sd, "permit_wait", (double)r->permit_wait_ns / 1e6, tags);
     if (r->requeued) {
@@ -80,7 +83,8 @@ static void record_metrics(const struct obs_request *r, struct metrics_shard *sh
     if (r->shadow_refused)
         metrics_add(sh, ids->shadow[rt], 1);
     if (r->permit_counted)
-        metrics_observe(sh, H_PERMIT_WAIT, ids->permit_wait[p],
+        metrics_observe(sh, H_PERMIT_WAIT,
+                        ids->permit_wait[ids->permit_wait_at[p] + r->lane],
                         (double)r->permit_wait_ns / 1e9);
     if (r->requeued)
         metrics_observe(sh, H_REQUEUE_DELAY, ids->requeue_delay[p * R__COUNT + r->reason],
@@ -107,6 +111,7 @@ static void log_request(const struct obs_request *r)
         .upstream_status = r->upstream_status,
         .bytes_in = r->bytes_in,
         .bytes_out = r->bytes_out,
+        .lane = r->lane_name,
     };
 
     log_access(&e);

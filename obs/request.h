@@ -33,6 +33,8 @@ struct obs_request {
     unsigned attempt;           /* as the answer told it */
     bool permit_counted;        /* its permit wait is observed */
     uint64_t permit_wait_ns;
+    uint32_t lane;              /* its index in the policy's lanes (0: none) */
+    const char *lane_name;      /* "" for a policy without lanes */
     bool sent;                  /* it was handed to the upstream */
     bool upstream_timed;        /* sent and done: upstream_ns holds */
     uint64_t upstream_ns;

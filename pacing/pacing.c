@@ -3,6 +3,7 @@
 #include "util/hash.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,17 +36,85 @@ static void local_numbers(const struct sc_policy *p, uint32_t fleet_size,
     *concurrency = ceil_div(p->concurrency, n);
 }
 
-/* A full bucket with no pause. */
-static void bucket_init(struct bucket *b, double rate, uint32_t burst,
-                        bool partition)
+static void bucket_fini(struct bucket *b)
 {
-    gcra_init(&b->g, rate, burst);
-    gcra_init(&b->sent, rate, burst);
+    if (b->pm)
+        permits_free(b->pm);
+    free(b->pm);
+    b->pm = NULL;
+}
+
+/* A full bucket of ps's numbers with no pause; with ps's lanes, its permits
+ * too. 0 or -ENOMEM. */
+static int bucket_init(struct policy_state *ps, struct bucket *b, bool partition)
+{
+    gcra_init(&b->g, ps->rate, ps->burst);
+    gcra_init(&b->sent, ps->rate, ps->burst);
     atomic_store(&b->cooldown_until, 0);
     atomic_store(&b->cooldown_why, PAUSE_NONE);
     atomic_store(&b->holders, 0);
     b->partition = partition;
     b->next = NULL;
+    b->pm = NULL;
+    if (!ps->lanes)
+        return 0;
+    if (!(b->pm = malloc(sizeof *b->pm)) ||
+        permits_init(b->pm, ps->lanes, ps->n_lanes, ps->rate, ps->burst, 0) != 0) {
+        bucket_fini(b);
+        return -ENOMEM;
+    }
+    if (ps->follow)
+        permits_follow(b->pm, ps->min_rate);
+    return 0;
+}
+
+static void lanes_copy_free(struct policy_state *ps)
+{
+    for (size_t i = 0; ps->lanes && i < ps->n_lanes; i++)
+        free(ps->lanes[i].name);
+    free(ps->lanes);
+    ps->lanes = NULL;
+}
+
+/* Granted permits: a policy with lanes, or one that follows its quota
+ * (which paces as one lane, unless it has lanes), on this sidecar's bucket
+ * (the config check refuses both in shadow mode and for a fleet). */
+static bool grants(const struct sc_policy *p)
+{
+    return p->has_rate && (p->n_lanes || (p->quota.enabled && p->quota.follow));
+}
+
+/* The one lane of a policy that follows its quota without lanes. */
+static int lane_implicit(struct policy_state *ps, const struct sc_policy *p)
+{
+    if (!(ps->lanes = calloc(1, sizeof *ps->lanes)) ||
+        !(ps->lanes[0].name = strdup("")))
+        return -ENOMEM;
+    ps->n_lanes = 1;
+    ps->lanes[0].share = 100;
+    ps->lanes[0].max_wait_ms = p->max_wait_ms;
+    return 0;
+}
+
+/* The policy's lanes, names and all: the config may go before the state. */
+static int lanes_copy(struct policy_state *ps, const struct sc_policy *p)
+{
+    if (!grants(p))
+        return 0;
+    ps->follow = p->quota.enabled && p->quota.follow;
+    ps->min_rate = p->quota.min_rate;
+    if (!p->n_lanes)
+        return lane_implicit(ps, p);
+    if (!(ps->lanes = calloc(p->n_lanes, sizeof *ps->lanes)))
+        return -ENOMEM;
+    ps->n_lanes = p->n_lanes;
+    for (size_t i = 0; i < p->n_lanes; i++) {
+        ps->lanes[i] = p->lanes[i];
+        ps->lanes[i].name = strdup(p->lanes[i].name ? p->lanes[i].name : "");
+        if (!ps->lanes[i].name)
+            return -ENOMEM;
+    }
+    return 0;
 }
 
 static struct policy_state *state_new(const struct sc_policy *p,
@@ -62,18 +131,26 @@ static struct policy_state *state_new(const struct sc_policy *p,
     ps->shared = p->shared == SC_SHARED_REDIS;
     ps->partition_max = p->partition_max;
     ps->has_bucket = p->has_rate;
+    pthread_mutex_init(&ps->mu, NULL);
+    TAILQ_INIT(&ps->waiters);
+    TAILQ_INIT(&ps->lru);
+    if (lanes_copy(ps, p) != 0 ||
+        (ps->lanes && lanes_init(&ps->slot_lanes, ps->lanes, ps->n_lanes) != 0)) {
+        pacing_state_put(ps);
+        return NULL;
+    }
     if (p->has_rate) {
         struct gcra fleet;
 
-        bucket_init(&ps->bucket, ps->rate, ps->burst, false);
+        if (bucket_init(ps, &ps->bucket, false) != 0) {
+            pacing_state_put(ps);
+            return NULL;
+        }
         /* The fleet's own numbers, undivided, for the bucket in Redis. */
         gcra_init(&fleet, p->rate, p->burst);
         ps->fleet_t_ns = fleet.t_ns;
         ps->fleet_tau_ns = fleet.tau_ns;
     }
-    pthread_mutex_init(&ps->mu, NULL);
-    TAILQ_INIT(&ps->waiters);
-    TAILQ_INIT(&ps->lru);
     if (p->partition_header && p->has_rate) {
         ps->partition_header = strdup(p->partition_header);
         while (n < (size_t)p->partition_max * 2 && n < (1u << 22))
@@ -92,6 +169,28 @@ static struct policy_state *state_new(const struct sc_policy *p,
     return ps;
 }
 
+/* The lanes' names, shares and waits: a change makes a new state, which
+ * takes the waiters over lane by name. */
+static bool same_lanes(const struct policy_state *ps, const struct sc_policy *p)
+{
+    size_t n = grants(p) ? p->n_lanes : 0;
+
+    if (grants(p) != (ps->lanes != NULL) ||
+        ps->follow != (p->quota.enabled && p->quota.follow) ||
+        (ps->follow && ps->min_rate != p->quota.min_rate))
+        return false;
+    if (ps->lanes && !n) /* the one lane of a quota */
+        return ps->lanes[0].max_wait_ms == p->max_wait_ms;
+    if (ps->n_lanes != n)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(ps->lanes[i].name, p->lanes[i].name ? p->lanes[i].name : "") ||
+            ps->lanes[i].share != p->lanes[i].share ||
+            ps->lanes[i].max_wait_ms != p->lanes[i].max_wait_ms)
+            return false;
+    return true;
+}
+
 static bool same_numbers(const struct policy_state *ps, const struct sc_policy *p,
                          uint32_t fleet_size)
 {
@@ -101,6 +200,7 @@ static bool same_numbers(const struct policy_state *ps, const struct sc_policy *
 
     local_numbers(p, fleet_size, &rate, &burst, &concurrency);
     return !strcmp(ps->name, p->name) && ps->has_bucket == p->has_rate &&
+           same_lanes(ps, p) &&
            ps->shared == (p->shared == SC_SHARED_REDIS) &&
            (!p->has_rate || (ps->rate == rate && ps->burst == burst)) &&
            ps->concurrency == concurrency &&
@@ -166,9 +266,13 @@ void pacing_state_put(struct policy_state *ps)
     next = atomic_load(&ps->next);
     while ((p = TAILQ_FIRST(&ps->lru))) {
         TAILQ_REMOVE(&ps->lru, p, lru);
+        bucket_fini(&p->b);
         free(p->name);
         free(p);
     }
+    bucket_fini(&ps->bucket);
+    lanes_free(&ps->slot_lanes);
+    lanes_copy_free(ps);
     free(ps->table);
     free(ps->name);
     free(ps->partition_header);
@@ -254,6 +358,28 @@ void bucket_pause(struct bucket *b, uint64_t now, uint64_t until,
     }
     gcra_empty(&b->g, now);
     gcra_pause_until(&b->g, until);
+    if (h->pm)
+        permits_pause(h->pm, now, until);
+}
+
+uint32_t bucket_available(struct bucket *b, uint64_t now, uint64_t *next_ns)
+{
+    uint64_t until;
+    struct bucket *h = pause_home(b, &until);
+
+    if (h->pm)
+        return permits_available(h->pm, now, next_ns);
+    return gcra_available(&b->g, now, next_ns);
+}
+
+void bucket_empty(struct bucket *b, uint64_t now)
+{
+    uint64_t until;
+    struct bucket *h = pause_home(b, &until);
+
+    gcra_empty(&b->g, now);
+    if (h->pm)
+        permits_empty(h->pm, now);
 }
 
 const char *pause_why_name(enum pause_why why)
@@ -262,6 +388,7 @@ const char *pause_why_name(enum pause_why why)
     case PAUSE_UPSTREAM_429: return "upstream_429";
     case PAUSE_BREAKER: return "breaker";
     case PAUSE_RESTORED: return "restored";
+    case PAUSE_QUOTA: return "quota";
     default: return "unknown";
     }
 }
@@ -303,6 +430,8 @@ static bool bucket_resume(struct bucket *b, uint64_t now)
     if (until <= now)
         return false;
     gcra_resume(&b->g, now);
+    if (h->pm)
+        permits_resume(h->pm, now);
     return true;
 }
 
@@ -394,10 +523,20 @@ static int partition_new(struct policy_state *ps, const char *name,
     }
     free(p->name);
     p->name = n;
-    bucket_init(&p->b, ps->rate, ps->burst, true);
+    bucket_fini(&p->b);
+    if (bucket_init(ps, &p->b, true) != 0) {
+        /* Out of memory: out of the table (an evicted one was counted, a
+         * new one just was); the request shares the policy's bucket. */
+        free(p->name);
+        free(p);
+        ps->n_parts--;
+        return -ENOMEM;
+    }
     if (evicted) {
         gcra_set_empty(&p->b.g, now);
         gcra_set_empty(&p->b.sent, now);
+        if (p->b.pm)
+            permits_set_empty(p->b.pm, now);
     }
     *out = p;
     return 0;
@@ -495,14 +634,54 @@ static bool count_unlocked(struct policy_state *ps, int delta)
     return false;
 }
 
+/* The slot waiters, under ps->mu: in arrival order, or, for a policy with
+ * lanes, in their lanes, each slot going to the lane the stride scheduler
+ * picks (policies/lanes.h), so that slots follow the shares as permits do. */
+#define slot_waiter_of(l) \
+    ((struct slot_waiter *)((char *)(l) - offsetof(struct slot_waiter, lw)))
+
+static bool waiters_empty(const struct policy_state *ps)
+{
+    return ps->lanes ? lanes_idle(&ps->slot_lanes) : TAILQ_EMPTY(&ps->waiters);
+}
+
+static void waiters_push(struct policy_state *ps, struct slot_waiter *w)
+{
+    if (ps->lanes)
+        lanes_push(&ps->slot_lanes, &w->lw,
+                   w->lane < ps->n_lanes ? w->lane : (uint32_t)ps->n_lanes - 1);
+    else
+        TAILQ_INSERT_TAIL(&ps->waiters, w, link);
+}
+
+static void waiters_remove(struct policy_state *ps, struct slot_waiter *w)
+{
+    if (ps->lanes)
+        lanes_remove(&ps->slot_lanes, &w->lw);
+    else
+        TAILQ_REMOVE(&ps->waiters, w, link);
+}
+
+static struct slot_waiter *waiters_pop(struct policy_state *ps)
+{
+    struct lane_waiter *lw;
+    struct slot_waiter *w;
+
+    if (ps->lanes)
+        return (lw = lanes_pop(&ps->slot_lanes)) ? slot_waiter_of(lw) : NULL;
+    if ((w = TAILQ_FIRST(&ps->waiters)))
+        TAILQ_REMOVE(&ps->waiters, w, link);
+    return w;
+}
+
 /* Under ps->mu. A lowered limit grants nobody until enough slots are back. */
 static void grant_while_room(struct policy_state *ps)
 {
     struct slot_waiter *w;
 
-    while ((w = TAILQ_FIRST(&ps->waiters)) &&
+    while (!waiters_empty(ps) &&
            (ps->concurrency == 0 || atomic_load(&ps->inflight) < ps->concurrency)) {
-        TAILQ_REMOVE(&ps->waiters, w, link);
+        w = waiters_pop(ps);
         w->queued = false;
         w->granted = true;
         atomic_fetch_add(&ps->inflight, 1);
@@ -519,13 +698,13 @@ static bool slot_get(struct policy_state *ps, struct slot_waiter *w)
         return true;
     ps = lock_live(ps);
     got = ps->concurrency == 0 ||
-          (atomic_load(&ps->inflight) < ps->concurrency && TAILQ_EMPTY(&ps->waiters));
+          (atomic_load(&ps->inflight) < ps->concurrency && waiters_empty(ps));
     if (got) {
         atomic_fetch_add(&ps->inflight, 1);
     } else if (w) {
         w->queued = true;
         w->granted = false;
-        TAILQ_INSERT_TAIL(&ps->waiters, w, link);
+        waiters_push(ps, w);
     }
     pthread_mutex_unlock(&ps->mu);
     return got;
@@ -549,7 +728,7 @@ bool pacing_slot_cancel(struct policy_state *ps, struct slot_waiter *w)
 
     ps = lock_live(ps);
     if (w->queued) {
-        TAILQ_REMOVE(&ps->waiters, w, link);
+        waiters_remove(ps, w);
         w->queued = false;
         removed = true;
     }
@@ -605,6 +784,11 @@ static void bucket_hand_over(struct bucket *b, struct bucket *to, uint64_t now)
                                            PACING_MOVED64));
     gcra_hand_over(&b->g, &to->g, now, &to->cooldown_until);
     gcra_hand_over(&b->sent, &to->sent, now, NULL);
+    if (b->pm && to->pm && permits_hand_over(b->pm, to->pm, now) != 0)
+        log_warn("out of memory: a bucket's waiting requests stay on the old "
+                 "lanes (the send check still bounds what leaves)");
+    else if (to->pm && until > now && until != PACING_MOVED64)
+        permits_pause(to->pm, now, until);
 }
 
 /* After bucket_hand_over: the requests holding b now hold `to`, and give it
@@ -635,7 +819,12 @@ static void partitions_hand_over(struct policy_state *old,
             lost++;
             continue;
         }
-        bucket_init(&q->b, ps->rate, ps->burst, true);
+        if (bucket_init(ps, &q->b, true) != 0) {
+            free(q->name);
+            free(q);
+            lost++;
+            continue;
+        }
         bucket_hand_over(&p->b, &q->b, now);
         holders_hand_over(&p->b, &q->b);
         chain_add(ps, q);
@@ -647,6 +836,19 @@ static void partitions_hand_over(struct policy_state *old,
                  ps->name, lost);
 }
 
+/* A slot waiter's lane in the new state: the lane of the same name, else
+ * the last (the default of routes that name none). */
+static uint32_t slot_lane_in(const struct policy_state *old,
+                             const struct policy_state *ps, uint32_t lane)
+{
+    if (!ps->lanes)
+        return 0;
+    for (size_t j = 0; old->lanes && lane < old->n_lanes && j < ps->n_lanes; j++)
+        if (!strcmp(old->lanes[lane].name, ps->lanes[j].name))
+            return (uint32_t)j;
+    return (uint32_t)ps->n_lanes - 1;
+}
+
 /* Under both locks: waiters keep their order and are granted as far as the
  * new limit allows; in-flight requests count against it. */
 static void slots_hand_over(struct policy_state *old, struct policy_state *ps)
@@ -654,9 +856,9 @@ static void slots_hand_over(struct policy_state *old, struct policy_state *ps)
     struct slot_waiter *w;
 
     atomic_store(&ps->inflight, atomic_exchange(&old->inflight, PACING_MOVED32));
-    while ((w = TAILQ_FIRST(&old->waiters))) {
-        TAILQ_REMOVE(&old->waiters, w, link);
-        TAILQ_INSERT_TAIL(&ps->waiters, w, link);
+    while ((w = waiters_pop(old))) {
+        w->lane = slot_lane_in(old, ps, w->lane);
+        waiters_push(ps, w);
     }
     grant_while_room(ps);
 }

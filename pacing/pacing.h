@@ -14,11 +14,13 @@
 #include "config/config.h"
 #include "policies/breaker.h"
 #include "policies/gcra.h"
+#include "pacing/permits.h"
 
 /* Why a bucket is paused, for GET /cooldowns. A pause put back from the
  * store after a restart is `restored`: the store keeps its end, not its
  * cause. */
-enum pause_why { PAUSE_NONE = 0, PAUSE_UPSTREAM_429, PAUSE_BREAKER, PAUSE_RESTORED };
+enum pause_why { PAUSE_NONE = 0, PAUSE_UPSTREAM_429, PAUSE_BREAKER, PAUSE_RESTORED,
+                 PAUSE_QUOTA /* an advertised r = 0 (quota.follow) */ };
 
 /* A bucket and the cooldown an upstream imposed on it. `g` reserves start
  * times in arrival order (and decides max_wait); `sent`, with the same
@@ -43,6 +45,9 @@ struct bucket {
     _Atomic int cooldown_why;        /* enum pause_why of the latest pause */
     _Atomic uint32_t holders;        /* a partition's: requests holding it */
     bool partition;                  /* a partition's (pacing_bucket_put) */
+    struct permits *pm;              /* a policy with lanes: permits granted
+                                        as they fall due (permits.h), not
+                                        reserved on g; else NULL */
     struct bucket *next;             /* where a handed-over one went */
 };
 
@@ -54,7 +59,9 @@ struct slot_waiter {
     void (*on_grant)(struct slot_waiter *w);
     void *arg;
     bool queued, granted;
-    TAILQ_ENTRY(slot_waiter) link;
+    uint32_t lane;                  /* a policy with lanes: the request's */
+    TAILQ_ENTRY(slot_waiter) link;  /* a policy without lanes: arrival order */
+    struct lane_waiter lw;          /* one with lanes: its lane's queue */
 };
 
 struct partition;
@@ -73,6 +80,13 @@ struct policy_state {
     uint32_t burst, concurrency, partition_max;
     char *partition_header;       /* NULL = not partitioned */
     bool has_bucket;
+    struct sc_lane *lanes;        /* a copy of the policy's (names too), or
+                                     NULL: its buckets grant permits as they
+                                     fall due (struct bucket's pm) */
+    size_t n_lanes;               /* a policy that follows its quota
+                                     without lanes has one, named "" */
+    bool follow;                  /* quota.follow: the rate is the partner's */
+    double min_rate;              /* quota.min_rate */
     bool shared;                  /* shared: redis: the numbers above are
                                      this sidecar's fallback share */
     atomic_bool fallback;         /* shared, and the fleet's bucket or
@@ -84,6 +98,8 @@ struct policy_state {
     _Atomic uint32_t inflight;
     struct breaker_state breaker;
     TAILQ_HEAD(slot_waiters, slot_waiter) waiters;
+    struct lanes slot_lanes;      /* with `lanes`: the slot waiters, whose
+                                     slots follow the shares as permits do */
     struct partition **table;     /* partitions: hash table + LRU */
     size_t table_size, n_parts;
     TAILQ_HEAD(partition_lru_head, partition) lru;
@@ -127,10 +143,17 @@ struct breaker_state *pacing_breaker(struct policy_state *ps);
 void bucket_pause(struct bucket *b, uint64_t now, uint64_t until,
                   enum pause_why why);
 
+/* Whole permits b could give at now, and the ns until the next when none
+ * (next_ns may be NULL): its granted permits' tokens, or its GCRA's. */
+uint32_t bucket_available(struct bucket *b, uint64_t now, uint64_t *next_ns);
+
+/* Any 429: the bucket is emptied at now (its permits' too). */
+void bucket_empty(struct bucket *b, uint64_t now);
+
 /* The end of b's pause (0: none), wherever a reload moved it. */
 uint64_t bucket_cooldown(const struct bucket *b);
 
-/* "upstream_429", "breaker" or "restored". */
+/* "upstream_429", "breaker", "restored" or "quota". */
 const char *pause_why_name(enum pause_why why);
 
 /* Calls fn for each pause of ps still running at now (monotonic ns): the

@@ -96,6 +96,17 @@ void tbucket_set_capacity(struct tbucket *b, uint64_t now, uint32_t capacity)
     }
 }
 
+void tbucket_carry(struct tbucket *b, const struct tbucket *from, uint64_t now)
+{
+    struct settled s = settle_at(from, now > from->last ? now : from->last);
+
+    settle(b, now);
+    b->tokens = s.tokens < b->cap ? s.tokens : b->cap;
+    b->frac = 0;
+    if (from->paused_until > b->paused_until)
+        b->paused_until = from->paused_until;
+}
+
 bool tbucket_take(struct tbucket *b, uint64_t now)
 {
     settle(b, now);

@@ -47,6 +47,10 @@ void tbucket_set_rate(struct tbucket *b, uint64_t now, double rate);
  * capacity are dropped; a raised one adds none. */
 void tbucket_set_capacity(struct tbucket *b, uint64_t now, uint32_t capacity);
 
+/* A reload: b (its own rate and capacity) takes over `from`'s level at now,
+ * clamped to b's capacity (never raised), and its running pause. */
+void tbucket_carry(struct tbucket *b, const struct tbucket *from, uint64_t now);
+
 /* Takes one token at now: true when there was a whole one. */
 bool tbucket_take(struct tbucket *b, uint64_t now);
 

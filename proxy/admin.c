@@ -16,6 +16,7 @@
 #include <openssl/evp.h>
 
 #include "proxy/admin_guard.h"
+#include "proxy/admin_policies.h"
 #include "proxy/app.h"
 #include "obs/log.h"
 #include "policies/gcra.h"
@@ -186,7 +187,7 @@ static void policy_gauges(FILE *f, struct runtime *rt, bool store_up)
     for (size_t i = 0; i < cfg->n_policies; i++)
         if (pc->pol[i]->has_bucket)
             fprintf(f, "sluice_bucket_tokens{policy=\"%s\"} %u\n", cfg->policies[i].name,
-                    gcra_available(&pc->pol[i]->bucket.g, now, NULL));
+                    bucket_available(&pc->pol[i]->bucket, now, NULL));
     /* Beside the tokens, what they are out of: a panel or an alert reads
      * "tokens / burst" without the config at hand. */
     gauge_head(f, "sluice_bucket_rate", "The policy's configured rate, in permits per second "
@@ -195,6 +196,12 @@ static void policy_gauges(FILE *f, struct runtime *rt, bool store_up)
         if (cfg->policies[i].has_rate)
             fprintf(f, "sluice_bucket_rate{policy=\"%s\"} %.17g\n", cfg->policies[i].name,
                     cfg->policies[i].rate);
+    gauge_head(f, "sluice_policy_rate", "The policy's effective rate in permits per second: "
+               "its rate, or what its partner's advertised quota allows (quota.follow).");
+    for (size_t i = 0; i < cfg->n_policies; i++)
+        if (cfg->policies[i].has_rate)
+            fprintf(f, "sluice_policy_rate{policy=\"%s\"} %.17g\n", cfg->policies[i].name,
+                    admin_policy_rate(&cfg->policies[i], pc->pol[i], now));
     gauge_head(f, "sluice_bucket_burst", "The policy's configured burst: the most permits its "
                "bucket holds.");
     for (size_t i = 0; i < cfg->n_policies; i++)
@@ -542,6 +549,20 @@ static enum MHD_Result ep_cooldowns(struct admin_req *rq)
     return get_cooldowns(rq->app, rq->c);
 }
 
+static enum MHD_Result ep_policies(struct admin_req *rq)
+{
+    struct runtime *rt = runtime_acquire(rq->app);
+    json_t *root = admin_policies_json(rt->cfg, &rt->pacing, clock_mono_ns(),
+                                       clock_wall_ms());
+    char *text = root ? json_dumps(root, JSON_COMPACT) : NULL;
+
+    runtime_put(rt);
+    json_decref(root);
+    if (!text)
+        return reply_error(rq->c, 500, "out of memory");
+    return reply(rq->c, 200, "application/json", text, true);
+}
+
 static enum MHD_Result ep_cooldown_delete(struct admin_req *rq)
 {
     return delete_cooldown(rq->app, rq->c, rq->rest);
@@ -565,6 +586,9 @@ static const struct endpoint endpoints[] = {
      "until (Unix s), remaining_ms, why", ep_cooldowns, NULL},
     {M_DELETE, "/cooldowns/", "/cooldowns/{policy}", "end a policy's pauses now, "
      "the one kept in the store too", ep_cooldown_delete, always},
+    {M_GET, "/policies", "/policies", "each policy's configured and effective rate and "
+     "burst, the rate's source, the partner's last advertised quota, its lanes",
+     ep_policies, NULL},
 };
 #define N_ENDPOINTS (sizeof endpoints / sizeof *endpoints)
 

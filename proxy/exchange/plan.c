@@ -6,7 +6,10 @@
  *   plain:  permit, slot, send check, upstream, feedback, upstream body
  *
  * with each row present only where the policy needs it: no permit, send
- * check or feedback without a rate; the shadow permit in shadow mode; the
+ * check or feedback without a rate; a policy with lanes starts with the
+ * lane row and paces with slot, permit_lanes, send check (permits granted
+ * as they fall due, among its lanes), and so does one that follows its
+ * partner's quota, whose answers go through the quota row after upstream; the shadow permit in shadow mode; the
  * fleet's permit and slot for `shared: redis` on a store that shares them,
  * where a keyed request's lookup and lease ride in its permit's call
  * (permit_lease) and have no rows of their own. The slot row is always
@@ -22,12 +25,20 @@ static void add(struct ex_plan *pl, const struct ex_stage *row)
 }
 
 struct shape {
-    bool keyed, rate, shadow, fleet;
+    bool keyed, rate, shadow, fleet, lanes, grants, follow;
 };
 
 static void pacing_rows(struct ex_plan *pl, const struct sc_policy *p,
                         const struct shape *s)
 {
+    if (s->grants) {
+        /* A slot is taken before the request joins its lane (contract
+         * §13): a permit granted is sent at once, not held for a slot. */
+        add(pl, &stage_slot);
+        add(pl, &stage_permit_lanes);
+        add(pl, &stage_send_check);
+        return;
+    }
     if (s->rate && s->shadow)
         add(pl, &stage_permit_shadow);
     else if (s->rate && s->fleet)
@@ -45,6 +56,8 @@ static void build(struct ex_plan *pl, const struct sc_policy *p, const struct sh
     bool lease_rows = s->keyed && !(s->rate && s->fleet && !s->shadow);
 
     pl->n = 0;
+    if (s->lanes)
+        add(pl, &stage_lane);
     if (s->keyed)
         add(pl, &stage_key);
     if (lease_rows)
@@ -53,6 +66,8 @@ static void build(struct ex_plan *pl, const struct sc_policy *p, const struct sh
     if (lease_rows)
         add(pl, &stage_lease);
     add(pl, &stage_upstream);
+    if (s->follow)
+        add(pl, &stage_quota);
     if (s->rate)
         add(pl, s->fleet ? &stage_feedback_fleet : &stage_feedback);
     add(pl, &stage_upstream_body);
@@ -68,6 +83,14 @@ void ex_plans_build(const struct sc_policy *p, bool store_shares,
         .shadow = p->mode == SC_MODE_SHADOW,
         .fleet = p->shared == SC_SHARED_REDIS && store_shares,
     };
+
+    /* Lanes on this sidecar's bucket only: the config check refuses them
+     * in shadow mode and with shared: redis. */
+    bool local = s.rate && !s.shadow && p->shared != SC_SHARED_REDIS;
+
+    s.lanes = local && p->n_lanes;
+    s.follow = local && p->quota.enabled && p->quota.follow;
+    s.grants = s.lanes || s.follow;
 
     build(&out->plain, p, &s);
     s.keyed = p->idem.enabled;

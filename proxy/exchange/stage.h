@@ -176,6 +176,7 @@ struct exchange {
     uint32_t attempt;           /* this request's attempt number, 1-based */
     const char *key;            /* idempotency key (parsed) or header value or NULL */
     const char *partition;      /* the policy's partition header value, or NULL */
+    const char *lane_value;     /* the policy's lane_header value, or NULL */
     const char *worker_id;      /* the worker's X-Request-Id, or NULL */
     char request_id[EX_REQUEST_ID_MAX + 1]; /* "" until ex_request_id */
 
@@ -216,6 +217,12 @@ struct exchange {
     bool slot_polling;          /* waits to ask the fleet for a slot again */
     char holder[40];            /* this request's name as a fleet slot holder */
     enum shadow_verdict shadow; /* mode: shadow: what enforce would have done */
+    bool has_lane;              /* a policy with lanes: `lane` is chosen */
+    uint32_t lane;              /* its index in pol->lanes */
+    struct permit_waiter pwait; /* waits in its lane for a granted permit */
+    struct event *permit_ev;    /* the grant (or the keeper's role), on this loop */
+    bool permit_waiting;        /* pwait is queued (or granted unseen) */
+    bool pm_flight;             /* granted by bucket->pm, not answered yet */
 
     /* the upstream */
     struct up_request ureq;

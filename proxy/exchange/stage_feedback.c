@@ -51,7 +51,7 @@ static void cool_down(struct exchange *ex, uint64_t now, bool fleet)
     uint64_t hint_ms = ex->oin.hint_ms;
 
     if (!ex->oin.has_hint || hint_ms == 0) {
-        gcra_empty(&ex->bucket->g, now);
+        bucket_empty(ex->bucket, now);
         if (fleet)
             tell_fleet(ex, 0);
         return;

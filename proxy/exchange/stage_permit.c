@@ -12,8 +12,8 @@
 #include "proxy/exchange/stages.h"
 
 /* Refused without waiting: the worker retries once a permit would exist. */
-static enum ex_verdict refuse_rate(struct exchange *ex, uint64_t start_ns,
-                                   uint64_t now)
+enum ex_verdict ex_refuse_rate(struct exchange *ex, uint64_t start_ns,
+                               uint64_t now)
 {
     uint64_t cd = bucket_cooldown(ex->bucket);
     enum reason r = cd > now ? R_UPSTREAM_COOLDOWN : R_RATE_LIMITED;
@@ -32,16 +32,19 @@ static enum ex_verdict no_partition(struct exchange *ex)
 }
 
 /* The request's bucket (its partition's, held until its end); false when
- * that answers the request. */
-static bool take_bucket(struct exchange *ex, uint64_t now)
+ * no partition is free, and that answers the request. */
+bool ex_take_bucket(struct exchange *ex, uint64_t now)
 {
     ex_begin_wait(ex, now);
-    return pacing_bucket(ex->ps, ex->partition, now, &ex->bucket) == 0;
+    if (pacing_bucket(ex->ps, ex->partition, now, &ex->bucket) == 0)
+        return true;
+    no_partition(ex);
+    return false;
 }
 
 /* A partition is held until the request ends: a 429 met late still pauses
  * it, and the answer's RateLimit headers read it. */
-static void bucket_release(struct exchange *ex, enum ex_release how)
+void ex_bucket_release(struct exchange *ex, enum ex_release how)
 {
     if (how != REL_END)
         return;
@@ -55,7 +58,7 @@ static enum ex_verdict local_permit(struct exchange *ex, uint64_t now)
 
     if (!gcra_reserve(&ex->bucket->g, now, ex->max_wait_ns,
                       &start))
-        return refuse_rate(ex, start, now);
+        return ex_refuse_rate(ex, start, now);
     ex->permit_at = start;
     if (start <= now)
         return EXV_NEXT;
@@ -98,15 +101,15 @@ static enum ex_verdict permit_run(struct exchange *ex, uint64_t now)
 {
     if (ex->woke != WOKE_FIRST)
         return permit_due(ex, now);
-    if (!take_bucket(ex, now))
-        return no_partition(ex);
+    if (!ex_take_bucket(ex, now))
+        return EXV_ANSWER;
     return local_permit(ex, now);
 }
 
 const struct ex_stage stage_permit = {
     .name = "permit",
     .run = permit_run,
-    .release = bucket_release,
+    .release = ex_bucket_release,
     .drain = ex_drain_unsent,
     .flags = STAGE_WATCH,
 };
@@ -117,8 +120,8 @@ static enum ex_verdict shadow_run(struct exchange *ex, uint64_t now)
 {
     uint64_t start;
 
-    if (!take_bucket(ex, now))
-        return no_partition(ex);
+    if (!ex_take_bucket(ex, now))
+        return EXV_ANSWER;
     if (!gcra_reserve(&ex->bucket->g, now, ex->max_wait_ns,
                       &start))
         ex->shadow = SHADOW_RATE_LIMITED;
@@ -130,7 +133,7 @@ static enum ex_verdict shadow_run(struct exchange *ex, uint64_t now)
 const struct ex_stage stage_permit_shadow = {
     .name = "permit_shadow",
     .run = shadow_run,
-    .release = bucket_release,
+    .release = ex_bucket_release,
     .flags = STAGE_WATCH,
 };
 
@@ -202,8 +205,8 @@ static enum ex_verdict fleet_run(struct exchange *ex, uint64_t now)
     enum ex_verdict v;
 
     if (ex->woke == WOKE_FIRST) {
-        if (!take_bucket(ex, now))
-            return no_partition(ex);
+        if (!ex_take_bucket(ex, now))
+            return EXV_ANSWER;
         ex->asking = true;
     }
     if (!ex->asking)
@@ -218,7 +221,7 @@ static enum ex_verdict fleet_run(struct exchange *ex, uint64_t now)
 const struct ex_stage stage_permit_fleet = {
     .name = "permit_fleet",
     .run = fleet_run,
-    .release = bucket_release,
+    .release = ex_bucket_release,
     .drain = ex_drain_unsent,
     .flags = STAGE_WATCH,
 };
@@ -248,8 +251,8 @@ static enum ex_verdict permit_lease_run(struct exchange *ex, uint64_t now)
     enum ex_verdict v;
 
     if (ex->woke == WOKE_FIRST) {
-        if (!take_bucket(ex, now))
-            return no_partition(ex);
+        if (!ex_take_bucket(ex, now))
+            return EXV_ANSWER;
         ex->asking = true;
     }
     if (!ex->asking)
@@ -267,7 +270,7 @@ static enum ex_verdict permit_lease_run(struct exchange *ex, uint64_t now)
 static void permit_lease_release(struct exchange *ex, enum ex_release how)
 {
     ex_lease_give_back(ex);
-    bucket_release(ex, how);
+    ex_bucket_release(ex, how);
 }
 
 const struct ex_stage stage_permit_lease = {

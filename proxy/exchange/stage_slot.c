@@ -53,6 +53,7 @@ static enum ex_verdict local_slot(struct exchange *ex, uint64_t now)
     }
     ex->slot.on_grant = on_grant;
     ex->slot.arg = ex;
+    ex->slot.lane = ex->has_lane ? ex->lane : 0; /* slots follow the lanes' shares */
     if (pacing_slot_acquire(ex->ps, &ex->slot))
         return got_slot(ex, now);
     ex->slot_waiting = true;

@@ -17,6 +17,23 @@ extern const struct ex_stage stage_key, stage_lookup, stage_lease, stage_commit;
 extern const struct ex_stage stage_permit, stage_permit_shadow, stage_permit_fleet,
     stage_permit_lease, stage_send_check;
 
+/* stage_lanes.c: a policy with lanes: the request's lane (its route's, or
+ * the lane header's: 400 when it names none), and a permit granted when it
+ * falls due, among the lanes that have requests waiting. */
+extern const struct ex_stage stage_lane, stage_permit_lanes;
+
+/* stage_quota.c: what an answer of a policy that follows its quota
+ * advertises sets the rate its permits are granted at. */
+extern const struct ex_stage stage_quota;
+
+/* stage_permit.c's services to the permit rows of other files: the
+ * request's bucket (its partition's, held until its end: false when none is
+ * free, and the answer is decided), its release, and the refusal of a
+ * request whose permit would come at start_ns. */
+bool ex_take_bucket(struct exchange *ex, uint64_t now);
+void ex_bucket_release(struct exchange *ex, enum ex_release how);
+enum ex_verdict ex_refuse_rate(struct exchange *ex, uint64_t start_ns, uint64_t now);
+
 /* stage_slot.c: a concurrency slot (this sidecar's, or the fleet's), and
  * the count of requests in flight. */
 extern const struct ex_stage stage_slot, stage_slot_fleet;

@@ -231,8 +231,8 @@ void ex_rate_headers(const struct exchange *ex, char *policy, size_t plen,
      * draft's q;w describe: what can start in any window of w seconds. */
     double w = p->rate >= 1 ? 1 : 1 / p->rate;
     unsigned long q = (unsigned long)(p->burst + p->rate * w);
-    uint32_t r = gcra_available(&ex->bucket->g,
-                                ex->env->clock->mono_ns(ex->env->clock->arg), &next_ns);
+    uint32_t r = bucket_available(ex->bucket,
+                                  ex->env->clock->mono_ns(ex->env->clock->arg), &next_ns);
     unsigned long long t = (next_ns + NS_PER_S - 1) / NS_PER_S;
 
     snprintf(policy, plen, "\"%s\";q=%lu;w=%.0f", p->name, q, w);

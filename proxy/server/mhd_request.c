@@ -189,6 +189,9 @@ static bool mhd_route(struct exchange *ex)
     ex->pool = ex->rt->pools[w->idx][r->upstream];
     ex->http_proxy = ex->up->https ? NULL : ex->rt->proxies[r->upstream];
     ex->key = MHD_lookup_connection_value(ex->mc, MHD_HEADER_KIND, key_header(ex->pol));
+    if (ex->pol->n_lanes && ex->pol->lane_header)
+        ex->lane_value = MHD_lookup_connection_value(ex->mc, MHD_HEADER_KIND,
+                                                     ex->pol->lane_header);
     if (ex->pol->partition_header)
         ex->partition = MHD_lookup_connection_value(ex->mc, MHD_HEADER_KIND,
                                                     ex->pol->partition_header);
@@ -334,6 +337,8 @@ static void record(struct exchange *ex, struct obs_request *r)
                  : ex->attempt ? ex->attempt : 1;
     r->permit_counted = ex->got_slot || u->sent_ns;
     r->permit_wait_ns = ex->permit_wait_ns;
+    r->lane = ex->has_lane ? ex->lane : 0;
+    r->lane_name = ex->has_lane ? ex->pol->lanes[ex->lane].name : "";
     r->sent = u->sent_ns != 0;
     r->upstream_timed = u->done_ns && u->sent_ns;
     r->upstream_ns = u->done_ns > u->sent_ns ? u->done_ns - u->sent_ns : 0;

@@ -603,6 +603,7 @@ static const struct {
     {"sluice_ready", "gauge", false},
     {"sluice_build_info", "gauge", false},
     {"sluice_bucket_rate", "gauge", false},
+    {"sluice_policy_rate", "gauge", true},
     {"sluice_bucket_burst", "gauge", false},
     {"sluice_config_last_reload_successful", "gauge", false},
     {"sluice_config_last_reload_success_timestamp_seconds", "gauge", false},
@@ -831,9 +832,9 @@ static void check_histogram_values(const struct expo *e)
     /* The 8 answers the stub gave (the replay and the refusals did not go). */
     expect_val(e, 8, "sluice_upstream_duration_seconds_count", "upstream", "stub");
     /* Forwarded requests waited for a permit: 5 of sync, 1 of paced, 1 of cool. */
-    expect_val(e, 5, "sluice_permit_wait_seconds_count", "policy", "open");
-    expect_val(e, 1, "sluice_permit_wait_seconds_count", "policy", "slow");
-    expect_val(e, 1, "sluice_permit_wait_seconds_count", "policy", "cool");
+    expect_val(e, 5, "sluice_permit_wait_seconds_count", "policy", "open", "lane", "");
+    expect_val(e, 1, "sluice_permit_wait_seconds_count", "policy", "slow", "lane", "");
+    expect_val(e, 1, "sluice_permit_wait_seconds_count", "policy", "cool", "lane", "");
     /* One job 100 s old: in the bucket up to 300 s, not the one up to 60. */
     expect_val(e, 1, "sluice_queue_age_seconds_count", "route", "sync");
     expect_val(e, 0, "sluice_queue_age_seconds_bucket", "route", "sync", "le", "60");
@@ -976,6 +977,8 @@ static const char *const allowed_codes[] = {"2xx", "3xx", "4xx", "429", "5xx", "
 static const char *const allowed_results[] = {"ok", "error", "found", "absent", "failed",
                                               NULL};
 static const char *const allowed_shadow[] = {"true", NULL};
+/* The metrics config has no lanes: every policy's wait is lane="". */
+static const char *const allowed_lanes[] = {"", NULL};
 static const char *const allowed_ops[] = {"get", "acquire", "complete", "release", "permit",
                                           "slot", NULL};
 
@@ -990,6 +993,7 @@ static const struct {
     {"reason", allowed_reasons},     {"code", allowed_codes},
     {"result", allowed_results},     {"shadow", allowed_shadow},
     {"op", allowed_ops},             {"phase", allowed_phases},
+    {"lane", allowed_lanes},
 };
 
 static bool in_set(const char *const *set, const char *v)

@@ -136,6 +136,8 @@ struct stub {
     const char *client_ca;  /* --tls-client-ca: require a client certificate it signed */
     double max_rate;                /* 0 = no ceiling */
     unsigned burst;
+    unsigned quota_window_s;        /* --quota-window: its fixed windows' length */
+    int quota_style;                /* --quota-style: enum quota_style */
     long long body_size;            /* -1 = echo */
     int threads;
     unsigned delay_ms;              /* --delay-ms: default answer delay of plain requests */
@@ -147,6 +149,10 @@ struct stub {
     pthread_mutex_t lock;
     struct counters n;
     uint64_t tat_ns;                /* GCRA theoretical arrival time of the --max-rate bucket */
+    uint64_t quota;                 /* --quota / POST /_stub/quota: per window; 0 = none */
+    uint64_t quota_epoch_ns;        /* windows are counted from here (start, reset) */
+    uint64_t quota_window, quota_used; /* the current window's index and its requests */
+    uint64_t quota_refused;         /* plain requests refused beyond the quota */
     struct keymap keys;
     struct keymap calls;            /* Idempotency-Key -> plain requests received, any answer */
     struct script script;
@@ -220,6 +226,10 @@ struct req {
     int error;                      /* status for a request we refused while parsing */
     uint64_t seq;
     uint64_t recv_ns;               /* CLOCK_MONOTONIC when the headers were complete */
+    bool quota_refused;             /* beyond the window's quota: 429 */
+    uint64_t q_limit, q_remaining, q_reset_s; /* the quota headers of its answer; q_limit 0:
+                                               * none */
+    uint64_t q_end_ns;              /* its window's end, CLOCK_MONOTONIC */
     uint32_t effect;                /* 1 + index of its side effect in stub.effects, 0 = none */
     uint64_t effect_gen;            /* stub.effects_gen when `effect` was set */
     struct evbuffer *body;
@@ -703,6 +713,63 @@ static void arrivals_push(struct stub *st, uint64_t now)
     st->arrivals[st->n_arrivals++] = now;
 }
 
+/* --quota: fixed windows of quota_window_s from quota_epoch_ns; a plain request counts in its
+ * window, or is refused beyond the quota (under st->lock). Its answer tells what remains and
+ * when the window ends, as the partners do. */
+static void quota_admit(struct stub *st, struct req *r, uint64_t now)
+{
+    uint64_t w = (uint64_t)st->quota_window_s * 1000000000ull, idx, end;
+
+    r->q_limit = st->quota;
+    r->quota_refused = false;
+    if (!st->quota)
+        return;
+    idx = (now - st->quota_epoch_ns) / w;
+    end = st->quota_epoch_ns + (idx + 1) * w;
+    if (idx != st->quota_window) {
+        st->quota_window = idx;
+        st->quota_used = 0;
+    }
+    r->quota_refused = st->quota_used >= st->quota;
+    if (!r->quota_refused)
+        st->quota_used++;
+    else
+        st->quota_refused++;
+    r->q_remaining = st->quota - (st->quota_used < st->quota ? st->quota_used : st->quota);
+    r->q_reset_s = (end - now + 999999999ull) / 1000000000ull;
+    r->q_end_ns = end;
+}
+
+/* The quota headers of an answer, in the style asked for (--quota-style). */
+static void put_quota_headers(struct evbuffer *o, const struct req *r, int style,
+                              unsigned window_s)
+{
+    unsigned long long q = r->q_limit, rem = r->q_remaining, t = r->q_reset_s;
+    struct timespec ts;
+
+    if (!q)
+        return;
+    if (style == 0) {
+        evbuffer_add_printf(o, "RateLimit-Policy: \"stub\";q=%llu;w=%u\r\n"
+                               "RateLimit: \"stub\";r=%llu;t=%llu\r\n", q, window_s, rem, t);
+    } else if (style == 1) {
+        evbuffer_add_printf(o, "RateLimit-Limit: %llu;w=%u\r\nRateLimit-Remaining: %llu\r\n"
+                               "RateLimit-Reset: %llu\r\n", q, window_s, rem, t);
+    } else {
+        /* The window's end as a Unix time, rounded up: the stub's windows are not aligned
+         * to wall-clock seconds, and a partner's reset is never before its window ends. */
+        uint64_t left = r->q_end_ns > now_ns() ? r->q_end_ns - now_ns() : 0;
+
+        clock_gettime(CLOCK_REALTIME, &ts);
+        evbuffer_add_printf(o, "X-RateLimit-Limit: %llu\r\nX-RateLimit-Remaining: %llu\r\n"
+                               "X-RateLimit-Reset: %llu\r\n", q, rem,
+                            (unsigned long long)(((uint64_t)ts.tv_sec * 1000000000ull +
+                                                  (uint64_t)ts.tv_nsec + left + 999999999ull) /
+                                                 1000000000ull));
+        (void)t;
+    }
+}
+
 /* A plain request's headers are complete: number it, count it as a call of its key (whatever
  * its answer: how an experiment sees the most attempts one job used), apply --max-rate, record
  * its arrival. */
@@ -718,7 +785,8 @@ static void stub_admit(struct stub *st, struct req *r)
     r->effect = 0;
     if (hval(r, H_IKEY, &key, &key_len) && key_len > 0 && !keymap_bump(&st->calls, key, key_len))
         warn_oom(st, "calls per key");
-    if (st->max_rate > 0 && !bucket_take(st, now)) {
+    quota_admit(st, r, now);
+    if ((st->max_rate > 0 && !bucket_take(st, now)) || r->quota_refused) {
         st->n.rejected++;
     } else {
         st->n.accepted++;
@@ -969,6 +1037,7 @@ static void stub_reset(struct stub *st)
     keymap_clear(&st->lookup_keys);
     st->lookups = st->lookups_found = st->lookups_absent = 0;
     st->window_until_ns = st->window_hits = 0;
+    st->quota_refused = 0;
     free(st->arrivals);
     st->arrivals = NULL;
     st->n_arrivals = st->cap_arrivals = 0;
@@ -1374,6 +1443,7 @@ static void put_plain_headers(struct conn *c, struct evbuffer *o)
     }
     if (r->plan.retry_after)
         put_header(o, "Retry-After", r->plan.retry_after, r->plan.retry_after_len);
+    put_quota_headers(o, r, c->w->st->quota_style, c->w->st->quota_window_s);
     if (r->plan.replayed)
         put(o, "Idempotent-Replayed: true\r\n");
     for (size_t i = r->plan.set_headers ? (size_t)r->slot[H_SET_HEADER] : r->head_hdrs;
@@ -1480,7 +1550,7 @@ static int ctl_stats(struct conn *c, struct evbuffer *out)
                         "\"arrivals\":%zu,\"max_calls_per_key\":%u,\"window_hits\":%llu,"
                         "\"dedup_hits\":%llu,\"dedup_replays\":%llu,\"dedup_conflicts\":%llu,"
                         "\"lookups\":%llu,\"lookups_found\":%llu,\"lookups_absent\":%llu,"
-                        "\"lookup_script_pending\":%zu}",
+                        "\"lookup_script_pending\":%zu,\"quota_refused\":%llu}",
                         (unsigned long long)st->n.requests, (unsigned long long)st->n.accepted,
                         (unsigned long long)st->n.rejected, (unsigned long long)st->n.side_effects,
                         st->keys.used, st->keys.max_count, (unsigned long long)st->keys.duplicates,
@@ -1490,7 +1560,8 @@ static int ctl_stats(struct conn *c, struct evbuffer *out)
                         (unsigned long long)st->dedup_replays,
                         (unsigned long long)st->dedup_conflicts,
                         (unsigned long long)st->lookups, (unsigned long long)st->lookups_found,
-                        (unsigned long long)st->lookups_absent, st->lookup_script.len);
+                        (unsigned long long)st->lookups_absent, st->lookup_script.len,
+                        (unsigned long long)st->quota_refused);
     pthread_mutex_unlock(&st->lock);
     return 200;
 }
@@ -1669,6 +1740,28 @@ static int ctl_window(struct conn *c, struct evbuffer *out)
     return 200;
 }
 
+/* POST /_stub/quota with "N": the quota of every window from the current one on (a partner
+ * that lowers a tenant's quota). */
+static int ctl_quota(struct conn *c, struct evbuffer *out)
+{
+    struct stub *st = c->w->st;
+    size_t len = evbuffer_get_length(c->req.body);
+    const char *s = len ? (const char *)evbuffer_pullup(c->req.body, -1) : "";
+    uint64_t q;
+
+    while (len && (s[len - 1] == '\n' || s[len - 1] == '\r' || s[len - 1] == ' '))
+        len--;
+    if (!st->quota_window_s || !parse_uint(s, len, 1000000000, &q) || q < 1) {
+        evbuffer_add_printf(out, "{\"error\":\"N must be 1..1000000000, with --quota-window\"}");
+        return 400;
+    }
+    pthread_mutex_lock(&st->lock);
+    st->quota = q;
+    pthread_mutex_unlock(&st->lock);
+    evbuffer_add_printf(out, "{\"quota\":%llu}", (unsigned long long)q);
+    return 200;
+}
+
 static int ctl_reset(struct conn *c, struct evbuffer *out)
 {
     stub_reset(c->w->st);
@@ -1689,6 +1782,7 @@ static const struct {
     {HTTP_POST, "/_stub/lookup-script", false, ctl_lookup_script},
     {HTTP_POST, "/_stub/window", false, ctl_window},
     {HTTP_POST, "/_stub/reset", false, ctl_reset},
+    {HTTP_POST, "/_stub/quota", false, ctl_quota},
 };
 
 /* Routes a /_stub/ request; these never count, wait or consume the script. */
@@ -1730,10 +1824,16 @@ static void send_rejected(struct conn *c)
     struct evbuffer *o = bufferevent_get_output(c->bev);
 
     head_start(o, 429);
-    put(o, "Retry-After: 1\r\nX-Stub-Seq: ");
+    if (c->req.quota_refused) {
+        /* The partner's way: the reset says when to come back. */
+        put_quota_headers(o, &c->req, c->w->st->quota_style, c->w->st->quota_window_s);
+        put(o, "X-Stub-Seq: ");
+    } else {
+        put(o, "Retry-After: 1\r\nX-Stub-Seq: ");
+    }
     put_u(o, c->req.seq);
     evbuffer_add(o, "\r\n", 2);
-    send_text(c, 429, "over --max-rate\n");
+    send_text(c, 429, c->req.quota_refused ? "over --quota\n" : "over --max-rate\n");
     answer_done(c);
 }
 
@@ -2365,6 +2465,9 @@ static void usage(FILE *f)
           "  --tls-client-ca FILE  require a client certificate signed by this PEM CA\n"
           "  --max-rate R        accept at most R plain requests/s (float); the rest get 429\n"
           "  --burst B           requests --max-rate lets through back to back (default 1)\n"
+          "  --quota N --quota-window S [--quota-style draft|old|x]\n"
+          "                      N plain requests per fixed window of S seconds, advertised\n"
+          "                      on every answer; beyond: 429 (POST /_stub/quota N changes N)\n"
           "  --body-size N       answer plain requests with N bytes of 'x' instead of the echo\n"
           "  --threads N         event loops sharing the port (default 1)\n"
           "  --delay-ms N        answer plain requests after N ms (default 0; headers, script\n"
@@ -2394,6 +2497,9 @@ static bool parse_args(struct stub *st, int argc, char **argv)
         {"delay-ms", required_argument, NULL, 'd'}, {"honour-idempotency", no_argument, NULL, 'i'},
         {"tls-client-ca", required_argument, NULL, 'C'},
         {"lookup", required_argument, NULL, 'L'},
+        {"quota", required_argument, NULL, 'Q'},
+        {"quota-window", required_argument, NULL, 'W'},
+        {"quota-style", required_argument, NULL, 'S'},
         {NULL, 0, NULL, 0},
     };
     uint64_t v;
@@ -2434,6 +2540,22 @@ static bool parse_args(struct stub *st, int argc, char **argv)
             st->delay_ms = (unsigned)v;
             break;
         case 'i': st->honour = true; break;
+        case 'Q':
+            if (!parse_uint(optarg, n, 1000000000, &v) || v < 1)
+                return bad_arg("--quota wants 1..1000000000 requests per window");
+            st->quota = v;
+            break;
+        case 'W':
+            if (!parse_uint(optarg, n, 86400, &v) || v < 1)
+                return bad_arg("--quota-window wants 1..86400 seconds");
+            st->quota_window_s = (unsigned)v;
+            break;
+        case 'S':
+            if (!strcmp(optarg, "draft")) st->quota_style = 0;
+            else if (!strcmp(optarg, "old")) st->quota_style = 1;
+            else if (!strcmp(optarg, "x")) st->quota_style = 2;
+            else return bad_arg("--quota-style wants draft, old or x");
+            break;
         case 'L':
             if (optarg[0] != '/' || !strncmp(optarg, "/_stub/", 7))
                 return bad_arg("--lookup wants a path prefix starting with / (not /_stub/)");
@@ -2449,6 +2571,9 @@ static bool parse_args(struct stub *st, int argc, char **argv)
         return bad_arg("--tls-cert and --tls-key go together");
     if (st->client_ca && !st->tls_cert)
         return bad_arg("--tls-client-ca needs --tls-cert and --tls-key");
+    if (!st->quota != !st->quota_window_s)
+        return bad_arg("--quota and --quota-window go together");
+    st->quota_epoch_ns = now_ns();
     return true;
 }
 

@@ -40,6 +40,8 @@ static const char yaml[] =
     "  slots: { concurrency: 2 }\n"
     "  one: { concurrency: 1 }\n"
     "  free: { max_wait: 1s }\n"
+    "  laned: { rate: 10/s, concurrency: 1, lanes: [{ name: interactive, share: 30% },\n"
+    "           { name: batch, share: 70% }] }\n"
     "routes:\n"
     "  - { prefix: /a, upstream: up, policy: tenant }\n"
     "  - { prefix: /b, upstream: up, policy: wide }\n"
@@ -47,6 +49,7 @@ static const char yaml[] =
     "  - { prefix: /d, upstream: up, policy: slots }\n"
     "  - { prefix: /e, upstream: up, policy: one }\n"
     "  - { prefix: /f, upstream: up, policy: free }\n"
+    "  - { prefix: /g, upstream: up, policy: laned }\n"
     "  - { prefix: /, upstream: up }\n";
 
 static struct sc_config *cfg;
@@ -496,6 +499,42 @@ Test(pacing_slots, two_slots_then_fifo_hand_over)
     for (int i = 0; i < 5; i++)
         event_free(w[i].w.arg);
     event_base_free(base);
+}
+
+static int grant_seq;
+
+static void note_grant(struct slot_waiter *w)
+{
+    *(int *)w->arg = ++grant_seq;
+}
+
+/* A policy with lanes hands its slots out by the lanes' shares, as its
+ * permits: interactive requests queued behind ten batch ones get 3 of
+ * every 10 slots, the first at once, not after the ten. */
+Test(pacing_slots, slots_follow_the_lanes_shares)
+{
+    struct policy_state *ps = policy("laned");
+    struct slot_waiter w[13];
+    int order[13] = {0};
+
+    grant_seq = 0;
+    cr_expect(pacing_slot_acquire(ps, &(struct slot_waiter){0}));
+    for (int i = 0; i < 13; i++) {
+        w[i] = (struct slot_waiter){.on_grant = note_grant, .arg = &order[i],
+                                    .lane = i < 10 ? 1 : 0};
+        cr_expect_not(pacing_slot_acquire(ps, &w[i]));
+    }
+    cr_expect(pacing_slot_cancel(ps, &w[5]), "a batch waiter leaves its lane");
+    for (int i = 0; i < 12; i++)
+        pacing_slot_release(ps);
+    cr_expect_eq(order[10], 1, "interactive went first (%d)", order[10]);
+    cr_expect_leq(order[12], 8, "the third interactive was granted %dth", order[12]);
+    for (int i = 1; i < 10; i++)
+        if (i != 5 && i - 1 != 5)
+            cr_expect_gt(order[i], order[i - 1], "batch in arrival order");
+    cr_expect_eq(order[5], 0, "the one that left got nothing");
+    pacing_slot_release(ps);
+    cr_expect_eq(pacing_inflight(ps), 0);
 }
 
 Test(pacing_slots, cancel_before_and_after_grant)

@@ -11,6 +11,9 @@ static const char yaml[] =
     "  shadow: { rate: 10/s, mode: shadow, idempotency: {} }\n"
     "  fleet: { rate: 10/s, concurrency: 2, shared: redis, idempotency: {} }\n"
     "  keys: { idempotency: {} }\n"
+    "  laned: { rate: 10/s, idempotency: {}, lanes: [{ name: a, share: 50% },\n"
+    "           { name: b, share: 50% }] }\n"
+    "  quota: { rate: 10/s, quota: { follow: true } }\n"
     "routes: [{ prefix: /, upstream: up }]\n";
 
 static void up(void)
@@ -82,4 +85,22 @@ Test(plan, no_rate_no_pacing_rows)
     expect_rows(&ps.keyed, "key lookup slot lease upstream upstream_body commit");
     ex_plans_build(&fx.cfg->default_policy, false, &ps);
     expect_rows(&ps.plain, "slot upstream upstream_body");
+}
+
+Test(plan, lanes_choose_the_lane_first_and_take_the_slot_before_the_permit)
+{
+    struct ex_plans ps;
+
+    ex_plans_build(policy("laned"), false, &ps);
+    expect_rows(&ps.plain, "lane slot permit_lanes send_check upstream feedback upstream_body");
+    expect_rows(&ps.keyed, "lane key lookup slot permit_lanes send_check lease upstream "
+                           "feedback upstream_body commit");
+}
+
+Test(plan, following_a_quota_grants_permits_and_reads_every_answer)
+{
+    struct ex_plans ps;
+
+    ex_plans_build(policy("quota"), false, &ps);
+    expect_rows(&ps.plain, "slot permit_lanes send_check upstream quota feedback upstream_body");
 }

@@ -1,0 +1,55 @@
+/* The quota row (a policy's `quota: {follow: true}`, docs/contract.md §12):
+ * every upstream answer of the policy, whatever its status, is read for the
+ * quota headers the partner advertises, which set the rate its permits are
+ * granted at (pacing/permits.h, policies/quota.h); an advertised r = 0
+ * pauses the policy until its reset, as a 429's reset hint does, capped by
+ * max_delay. It also ends the request's count among those in flight (the f
+ * of the rule), answered or failed. Only plans of such policies have it,
+ * after the upstream row. */
+#include "obs/log.h"
+#include "proxy/exchange/stages.h"
+
+static const char *response_header(void *arg, const char *name)
+{
+    return up_response_header(arg, name);
+}
+
+/* The partner said nothing is left before `until`: the policy waits, as
+ * for a cooldown, at most max_delay. */
+static void quota_pause(struct exchange *ex, uint64_t now, uint64_t until)
+{
+    uint64_t cap = now + ex->pol->retry.max_delay_ms * NS_PER_MS;
+
+    if (until > cap)
+        until = cap;
+    bucket_pause(ex->bucket, now, until, PAUSE_QUOTA);
+    log_info("policy %s: upstream %s advertised no quota left: paused for %llu ms",
+             ex->pol->name, ex->up->name,
+             (unsigned long long)((until - now) / NS_PER_MS));
+}
+
+static enum ex_verdict quota_run(struct exchange *ex, uint64_t now)
+{
+    const struct up_response *r = &ex->ureq.resp;
+    struct quota_result res = {0};
+    struct quota_headers h;
+    bool head = r->status > 0;  /* a status line: the headers are there */
+
+    if (!ex->pm_flight || !ex->bucket || !ex->bucket->pm)
+        return EXV_NEXT;
+    ex->pm_flight = false;
+    if (head)
+        quota_headers_get(&h, response_header, (void *)r);
+    permits_answered(ex->bucket->pm, head ? &h : NULL, now, ex_wall_ms(ex), &res);
+    if (res.ignored)
+        log_debug("policy %s: %u quota header items from upstream %s ignored "
+                  "(malformed or absurd)", ex->pol->name, res.ignored, ex->up->name);
+    if (res.pause_until > now)
+        quota_pause(ex, now, res.pause_until);
+    return EXV_NEXT;
+}
+
+const struct ex_stage stage_quota = {
+    .name = "quota",
+    .run = quota_run,
+};
