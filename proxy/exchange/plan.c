@@ -9,7 +9,8 @@
  * check or feedback without a rate; a policy with lanes starts with the
  * lane row and paces with slot, permit_lanes, send check (permits granted
  * as they fall due, among its lanes), and so does one that follows its
- * partner's quota, whose answers go through the quota row after upstream; the shadow permit in shadow mode; the
+ * partner's quota, whose answers go through the quota row after upstream;
+ * the shadow permit in shadow mode; the
  * fleet's permit and slot for `shared: redis` on a store that shares them,
  * where a keyed request's lookup and lease ride in its permit's call
  * (permit_lease) and have no rows of their own. The slot row is always
