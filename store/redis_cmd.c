@@ -308,7 +308,7 @@ static int unreadable(const struct rcmd_info *info, const redisReply *v,
         return rc;
     store_record_clear(&rec);
     sc_error_set(err, "store: %s: a record version the redis backend does "
-                 "not write (it reads versions 2 and 3 only)", info->name);
+                 "not read (it reads versions 2 to 4)", info->name);
     return -EPROTO;
 }
 

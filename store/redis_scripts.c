@@ -1,12 +1,17 @@
 /* The Lua scripts of the Redis backend. A record is stored as record.h's
  * binary value (the same bytes as in RocksDB), so the scripts work on its
  * fixed fields by offset (1-based, version 3; version 2 lacks the lease,
- * its status starting at 72):
+ * its status starting at 72; version 4 adds the verification mark):
  *
  *   1 version   2 state   3 flags   4..7 attempt   8..15 expires_ms
  *   16..23 created_ms   24..31 lease_expires_ms   32..39 completed_ms
  *   40..71 fingerprint   72..79 lease (the fence)   80.. status, headers,
- *   body
+ *   body (v3); v4: 80 the mark (enum verify_state), 81..88 its deadline,
+ *   89.. status, headers, body
+ *
+ * A record of any of them is read; the scripts write v3 (C encodes a
+ * record without a mark so) except where a mark is set (the VERIFY_*
+ * scripts write v4, as RocksDB does).
  *
  * Records of version 2 (written by an earlier release) are read, taken
  * over and replayed; they have no fence, so no lease of this release
@@ -47,13 +52,14 @@
     "local cur = redis.call('GET', KEYS[1])\n"                               \
     "if cur then\n"                                                          \
     "  local v = cur:byte(1)\n"                                              \
-    "  if not ((v == 3 and #cur >= 89) or (v == 2 and #cur >= 81)) then\n"   \
+    "  if not ((v == 4 and #cur >= 98) or (v == 3 and #cur >= 89) or\n"     \
+    "          (v == 2 and #cur >= 81)) then\n"                              \
     "    return {'X', cur}\n"                                                \
     "  end\n"                                                                \
     "end\n"                                                                  \
     /* The fence of cur's lease: '' for version 2, matching none. */       \
     "local function fence(r)\n"                                             \
-    "  if r:byte(1) == 3 then return r:sub(72, 79) end\n"                   \
+    "  if r:byte(1) >= 3 then return r:sub(72, 79) end\n"                   \
     "  return ''\n"                                                          \
     "end\n"                                                                  \
     "if cur and le_cmp(cur:sub(8, 15), ARGV[1]) <= 0 then cur = false end\n"
@@ -224,6 +230,77 @@ static const char SLOT_TAKE[] =
     "end\n"
     "return 1\n";
 
+/* ---- verification marks (contract §11; store.h store_verify_*) ----
+ * ARGV[1] now, ARGV[2] the lease's fence (8 bytes); each step acts only on
+ * that lease while it is in progress: 'N' no live record, 'E' completed,
+ * 'S' another lease holds the key (the record), 'L' the lease has ended,
+ * 'K' its mark does not allow the step, 'O' written. */
+#define VERIFY_CHECKS                                                        \
+    "if not cur then return {'N'} end\n"                                     \
+    "if cur:byte(2) == 2 then return {'E'} end\n"                            \
+    "if fence(cur) ~= ARGV[2] then return {'S', cur} end\n"                  \
+    "if le_cmp(cur:sub(24, 31), ARGV[1]) <= 0 then return {'L'} end\n"       \
+    /* v3 has no mark: none (0). */                                          \
+    "local function mark(r)\n"                                               \
+    "  if r:byte(1) == 4 then return r:byte(80) end\n"                       \
+    "  return 0\n"                                                           \
+    "end\n"                                                                  \
+    /* r (in progress, v3 or v4) as v4 with mark m and deadline dl. */       \
+    "local function with_mark(r, m, dl)\n"                                   \
+    "  if r:byte(1) == 4 then\n"                                             \
+    "    return r:sub(1, 79) .. string.char(m) .. dl .. r:sub(89)\n"          \
+    "  end\n"                                                                \
+    "  return string.char(4) .. r:sub(2, 79) .. string.char(m) .. dl ..\n"   \
+    "         r:sub(80)\n"                                                   \
+    "end\n"                                                                  \
+    /* A write that leaves the record's expiry as it is. */                  \
+    "local function save_keep(v)\n"                                          \
+    "  local ttl = redis.call('PTTL', KEYS[1])\n"                            \
+    "  redis.call('SET', KEYS[1], v)\n"                                      \
+    "  if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end\n"            \
+    "end\n"
+
+/* ARGV: now, fence, '1' to claim a PENDING mark again (its verifier
+ * ended) or '0', the deadline (8 bytes). NONE (or, again, PENDING) ->
+ * PENDING: one verification of a lease at a time, fleet-wide. */
+static const char VERIFY_CLAIM[] =
+    PRELUDE
+    VERIFY_CHECKS
+    "local m = mark(cur)\n"
+    "if not (m == 0 or (ARGV[3] == '1' and m == 1)) then return {'K'} end\n"
+    "save_keep(with_mark(cur, 1, ARGV[4]))\n"
+    "return {'O'}\n";
+
+/* ARGV: now, fence, the completed record (v4: marked FOUND and verified,
+ * times set), PEXPIREAT ms. As COMPLETE, from a PENDING mark. */
+static const char VERIFY_FOUND[] =
+    PRELUDE
+    VERIFY_CHECKS
+    "if mark(cur) ~= 1 then return {'K'} end\n"
+    "local d = ARGV[3]\n"
+    "save(d:sub(1, 3) .. cur:sub(4, 7) .. d:sub(8, 15) .. cur:sub(16, 23) ..\n"
+    "     d:sub(24, 39) .. cur:sub(40, 71) .. d:sub(72), ARGV[4])\n"
+    "return {'O'}\n";
+
+/* ARGV: now, fence, the new expires_ms (8 bytes), PEXPIREAT ms. As
+ * RELEASE (the attempt count kept), from a PENDING mark, marked ABSENT. */
+static const char VERIFY_ABSENT[] =
+    PRELUDE
+    VERIFY_CHECKS
+    "if mark(cur) ~= 1 then return {'K'} end\n"
+    "local r = with_mark(cur, 3, cur:sub(81, 88))\n"
+    "save(r:sub(1, 7) .. ARGV[3] .. r:sub(16, 23) .. ARGV[1] .. r:sub(32),\n"
+    "     ARGV[4])\n"
+    "return {'O'}\n";
+
+/* ARGV: now, fence. PENDING -> FAILED; the lease and its expiry kept. */
+static const char VERIFY_FAILED[] =
+    PRELUDE
+    VERIFY_CHECKS
+    "if mark(cur) ~= 1 then return {'K'} end\n"
+    "save_keep(with_mark(cur, 4, cur:sub(81, 88)))\n"
+    "return {'O'}\n";
+
 static const char *const BODIES[SCRIPT_COUNT] = {
     [SCRIPT_ACQUIRE] = ACQUIRE,
     [SCRIPT_COMPLETE] = COMPLETE,
@@ -233,6 +310,10 @@ static const char *const BODIES[SCRIPT_COUNT] = {
     [SCRIPT_PERMIT_LEASE] = PERMIT_LEASE,
     [SCRIPT_BUCKET_PAUSE] = BUCKET_PAUSE,
     [SCRIPT_SLOT_TAKE] = SLOT_TAKE,
+    [SCRIPT_VERIFY_CLAIM] = VERIFY_CLAIM,
+    [SCRIPT_VERIFY_FOUND] = VERIFY_FOUND,
+    [SCRIPT_VERIFY_ABSENT] = VERIFY_ABSENT,
+    [SCRIPT_VERIFY_FAILED] = VERIFY_FAILED,
 };
 
 static char shas[SCRIPT_COUNT][SCRIPT_SHA_LEN + 1];

@@ -251,6 +251,23 @@ static int redis_pause_set(struct store *base, const char *scope,
     return run_op(rs(base), STORE_OP_PAUSE_SET, &a, NULL, NULL, err);
 }
 
+/* A step of a lease's verification: one script, fenced to the lease. */
+static int redis_verify(struct store *base, const char *scope, const char *key,
+                        const struct store_verify_args *a, struct sc_error *err)
+{
+    struct redis_store *st = rs(base);
+    struct rcmd cmd;
+    redisReply *r = NULL;
+    int rc;
+
+    if ((rc = redis_verify_build(st, scope, key, a, &cmd, err)) == 0 &&
+        (rc = run(st, cmd.argc, cmd.argv, cmd.len, cmd.info.script, &r, err)) == 0)
+        rc = redis_verify_result(st, &cmd.info, r, err);
+    freeReplyObject(r);
+    rcmd_free(&cmd);
+    return rc;
+}
+
 /* DEL of a key: 0, or -ENOENT (err untouched) when there was none. */
 static int del(struct redis_store *st, struct rcmd *cmd, struct sc_error *err)
 {
@@ -577,6 +594,7 @@ static const struct store_ops redis_ops = {
     .healthy = redis_healthy,
     .cause = redis_cause,
     .count = redis_count,
+    .verify = redis_verify,
     .loop_new = redis_loop_new,
     .loop_free = redis_loop_free,
     .start = redis_start,

@@ -107,6 +107,15 @@ int rcmd_result(const struct redis_store *st, const struct rcmd_info *info,
                 const redisReply *r, const struct rcmd_out *out,
                 struct sc_error *err);
 
+/* A verification step's command and the reading of its reply
+ * (redis_verify.c): 0 or a negative code as store.h's store_verify_*. */
+int redis_verify_build(struct redis_store *st, const char *scope,
+                       const char *key, const struct store_verify_args *a,
+                       struct rcmd *cmd, struct sc_error *err);
+int redis_verify_result(const struct redis_store *st,
+                        const struct rcmd_info *info, const redisReply *r,
+                        struct sc_error *err);
+
 /* Command pieces (redis_cmd.c), for the bucket commands (redis_bucket.c). */
 void redis_arg(struct rcmd *cmd, const void *p, size_t len);
 void redis_arg_str(struct rcmd *cmd, const char *s);

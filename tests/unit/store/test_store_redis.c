@@ -890,18 +890,76 @@ Test(store, a_lease_granted_after_its_call_gave_up_is_given_back)
 
 /* Fleet mode does not verify unknown outcomes yet (--check-config refuses
  * idempotency.verify with store.backend: redis): its calls say so. */
-Test(store, verification_marks_are_not_supported)
+/* The verification cases, against the real redis-server: the marks are
+ * scripts, so a claim is atomic fleet-wide. */
+#define VERIFY_SUITE store
+#define VERIFY_FP fp_a
+#include "unit/store/verify_cases.h"
+
+/* Two sidecars race to claim one lease's verification: exactly one wins;
+ * the other's result steps are refused, the winner's apply. */
+Test(store, verify_claim_is_won_by_one_sidecar)
+{
+    struct store *other = open_second();
+    struct store_acquire_out out;
+    struct store_record rec;
+
+    cr_assert_eq(store_acquire(st, SCOPE, "race", fp_a, t0, LEASE, TTL, &out,
+                               &err), 0, "%s", err.text);
+    cr_assert_eq(store_verify_claim(other, SCOPE, "race", out.lease, t0 + 1,
+                                    t0 + 5000, false, &err), 0, "%s", err.text);
+    cr_expect_eq(store_verify_claim(st, SCOPE, "race", out.lease, t0 + 2,
+                                    t0 + 5000, false, &err), -EALREADY);
+    cr_assert_eq(store_verify_absent(other, SCOPE, "race", out.lease, t0 + 3, TTL,
+                                     &err), 0, "%s", err.text);
+    cr_expect_eq(store_verify_failed(st, SCOPE, "race", out.lease, t0 + 4, &err),
+                 -ESTALE, "released: a second verifier cannot fail it");
+    cr_assert_eq(store_get(st, SCOPE, "race", t0 + 5, &rec, &err), 0);
+    cr_expect_eq(rec.verify, ABSENT);
+    store_record_clear(&rec);
+    store_close(other);
+}
+
+/* A marked record is v4 in Redis, keeps its TTL through a claim, and the
+ * other scripts (acquire, permit_lease, complete, release) read it. */
+Test(store, marked_records_keep_their_ttl_and_are_read_by_every_script)
 {
     struct store_acquire_out out;
+    long long before, after;
+    redisReply *r;
 
-    cr_assert_eq(store_acquire(st, "payments", "k", fp_a, t0, 60000, 86400000,
-                               &out, &err), 0, "%s", err.text);
-    cr_expect_eq(store_verify_claim(st, "payments", "k", out.lease, t0, t0 + 1,
-                                    false, &err), -EOPNOTSUPP);
-    cr_expect(strstr(err.text, "not supported"), "%s", err.text);
-    cr_expect_eq(store_verify_absent(st, "payments", "k", out.lease, t0, 1, &err),
-                 -EOPNOTSUPP);
-    cr_expect_eq(store_leases_each(st, t0, NULL, NULL, &err), -EOPNOTSUPP);
+    cr_assert_eq(store_acquire(st, SCOPE, "m", fp_a, t0, LEASE, TTL, &out, &err),
+                 0, "%s", err.text);
+    before = raw_int("PTTL %s", "sluice:{payments}:k:m");
+    cr_assert_eq(store_verify_claim(st, SCOPE, "m", out.lease, t0, t0 + 5000,
+                                    false, &err), 0, "%s", err.text);
+    after = raw_int("PTTL %s", "sluice:{payments}:k:m");
+    cr_expect(after > 0 && after <= before && before - after < 5000,
+              "PTTL %lld then %lld", before, after);
+    r = raw("GET %s", "sluice:{payments}:k:m");
+    cr_assert_eq(r->type, REDIS_REPLY_STRING);
+    cr_expect_eq((unsigned char)r->str[0], 4, "a marked record is version 4");
+    freeReplyObject(r);
+    /* A duplicate meets the held lease, and sees its mark. */
+    cr_assert_eq(store_acquire(st, SCOPE, "m", fp_a, t0 + 1, LEASE, TTL, &out,
+                               &err), 0, "%s", err.text);
+    cr_expect_eq(out.claim, STORE_HELD);
+    cr_expect_eq(store_acquire(st, SCOPE, "m", fp_b, t0 + 1, LEASE, TTL, &out,
+                               &err), 0);
+    cr_expect_eq(out.claim, STORE_MISMATCH);
+    /* The holder may still complete it (its answer came after all). */
+    {
+        struct store_record rec;
+        uint64_t l = lease_in(st, SCOPE, "m");
+
+        cr_assert_eq(store_complete(st, SCOPE, "m", l, t0 + 2, TTL, 201, NULL, 0,
+                                    (const uint8_t *)"ok", 2, false, &err), 0,
+                     "%s", err.text);
+        cr_assert_eq(store_get(st, SCOPE, "m", t0 + 3, &rec, &err), 0);
+        cr_expect_eq(rec.status, 201);
+        cr_expect_not(rec.verified);
+        store_record_clear(&rec);
+    }
 }
 
 /* A completion larger than a call's own command buffer (a body of 64 KiB)
