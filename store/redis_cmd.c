@@ -356,6 +356,8 @@ static int acquire_result(const struct rcmd_info *info, char verdict,
         out->claim = STORE_HELD;
         out->remaining_ms = rec.lease_expires_ms > info->now_ms
                                 ? rec.lease_expires_ms - info->now_ms : 0;
+        out->verify = rec.verify;
+        out->verify_deadline_ms = rec.verify_deadline_ms;
     } else {
         out->claim = STORE_DONE;
         out->rec = rec; /* ownership moves to the caller */

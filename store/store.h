@@ -137,6 +137,10 @@ struct store_acquire_out {
     uint64_t lease;          /* ACQUIRED: the new lease's fence, which its
                                 complete or release must name */
     uint64_t remaining_ms;   /* HELD */
+    uint8_t verify;          /* HELD: the lease's verification mark (enum
+                                verify_state), so that a duplicate is told
+                                "verify": "pending" */
+    uint64_t verify_deadline_ms; /* HELD and pending: its end (wall) */
     struct store_record rec; /* DONE (owned by the caller: clear it) */
 };
 

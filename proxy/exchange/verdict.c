@@ -93,26 +93,36 @@ void ex_lease_held(struct exchange *ex, uint64_t remaining_ms)
                 ex_attempts_so_far(ex), 0);
 }
 
-void ex_lease_held_record(struct exchange *ex, const struct store_record *rec,
-                          uint64_t now_ms)
+/* A held lease with its verification mark: only a pending mark changes
+ * the answer (what remains of D, "verify": "pending"). The holder is taken
+ * for alive: with RocksDB a lease of an ended process was taken up at
+ * start-up; a fleet does not track its holders yet (a dead sidecar's lease
+ * waits out its expiry). */
+static void lease_held_marked(struct exchange *ex, uint8_t mark,
+                              uint64_t deadline_ms, uint64_t expires_ms,
+                              uint64_t now_ms)
 {
-    /* One sidecar's store: the holder is this process (a lease of an ended
-     * one was taken up at start-up), so only a pending mark changes the
-     * answer. */
     struct verify_lease_view l = {
         .verify_enabled = ex->pol->idem.verify.enabled,
         .upstream_known = true,
         .holder_alive = true,
-        .state = (enum verify_state)rec->verify,
+        .state = (enum verify_state)mark,
         .verifier_alive = true,
-        .deadline_ms = rec->verify_deadline_ms,
-        .expires_ms = rec->lease_expires_ms,
+        .deadline_ms = deadline_ms,
+        .expires_ms = expires_ms,
     };
     uint64_t delay_ms = 1;
     enum verify_action a = verify_on_lease(&l, now_ms, &delay_ms);
 
     ex_lease_held(ex, delay_ms);
     ex->instr.verify_pending = a == VA_PENDING;
+}
+
+void ex_lease_held_record(struct exchange *ex, const struct store_record *rec,
+                          uint64_t now_ms)
+{
+    lease_held_marked(ex, rec->verify, rec->verify_deadline_ms,
+                      rec->lease_expires_ms, now_ms);
 }
 
 void ex_key_reused(struct exchange *ex)
@@ -142,9 +152,13 @@ bool ex_take_lease(struct exchange *ex)
             claims_forwarded(ex->env->claims, ex->pol->name, ex->key,
                              now + id->lease_ms * NS_PER_MS);
         return true;
-    case STORE_HELD:
-        ex_lease_held(ex, out->remaining_ms);
+    case STORE_HELD: {
+        uint64_t wall = ex_wall_ms(ex);
+
+        lease_held_marked(ex, out->verify, out->verify_deadline_ms,
+                          wall + out->remaining_ms, wall);
         return false;
+    }
     case STORE_DONE:
         ex->replay = out->rec; /* the exchange owns it now */
         memset(&out->rec, 0, sizeof out->rec);
