@@ -64,13 +64,32 @@
     "end\n"                                                                  \
     "if cur and le_cmp(cur:sub(8, 15), ARGV[1]) <= 0 then cur = false end\n"
 
+/* Holders (contract §11). The last key, <prefix>{<scope>}:h:<key>, names
+ * the process responsible for the record's lease (the one that took it,
+ * or the one verifying it); the last three ARGV are the new lease's end
+ * (PEXPIREAT ms), this process's id and the prefix of the scope's liveness
+ * keys (<prefix>{<scope>}:live:<id>, refreshed by each live sidecar). A
+ * lease with no holder key (taken by an earlier release) counts as held by
+ * a live process: nothing is inferred from what is not known. */
+#define HOLDERS                                                              \
+    "local hk, na = KEYS[#KEYS], #ARGV\n"                                    \
+    "local function holder_gone()\n"                                        \
+    "  local h = redis.call('GET', hk)\n"                                    \
+    "  if h and redis.call('EXISTS', ARGV[na] .. h) == 0 then return 1 end\n" \
+    "  return 0\n"                                                           \
+    "end\n"
+
 /* A claim on the live record cur (ARGV[2] the request's fingerprint): a
- * different request, a result, or another's live lease answers it. */
+ * different request, a result, or another's live lease answers it; a held
+ * lease's answer says whether its holder is gone (1) or not (0). */
 #define CLAIM_CHECKS                                                         \
+    HOLDERS                                                                  \
     "if cur then\n"                                                          \
     "  if cur:sub(40, 71) ~= ARGV[2] then return {'M'} end\n"                \
     "  if cur:byte(2) == 2 then return {'D', cur} end\n"                     \
-    "  if le_cmp(cur:sub(24, 31), ARGV[1]) > 0 then return {'H', cur} end\n" \
+    "  if le_cmp(cur:sub(24, 31), ARGV[1]) > 0 then\n"                       \
+    "    return {'H', cur, holder_gone()}\n"                                 \
+    "  end\n"                                                                \
     "end\n"
 
 /* Writes the lease as `new`: ARGV[3] the record a new key gets (attempt 1,
@@ -85,7 +104,10 @@
     "  new = new:sub(1, 3) .. struct.pack('<I4', n) .. new:sub(8, 15) ..\n"  \
     "        cur:sub(16, 23) .. new:sub(24)\n"                               \
     "end\n"                                                                  \
-    "save(new, ARGV[4])\n"
+    "save(new, ARGV[4])\n"                                                   \
+    /* This process holds the lease until its end, never longer. */         \
+    "redis.call('SET', hk, ARGV[na - 1])\n"                                  \
+    "if ARGV[na - 2] ~= '0' then redis.call('PEXPIREAT', hk, ARGV[na - 2]) end\n"
 
 /* The GCRA of a shared bucket bk (redis_bucket.c has its keys): reserves
  * the start max(now, tat - tau) and moves tat to max(tat, now) + T, or
@@ -260,15 +282,23 @@ static const char SLOT_TAKE[] =
     "  if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end\n"            \
     "end\n"
 
-/* ARGV: now, fence, '1' to claim a PENDING mark again (its verifier
- * ended) or '0', the deadline (8 bytes). NONE (or, again, PENDING) ->
- * PENDING: one verification of a lease at a time, fleet-wide. */
+/* KEYS[2] the holder's key; ARGV: now, fence, '1' to claim a PENDING mark
+ * again (its verifier ended) or '0', the deadline (8 bytes), this
+ * process's id, the deadline as PEXPIREAT ms. NONE (or, again, PENDING) ->
+ * PENDING: one verification of a lease at a time, fleet-wide; the verifier
+ * is now the one responsible for the lease (its liveness is what others
+ * look at), until the lease's end (or, when the holder's key is gone, the
+ * verification's deadline). */
 static const char VERIFY_CLAIM[] =
     PRELUDE
     VERIFY_CHECKS
     "local m = mark(cur)\n"
     "if not (m == 0 or (ARGV[3] == '1' and m == 1)) then return {'K'} end\n"
+    "local ttl = redis.call('PTTL', KEYS[2])\n"
     "save_keep(with_mark(cur, 1, ARGV[4]))\n"
+    "redis.call('SET', KEYS[2], ARGV[5])\n"
+    "if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl)\n"
+    "else redis.call('PEXPIREAT', KEYS[2], ARGV[6]) end\n"
     "return {'O'}\n";
 
 /* ARGV: now, fence, the completed record (v4: marked FOUND and verified,

@@ -80,6 +80,8 @@ int redis_verify_build(struct redis_store *st, const char *scope,
         return rc;
     put_le(cmd->now, a->now_ms, 8);
     put_le(cmd->lease, a->lease, 8);
+    if (a->step == STORE_VERIFY_CLAIM)
+        redis_holder_key(st, scope, key, cmd->key2);
     redis_evalsha(cmd, SCRIPT_OF[a->step]);
     redis_arg(cmd, cmd->now, 8);
     redis_arg(cmd, cmd->lease, 8);
@@ -88,6 +90,9 @@ int redis_verify_build(struct redis_store *st, const char *scope,
         put_le(cmd->expires, a->deadline_ms, 8);
         redis_arg_str(cmd, a->again ? "1" : "0");
         redis_arg(cmd, cmd->expires, 8);
+        redis_arg_str(cmd, st->holder);
+        fmt_at(cmd->at, a->deadline_ms);
+        redis_arg_str(cmd, cmd->at);
         return 0;
     case STORE_VERIFY_FOUND:
         return found_args(cmd, a, err);

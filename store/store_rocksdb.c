@@ -551,6 +551,7 @@ static int acquire_locked(struct rocks_store *st, const struct record_key *k,
         out->remaining_ms = cur.lease_expires_ms - now_ms;
         out->verify = cur.verify;
         out->verify_deadline_ms = cur.verify_deadline_ms;
+        out->lease = cur.lease;
     } else if (out->claim == STORE_DONE) {
         out->rec = cur; /* ownership moves to the caller */
         memset(&cur, 0, sizeof cur);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 #include <hiredis/hiredis.h>
@@ -177,7 +178,8 @@ Test(store, backend_name_sweep_and_count)
     cr_expect_eq(store_count(st), 0);
     expect_acquired("a", fp_a, t0, 1);
     expect_acquired("b", fp_a, t0, 1);
-    cr_expect_eq(store_count(st), 2);
+    /* An estimate (DBSIZE): each lease in progress has its holder's key. */
+    cr_expect_eq(store_count(st), 4);
     cr_expect_eq(store_sweep(st, t0 + 2 * TTL, 100, &removed, &err), 0);
     cr_expect_eq(removed, 0, "Redis expires records itself");
     cr_expect(store_healthy(st));
@@ -917,6 +919,52 @@ Test(store, verify_claim_is_won_by_one_sidecar)
     cr_assert_eq(store_get(st, SCOPE, "race", t0 + 5, &rec, &err), 0);
     cr_expect_eq(rec.verify, ABSENT);
     store_record_clear(&rec);
+    store_close(other);
+}
+
+/* Holders (contract §11): a held lease is reported with whether the
+ * process responsible for it (the one that took it, then the one verifying
+ * it) still has its liveness key. */
+static struct store_acquire_out held_by(struct store *s, const char *key)
+{
+    struct store_acquire_out out;
+
+    cr_assert_eq(store_acquire(s, SCOPE, key, fp_a, t0 + 1, LEASE, TTL, &out,
+                               &err), 0, "%s", err.text);
+    cr_assert_eq(out.claim, STORE_HELD);
+    return out;
+}
+
+Test(store, a_held_lease_tells_whether_its_holder_is_gone)
+{
+    struct store *other = open_second();
+    struct store_acquire_out out;
+    uint64_t fence;
+
+    cr_assert_eq(store_live_refresh(st, SCOPE, 3000, &err), 0, "%s", err.text);
+    cr_assert_eq(store_acquire(st, SCOPE, "hk", fp_a, t0, LEASE, TTL, &out, &err), 0);
+    fence = out.lease;
+    out = held_by(other, "hk");
+    cr_expect_not(out.holder_gone, "its holder refreshes its liveness key");
+    cr_expect_eq(out.lease, fence, "the held lease's fence, to verify it");
+    cr_expect_gt(raw_int("PTTL %s", "sluice:{payments}:h:hk"), 0,
+                 "the holder's key ends with the lease");
+    /* Its holder stops (killed: its key lapses). */
+    cr_assert_eq(store_live_refresh(st, SCOPE, 1, &err), 0);
+    usleep(20 * 1000);
+    cr_expect(held_by(other, "hk").holder_gone);
+    /* The other sidecar claims the verification: it is responsible now. */
+    cr_assert_eq(store_live_refresh(other, SCOPE, 3000, &err), 0);
+    cr_assert_eq(store_verify_claim(other, SCOPE, "hk", fence, t0 + 2, t0 + 5000,
+                                    false, &err), 0, "%s", err.text);
+    out = held_by(st, "hk");
+    cr_expect_not(out.holder_gone, "its verifier is alive");
+    cr_expect_eq(out.verify, PENDING);
+    /* ... until the verifier stops too: its pending mark may be taken up. */
+    cr_assert_eq(store_live_refresh(other, SCOPE, 1, &err), 0);
+    usleep(20 * 1000);
+    cr_expect(held_by(st, "hk").holder_gone);
+    cr_expect_eq(store_live_refresh(st, "bad scope", 1, &err), -EINVAL);
     store_close(other);
 }
 

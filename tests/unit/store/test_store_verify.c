@@ -41,6 +41,12 @@ static void teardown(void)
 
 TestSuite(verify_store, .init = setup, .fini = teardown);
 
+/* RocksDB's leases are all this process's: no liveness keys. */
+Test(verify_store, rocksdb_keeps_no_liveness_keys)
+{
+    cr_expect_eq(store_live_refresh(st, SCOPE, 3000, &err), -EOPNOTSUPP);
+}
+
 #define VERIFY_SUITE verify_store
 #define VERIFY_FP fp
 #include "unit/store/verify_cases.h"
