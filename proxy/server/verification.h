@@ -17,6 +17,7 @@
 #ifndef SLUICE_PROXY_SERVER_VERIFICATION_H
 #define SLUICE_PROXY_SERVER_VERIFICATION_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct app;
@@ -28,6 +29,13 @@ struct loop;
  * started (the store refused the claim, the lease ends before a lookup
  * could go, no memory). */
 uint64_t verification_begin(void *loop, struct exchange *ex);
+
+/* ex_env.verify_take_up (arg: the loop): as verification_begin, for the
+ * lease `fence` of ex's key that another, gone, process holds or was
+ * verifying (fleet mode): with ex's upstream and T, the lease's attempt
+ * and expiry as the store holds them. */
+uint64_t verification_take_up(void *loop, struct exchange *ex, uint64_t fence,
+                              bool again);
 
 /* Start-up, before the loops run (RocksDB: every lease in progress belongs
  * to a process that ended): starts the verification of each lease whose

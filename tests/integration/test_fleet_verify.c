@@ -6,14 +6,19 @@
  * replay (found) or the key freed (absent). A duplicate sent to B while the
  * key is in progress on A waits for A's record instead of bouncing: one
  * upstream call and the same body for both; A's known failure lets it go
- * as a first request; a holder slower than max_wait leaves it lease_held. */
+ * as a first request; a holder slower than max_wait leaves it lease_held.
+ * And a sidecar killed (-9) while its request is at the partner: once its
+ * liveness key lapses (3 s), a duplicate through the other sidecar starts
+ * the verification of its lease there. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "integration/harness.h"
@@ -39,12 +44,19 @@ static struct h_sluice sl[FLEET];
     "    idempotency:\n"                                                      \
     "      lease: 30s\n"                                                      \
     "      verify: {path: \"/lookup?client_ref={key}\", after: 400ms, attempts: 2}\n" \
+    "  vs:\n"                                                                 \
+    "    rate: 50/s\n"                                                        \
+    "    shared: redis\n"                                                     \
+    "    idempotency:\n"                                                      \
+    "      lease: 30s\n"                                                      \
+    "      verify: {path: \"/lookup?client_ref={key}\", after: 300ms, attempts: 2}\n" \
     "  w: {rate: 50/s, shared: redis, max_wait: 3s,\n"                        \
     "      idempotency: {lease: 30s, duplicates: wait}}\n"                    \
     "  short: {rate: 50/s, shared: redis, max_wait: 300ms,\n"                 \
     "          idempotency: {lease: 30s, duplicates: wait}}\n"                \
     "routes:\n"                                                               \
     "  - {prefix: /v, upstream: quick, policy: v}\n"                          \
+    "  - {prefix: /vs, upstream: slow, policy: vs}\n"                         \
     "  - {prefix: /w, upstream: slow, policy: w}\n"                           \
     "  - {prefix: /short, upstream: slow, policy: short}\n"
 
@@ -152,10 +164,11 @@ static json_t *record(int i, const char *policy, const char *key)
 }
 
 /* Waits (up to 5 s) for the record's "verify", seen through sidecar i. */
-static json_t *await_verify(int i, const char *key, const char *want)
+static json_t *await_verify_of(int i, const char *policy, const char *key,
+                               const char *want)
 {
     for (int n = 0; n < 250; n++) {
-        json_t *j = record(i, "v", key);
+        json_t *j = record(i, policy, key);
 
         if (j && !strcmp(jstr(j, "verify"), want))
             return j;
@@ -164,6 +177,11 @@ static json_t *await_verify(int i, const char *key, const char *want)
     }
     cr_assert_fail("%s: verify never became %s", key, want);
     return NULL;
+}
+
+static json_t *await_verify(int i, const char *key, const char *want)
+{
+    return await_verify_of(i, "v", key, want);
 }
 
 /* The answer to the unknown outcome: requeue at once with D (1400 ms), not
@@ -306,5 +324,73 @@ Test(fleet_verify, a_holder_slower_than_max_wait_leaves_the_duplicate_lease_held
     cr_expect_eq(a.r.status, 200);
     cr_expect_eq(h_stub_key_stat(&stub, "fw-3", "side_effects"), 1);
     h_resp_free(&a.r);
+    h_resp_free(&b.r);
+}
+
+/* Kills sidecar 0 while its request for key is at the partner, then sends
+ * the key through sidecar 1 until an answer says the verification is
+ * pending there (its holder's liveness key lapsed): the seconds it took. */
+static double kill_holder_then_await_pending(const char *key, const char *extra)
+{
+    struct call a = CALL(0, "/vs/orders", key, extra);
+    struct call b = CALL(1, "/vs/orders", key, NULL);
+    struct timespec t0, t1;
+    pthread_t t;
+    bool pending = false, held_first = false;
+
+    start_holder(&t, &a);
+    kill(sl[0].pid, SIGKILL);
+    pthread_join(t, NULL);
+    h_resp_free(&a.r);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < 100 && !pending; i++) {
+        json_t *j;
+
+        cr_assert_eq(post(&b), 0);
+        cr_assert_eq(b.r.status, 409, "held until verified: %s", b.r.body);
+        j = body_json(&b.r);
+        pending = !strcmp(jstr(j, "verify"), "pending");
+        if (!pending)
+            held_first = true;
+        json_decref(j);
+        h_resp_free(&b.r);
+        if (!pending)
+            usleep(100 * 1000);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    cr_assert(pending, "the dead holder's lease was never verified");
+    cr_expect(held_first, "a live holder's lease is not verified: only once its key lapsed");
+    return (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+}
+
+Test(fleet_verify, a_killed_sidecars_executed_request_is_found_by_another)
+{
+    struct call b = CALL(1, "/vs/orders", "fk-found", NULL);
+    double took = kill_holder_then_await_pending("fk-found", "X-Stub-Delay-Ms: 8000\r\n");
+    json_t *j;
+
+    cr_expect_leq(took, 4.5, "taken up once the key lapsed (3 s): %.2f s", took);
+    j = await_verify_of(1, "vs", "fk-found", "found");
+    cr_expect(json_is_true(json_object_get(j, "verified")));
+    json_decref(j);
+    cr_assert_eq(post(&b), 0);
+    cr_expect_eq(b.r.status, 200, "%s", b.r.body);
+    cr_expect_str_eq(header(&b.r, "Sluice-Verified"), "true");
+    cr_expect_str_eq(header(&b.r, "Sluice-Outcome"), "replayed");
+    cr_expect_eq(h_stub_key_stat(&stub, "fk-found", "side_effects"), 1);
+    h_resp_free(&b.r);
+}
+
+Test(fleet_verify, a_killed_sidecars_unexecuted_request_is_absent_and_goes_first)
+{
+    struct call b = CALL(1, "/vs/orders", "fk-absent", NULL);
+
+    kill_holder_then_await_pending("fk-absent",
+                                   "X-Stub-Delay-Ms: 8000\r\nX-Stub-Drop: unexecuted\r\n");
+    json_decref(await_verify_of(1, "vs", "fk-absent", "absent"));
+    cr_assert_eq(post(&b), 0);
+    cr_expect_eq(b.r.status, 200, "forwarded as a first request: %s", b.r.body);
+    cr_expect_str_eq(header(&b.r, "Sluice-Outcome"), "ok");
+    cr_expect_eq(h_stub_key_stat(&stub, "fk-absent", "side_effects"), 1);
     h_resp_free(&b.r);
 }
