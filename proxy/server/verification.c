@@ -3,7 +3,9 @@
  * exchange it owns running the policy's plain plan, and each result is
  * written to the store for the very lease it was started for (the store
  * drops it otherwise). The store calls here are the blocking ones: RocksDB
- * answers them at once, and a verification makes at most two writes. */
+ * answers them at once; on Redis each is one round trip on this loop,
+ * bounded by store.timeout, and a verification makes one read and at most
+ * two writes (rare: only unknown outcomes and dead holders have them). */
 #include "proxy/server/verification.h"
 
 #include <errno.h>

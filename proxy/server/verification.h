@@ -1,5 +1,5 @@
 /* Settling an unknown outcome by asking the partner (docs/contract.md §11),
- * the single-sidecar (RocksDB) edition: after a keyed request of a policy
+ * with either store: after a keyed request of a policy
  * with idempotency.verify ends in a timeout or a lost connection, its
  * lease is claimed for a verification (PENDING in the store) and, in the
  * background on the request's loop, sluice sends the policy's lookup to
@@ -8,7 +8,9 @@
  * slot, the pause, the breaker, like any request), ending within T. The
  * first answer in `found` completes the record from it (verified), one in
  * `absent` releases the lease; otherwise the lease is marked failed and
- * waits out its expiry.
+ * waits out its expiry. In fleet mode a request that meets a lease whose
+ * holder is gone starts that lease's verification the same way
+ * (verification_take_up).
  *
  * A verification is plain data on its loop: a timer moves it (policies/
  * verify.h says when), a lookup is an exchange it owns. Nothing of it
