@@ -21,7 +21,9 @@
 static void refresh(struct app *app)
 {
     static bool failing;
-    const struct sc_config *cfg = app->rt->cfg;
+    /* A reference: the admin thread's POST /reload may swap app->rt. */
+    struct runtime *rt = runtime_acquire(app);
+    const struct sc_config *cfg = rt->cfg;
     struct sc_error err = {0};
     bool failed = false;
 
@@ -33,6 +35,7 @@ static void refresh(struct app *app)
         if (store_live_refresh(app->store, p->name, VERIFY_LIVE_TTL_MS, &err) != 0)
             failed = true;
     }
+    runtime_put(rt);
     if (failed && !failing)
         log_warn("cannot refresh this sidecar's liveness keys (after %d ms "
                  "without, the fleet verifies its leases): %s",

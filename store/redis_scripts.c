@@ -70,12 +70,15 @@
  * (PEXPIREAT ms), this process's id and the prefix of the scope's liveness
  * keys (<prefix>{<scope>}:live:<id>, refreshed by each live sidecar). A
  * lease with no holder key (taken by an earlier release) counts as held by
- * a live process: nothing is inferred from what is not known. */
+ * a live process: nothing is inferred from what is not known; nor is this
+ * process ever gone to itself (its own key may lapse while Redis is
+ * unreachable, but it knows its requests are still out). */
 #define HOLDERS                                                              \
     "local hk, na = KEYS[#KEYS], #ARGV\n"                                    \
     "local function holder_gone()\n"                                        \
     "  local h = redis.call('GET', hk)\n"                                    \
-    "  if h and redis.call('EXISTS', ARGV[na] .. h) == 0 then return 1 end\n" \
+    "  if h and h ~= ARGV[na - 1] and\n"                                    \
+    "     redis.call('EXISTS', ARGV[na] .. h) == 0 then return 1 end\n"      \
     "  return 0\n"                                                           \
     "end\n"
 

@@ -953,6 +953,8 @@ Test(store, a_held_lease_tells_whether_its_holder_is_gone)
     cr_assert_eq(store_live_refresh(st, SCOPE, 1, &err), 0);
     usleep(20 * 1000);
     cr_expect(held_by(other, "hk").holder_gone);
+    cr_expect_not(held_by(st, "hk").holder_gone,
+                  "never gone to itself: its requests are still out");
     /* The other sidecar claims the verification: it is responsible now. */
     cr_assert_eq(store_live_refresh(other, SCOPE, 3000, &err), 0);
     cr_assert_eq(store_verify_claim(other, SCOPE, "hk", fence, t0 + 2, t0 + 5000,
