@@ -479,22 +479,6 @@ void cfg_check_verify(struct cfg_loader *lc, void *obj,
 
     check_verify_429(lc, v, vals);
     check_verify_shared(lc, v, vals);
-    if (lc->cfg->store.backend == SC_BACKEND_REDIS)
-        cfg_err_at(lc, where, "%s: not supported with store.backend: redis yet "
-               "(fleet mode does not verify unknown outcomes; use "
-               "store.backend: rocksdb, or leave verify out)", lc->path);
-}
-
-void cfg_check_idem(struct cfg_loader *lc, void *obj,
-                    yaml_node_t *const *vals, struct sc_pos where)
-{
-    const struct sc_idempotency *id = obj;
-
-    if (id->duplicates == SC_DUP_WAIT &&
-        lc->cfg->store.backend == SC_BACKEND_REDIS)
-        cfg_err_sub(lc, cfg_pos_of(vals[IK_DUPLICATES]), "duplicates", "\"wait\" "
-                "is not supported with store.backend: redis yet (fleet mode "
-                "does not wait for another sidecar's answer; use refuse)");
 }
 
 static bool is_wildcard(const char *host)

@@ -123,8 +123,6 @@ void cfg_check_retry(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
                  struct sc_pos where);
 void cfg_check_route(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
                  struct sc_pos where);
-void cfg_check_idem(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
-                    struct sc_pos where);
 void cfg_check_verify(struct cfg_loader *lc, void *obj, yaml_node_t *const *vals,
                   struct sc_pos where);
 /* The whole config, once every section is parsed: listeners, leases. */

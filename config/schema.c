@@ -439,7 +439,7 @@ static const struct cfg_key idem_keys[] = {
 FITS(idem_keys);
 static const struct cfg_block idem_block = {
     "idempotency", KEYS(idem_keys), .pos_off = CFG_OPT(CI(pos)),
-    .present = idem_present, .check = cfg_check_idem};
+    .present = idem_present};
 
 static const struct cfg_key policy_keys[] = {
     [PK_RATE] = {"rate", CT_RATE, CP(rate), .flag_off = CFG_OPT(CP(has_rate))},

@@ -12,6 +12,7 @@
 #include <event2/thread.h>
 
 #include "proxy/admin.h"
+#include "proxy/holder_live.h"
 #include "proxy/server/mhd_request.h"
 #include "proxy/server/verification.h"
 #include "proxy/notify.h"
@@ -571,6 +572,9 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
         app->loops[i].rt = runtime_acquire(app);
     /* Before the loops run: their timers are set from this thread. */
     verification_resume_all(app);
+    /* And before they serve: the leases they take name a live holder. */
+    if ((rc = holder_live_start(app, err)) != 0)
+        return rc;
     if ((rc = loops_start(app, err)) != 0)
         return rc;
     if ((rc = admin_start(app, &app->admin, err)) != 0)
@@ -634,6 +638,7 @@ void app_free(struct app *app)
     free_event(app->sig_hup);
     free_event(app->drain_tick);
     free_event(app->watchdog);
+    free_event(app->live_tick);
     if (app->main_base)
         event_base_free(app->main_base);
     fixed_free(&app->fixed);

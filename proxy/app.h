@@ -61,6 +61,7 @@ struct app {
     struct event_base *main_base;
     struct event *sig_term, *sig_int, *sig_hup, *drain_tick;
     struct event *watchdog;     /* systemd WATCHDOG=1 pings; NULL when off */
+    struct event *live_tick;    /* fleet: liveness keys (holder_live.h) */
     atomic_bool ready;          /* config loaded, store open, accepting */
     atomic_bool last_reload_ok; /* the last load (start, reload) succeeded */
     _Atomic uint64_t last_reload_ok_ms; /* wall time of the last that did */

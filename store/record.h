@@ -31,9 +31,9 @@
  *   u64  verify_deadline_ms (pending: when the verification ends at the
  *        latest, wall clock)
  * A record without a mark is still written as v3 (record_encode picks the
- * oldest version that holds it), so a Redis fleet's scripts, which read
- * v3's fixed offsets, and earlier releases read every such record; only a
- * marked one, which only RocksDB writes, is v4.
+ * oldest version that holds it), so earlier releases read every such
+ * record; only a marked one is v4 (a Redis fleet's scripts read both:
+ * redis_scripts.c).
  *
  * expires_ms sits at a fixed offset right after the small fields so the
  * compaction filter and the sweeper read it without decoding the rest. The

@@ -77,16 +77,30 @@ int redis_pause_key(const struct redis_store *st, const char *scope,
     return 0;
 }
 
-/* EVALSHA <sha> 1 <key> (or 2 <key> <key2>): the arguments follow. */
+void redis_holder_key(const struct redis_store *st, const char *scope,
+                      const char *key, char out[REDIS_KEY_MAX])
+{
+    snprintf(out, REDIS_KEY_MAX, "%s{%s}:h:%s", st->prefix, scope, key);
+}
+
+void redis_live_prefix(const struct redis_store *st, const char *scope,
+                       char live[REDIS_KEY_MAX])
+{
+    snprintf(live, REDIS_KEY_MAX, "%s{%s}:live:", st->prefix, scope);
+}
+
+/* EVALSHA <sha> N <key> [<key2> [<key3>]]: the arguments follow. */
 void redis_evalsha(struct rcmd *cmd, enum redis_script s)
 {
     cmd->info.script = (int)s;
     redis_arg_str(cmd, "EVALSHA");
     redis_arg_str(cmd, redis_script_sha(s));
-    redis_arg_str(cmd, cmd->key2[0] ? "2" : "1");
+    redis_arg_str(cmd, cmd->key3[0] ? "3" : cmd->key2[0] ? "2" : "1");
     redis_arg_str(cmd, cmd->key);
     if (cmd->key2[0])
         redis_arg_str(cmd, cmd->key2);
+    if (cmd->key3[0])
+        redis_arg_str(cmd, cmd->key3);
 }
 
 static int encode(struct rcmd *cmd, const struct store_record *rec,
@@ -101,9 +115,13 @@ static int encode(struct rcmd *cmd, const struct store_record *rec,
 }
 
 /* The record a new key gets; a takeover's script keeps the stored
- * created_ms and counts on from the stored attempt. */
-static int build_acquire(struct rcmd *cmd, enum redis_script script,
-                         const struct store_args *a, struct sc_error *err)
+ * created_ms and counts on from the stored attempt. The holder's key (the
+ * script's last) and, last in ARGV, the lease's end, this process's id
+ * and the prefix of liveness keys: the script names this process the new
+ * lease's holder, and tells whether a held lease's holder is gone. */
+static int build_acquire(struct redis_store *st, struct rcmd *cmd,
+                         enum redis_script script, const struct store_args *a,
+                         struct sc_error *err)
 {
     struct store_record fresh = {
         .state = STORE_IN_PROGRESS,
@@ -117,6 +135,8 @@ static int build_acquire(struct rcmd *cmd, enum redis_script script,
     memcpy(fresh.fingerprint, a->fp, STORE_FP_LEN);
     /* The attempt count outlives the lease by ttl. */
     fresh.expires_ms = add_sat(fresh.lease_expires_ms, a->ttl_ms);
+    redis_holder_key(st, a->scope, a->key, cmd->key2[0] ? cmd->key3 : cmd->key2);
+    redis_live_prefix(st, a->scope, cmd->live);
     redis_evalsha(cmd, script);
     redis_arg(cmd, cmd->now, 8);
     redis_arg(cmd, a->fp, STORE_FP_LEN);
@@ -124,6 +144,12 @@ static int build_acquire(struct rcmd *cmd, enum redis_script script,
         return rc;
     fmt_at(cmd->at, fresh.expires_ms);
     redis_arg_str(cmd, cmd->at);
+    if (script == SCRIPT_PERMIT_LEASE)
+        redis_bucket_args(cmd, a->t_ns, a->tau_ns, a->max_wait_ns);
+    fmt_at(cmd->lease_at, fresh.lease_expires_ms);
+    redis_arg_str(cmd, cmd->lease_at);
+    redis_arg_str(cmd, st->holder);
+    redis_arg_str(cmd, cmd->live);
     return 0;
 }
 
@@ -133,14 +159,10 @@ static int build_permit_lease(struct redis_store *st, struct rcmd *cmd,
                               const struct store_args *a, struct sc_error *err)
 {
     struct store_args covered = *a;
-    int rc;
 
     covered.lease_ms = add_sat(a->lease_ms, (a->max_wait_ns + 999999) / 1000000);
     redis_bucket_key(st, a->scope, a->partition, cmd->key2);
-    if ((rc = build_acquire(cmd, SCRIPT_PERMIT_LEASE, &covered, err)) != 0)
-        return rc;
-    redis_bucket_args(cmd, a->t_ns, a->tau_ns, a->max_wait_ns);
-    return 0;
+    return build_acquire(st, cmd, SCRIPT_PERMIT_LEASE, &covered, err);
 }
 
 /* attempt, created_ms and fingerprint are left 0: the script puts the
@@ -233,7 +255,7 @@ int rcmd_build(struct redis_store *st, enum store_op op,
         redis_arg_str(cmd, cmd->key);
         return 0;
     case STORE_OP_ACQUIRE:
-        return build_acquire(cmd, SCRIPT_ACQUIRE, a, err);
+        return build_acquire(st, cmd, SCRIPT_ACQUIRE, a, err);
     case STORE_OP_PERMIT_LEASE:
         return build_permit_lease(st, cmd, a, err);
     case STORE_OP_COMPLETE:
@@ -308,7 +330,7 @@ static int unreadable(const struct rcmd_info *info, const redisReply *v,
         return rc;
     store_record_clear(&rec);
     sc_error_set(err, "store: %s: a record version the redis backend does "
-                 "not write (it reads versions 2 and 3 only)", info->name);
+                 "not read (it reads versions 2 to 4)", info->name);
     return -EPROTO;
 }
 
@@ -335,9 +357,17 @@ static int get_result(const struct redis_store *st,
     return 0;
 }
 
+/* A held lease's answer: {'H', the record, 1 when its holder is gone}. */
+static bool holder_gone(const redisReply *r)
+{
+    long long gone = 0;
+
+    return r && redis_int_at(r, 2, &gone) && gone == 1;
+}
+
 static int acquire_result(const struct rcmd_info *info, char verdict,
-                          const redisReply *v, struct store_acquire_out *out,
-                          struct sc_error *err)
+                          const redisReply *r, const redisReply *v,
+                          struct store_acquire_out *out, struct sc_error *err)
 {
     struct store_record rec;
     int rc;
@@ -356,6 +386,10 @@ static int acquire_result(const struct rcmd_info *info, char verdict,
         out->claim = STORE_HELD;
         out->remaining_ms = rec.lease_expires_ms > info->now_ms
                                 ? rec.lease_expires_ms - info->now_ms : 0;
+        out->verify = rec.verify;
+        out->verify_deadline_ms = rec.verify_deadline_ms;
+        out->lease = rec.lease;
+        out->holder_gone = holder_gone(r);
     } else {
         out->claim = STORE_DONE;
         out->rec = rec; /* ownership moves to the caller */
@@ -395,7 +429,7 @@ static int permit_lease_result(const struct redis_store *st,
     long long wait_us = 0, paused = 0;
 
     if (verdict == 'M' || (v && memchr("HD", verdict, 2)))
-        return acquire_result(info, verdict, v, out->acq, err);
+        return acquire_result(info, verdict, r, v, out->acq, err);
     if (!v || !memchr("AR", verdict, 2) || !redis_int_at(r, 2, &wait_us) ||
         wait_us < 0 || (verdict == 'R' && !redis_int_at(r, 3, &paused)))
         return redis_unexpected(st, info, err);
@@ -403,7 +437,7 @@ static int permit_lease_result(const struct redis_store *st,
     out->permit->paused = paused == 1;
     out->permit->wait_ns = (uint64_t)wait_us * 1000;
     if (verdict == 'A')
-        return acquire_result(info, verdict, v, out->acq, err);
+        return acquire_result(info, verdict, r, v, out->acq, err);
     return free_result(info, v, out->acq, err);
 }
 
@@ -464,7 +498,7 @@ static int script_result(const struct redis_store *st,
         return permit_lease_result(st, info, verdict, r, out, err);
     if (info->op == STORE_OP_ACQUIRE && out->acq) {
         if (verdict == 'M' || (v && memchr("AHD", verdict, 3)))
-            return acquire_result(info, verdict, v, out->acq, err);
+            return acquire_result(info, verdict, r, v, out->acq, err);
     } else if (info->op != STORE_OP_ACQUIRE) if (memchr("ONE", verdict, 3) || (verdict == 'S' && v))
         return write_result(info, verdict, v, err);
     return redis_unexpected(st, info, err);

@@ -1,12 +1,17 @@
 /* The Lua scripts of the Redis backend. A record is stored as record.h's
  * binary value (the same bytes as in RocksDB), so the scripts work on its
  * fixed fields by offset (1-based, version 3; version 2 lacks the lease,
- * its status starting at 72):
+ * its status starting at 72; version 4 adds the verification mark):
  *
  *   1 version   2 state   3 flags   4..7 attempt   8..15 expires_ms
  *   16..23 created_ms   24..31 lease_expires_ms   32..39 completed_ms
  *   40..71 fingerprint   72..79 lease (the fence)   80.. status, headers,
- *   body
+ *   body (v3); v4: 80 the mark (enum verify_state), 81..88 its deadline,
+ *   89.. status, headers, body
+ *
+ * A record of any of them is read; the scripts write v3 (C encodes a
+ * record without a mark so) except where a mark is set (the VERIFY_*
+ * scripts write v4, as RocksDB does).
  *
  * Records of version 2 (written by an earlier release) are read, taken
  * over and replayed; they have no fence, so no lease of this release
@@ -47,24 +52,47 @@
     "local cur = redis.call('GET', KEYS[1])\n"                               \
     "if cur then\n"                                                          \
     "  local v = cur:byte(1)\n"                                              \
-    "  if not ((v == 3 and #cur >= 89) or (v == 2 and #cur >= 81)) then\n"   \
+    "  if not ((v == 4 and #cur >= 98) or (v == 3 and #cur >= 89) or\n"     \
+    "          (v == 2 and #cur >= 81)) then\n"                              \
     "    return {'X', cur}\n"                                                \
     "  end\n"                                                                \
     "end\n"                                                                  \
     /* The fence of cur's lease: '' for version 2, matching none. */       \
     "local function fence(r)\n"                                             \
-    "  if r:byte(1) == 3 then return r:sub(72, 79) end\n"                   \
+    "  if r:byte(1) >= 3 then return r:sub(72, 79) end\n"                   \
     "  return ''\n"                                                          \
     "end\n"                                                                  \
     "if cur and le_cmp(cur:sub(8, 15), ARGV[1]) <= 0 then cur = false end\n"
 
+/* Holders (contract §11). The last key, <prefix>{<scope>}:h:<key>, names
+ * the process responsible for the record's lease (the one that took it,
+ * or the one verifying it); the last three ARGV are the new lease's end
+ * (PEXPIREAT ms), this process's id and the prefix of the scope's liveness
+ * keys (<prefix>{<scope>}:live:<id>, refreshed by each live sidecar). A
+ * lease with no holder key (taken by an earlier release) counts as held by
+ * a live process: nothing is inferred from what is not known; nor is this
+ * process ever gone to itself (its own key may lapse while Redis is
+ * unreachable, but it knows its requests are still out). */
+#define HOLDERS                                                              \
+    "local hk, na = KEYS[#KEYS], #ARGV\n"                                    \
+    "local function holder_gone()\n"                                        \
+    "  local h = redis.call('GET', hk)\n"                                    \
+    "  if h and h ~= ARGV[na - 1] and\n"                                    \
+    "     redis.call('EXISTS', ARGV[na] .. h) == 0 then return 1 end\n"      \
+    "  return 0\n"                                                           \
+    "end\n"
+
 /* A claim on the live record cur (ARGV[2] the request's fingerprint): a
- * different request, a result, or another's live lease answers it. */
+ * different request, a result, or another's live lease answers it; a held
+ * lease's answer says whether its holder is gone (1) or not (0). */
 #define CLAIM_CHECKS                                                         \
+    HOLDERS                                                                  \
     "if cur then\n"                                                          \
     "  if cur:sub(40, 71) ~= ARGV[2] then return {'M'} end\n"                \
     "  if cur:byte(2) == 2 then return {'D', cur} end\n"                     \
-    "  if le_cmp(cur:sub(24, 31), ARGV[1]) > 0 then return {'H', cur} end\n" \
+    "  if le_cmp(cur:sub(24, 31), ARGV[1]) > 0 then\n"                       \
+    "    return {'H', cur, holder_gone()}\n"                                 \
+    "  end\n"                                                                \
     "end\n"
 
 /* Writes the lease as `new`: ARGV[3] the record a new key gets (attempt 1,
@@ -79,7 +107,10 @@
     "  new = new:sub(1, 3) .. struct.pack('<I4', n) .. new:sub(8, 15) ..\n"  \
     "        cur:sub(16, 23) .. new:sub(24)\n"                               \
     "end\n"                                                                  \
-    "save(new, ARGV[4])\n"
+    "save(new, ARGV[4])\n"                                                   \
+    /* This process holds the lease until its end, never longer. */         \
+    "redis.call('SET', hk, ARGV[na - 1])\n"                                  \
+    "if ARGV[na - 2] ~= '0' then redis.call('PEXPIREAT', hk, ARGV[na - 2]) end\n"
 
 /* The GCRA of a shared bucket bk (redis_bucket.c has its keys): reserves
  * the start max(now, tat - tau) and moves tat to max(tat, now) + T, or
@@ -224,6 +255,85 @@ static const char SLOT_TAKE[] =
     "end\n"
     "return 1\n";
 
+/* ---- verification marks (contract §11; store.h store_verify_*) ----
+ * ARGV[1] now, ARGV[2] the lease's fence (8 bytes); each step acts only on
+ * that lease while it is in progress: 'N' no live record, 'E' completed,
+ * 'S' another lease holds the key (the record), 'L' the lease has ended,
+ * 'K' its mark does not allow the step, 'O' written. */
+#define VERIFY_CHECKS                                                        \
+    "if not cur then return {'N'} end\n"                                     \
+    "if cur:byte(2) == 2 then return {'E'} end\n"                            \
+    "if fence(cur) ~= ARGV[2] then return {'S', cur} end\n"                  \
+    "if le_cmp(cur:sub(24, 31), ARGV[1]) <= 0 then return {'L'} end\n"       \
+    /* v3 has no mark: none (0). */                                          \
+    "local function mark(r)\n"                                               \
+    "  if r:byte(1) == 4 then return r:byte(80) end\n"                       \
+    "  return 0\n"                                                           \
+    "end\n"                                                                  \
+    /* r (in progress, v3 or v4) as v4 with mark m and deadline dl. */       \
+    "local function with_mark(r, m, dl)\n"                                   \
+    "  if r:byte(1) == 4 then\n"                                             \
+    "    return r:sub(1, 79) .. string.char(m) .. dl .. r:sub(89)\n"          \
+    "  end\n"                                                                \
+    "  return string.char(4) .. r:sub(2, 79) .. string.char(m) .. dl ..\n"   \
+    "         r:sub(80)\n"                                                   \
+    "end\n"                                                                  \
+    /* A write that leaves the record's expiry as it is. */                  \
+    "local function save_keep(v)\n"                                          \
+    "  local ttl = redis.call('PTTL', KEYS[1])\n"                            \
+    "  redis.call('SET', KEYS[1], v)\n"                                      \
+    "  if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end\n"            \
+    "end\n"
+
+/* KEYS[2] the holder's key; ARGV: now, fence, '1' to claim a PENDING mark
+ * again (its verifier ended) or '0', the deadline (8 bytes), this
+ * process's id, the deadline as PEXPIREAT ms. NONE (or, again, PENDING) ->
+ * PENDING: one verification of a lease at a time, fleet-wide; the verifier
+ * is now the one responsible for the lease (its liveness is what others
+ * look at), until the lease's end (or, when the holder's key is gone, the
+ * verification's deadline). */
+static const char VERIFY_CLAIM[] =
+    PRELUDE
+    VERIFY_CHECKS
+    "local m = mark(cur)\n"
+    "if not (m == 0 or (ARGV[3] == '1' and m == 1)) then return {'K'} end\n"
+    "local ttl = redis.call('PTTL', KEYS[2])\n"
+    "save_keep(with_mark(cur, 1, ARGV[4]))\n"
+    "redis.call('SET', KEYS[2], ARGV[5])\n"
+    "if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl)\n"
+    "else redis.call('PEXPIREAT', KEYS[2], ARGV[6]) end\n"
+    "return {'O'}\n";
+
+/* ARGV: now, fence, the completed record (v4: marked FOUND and verified,
+ * times set), PEXPIREAT ms. As COMPLETE, from a PENDING mark. */
+static const char VERIFY_FOUND[] =
+    PRELUDE
+    VERIFY_CHECKS
+    "if mark(cur) ~= 1 then return {'K'} end\n"
+    "local d = ARGV[3]\n"
+    "save(d:sub(1, 3) .. cur:sub(4, 7) .. d:sub(8, 15) .. cur:sub(16, 23) ..\n"
+    "     d:sub(24, 39) .. cur:sub(40, 71) .. d:sub(72), ARGV[4])\n"
+    "return {'O'}\n";
+
+/* ARGV: now, fence, the new expires_ms (8 bytes), PEXPIREAT ms. As
+ * RELEASE (the attempt count kept), from a PENDING mark, marked ABSENT. */
+static const char VERIFY_ABSENT[] =
+    PRELUDE
+    VERIFY_CHECKS
+    "if mark(cur) ~= 1 then return {'K'} end\n"
+    "local r = with_mark(cur, 3, cur:sub(81, 88))\n"
+    "save(r:sub(1, 7) .. ARGV[3] .. r:sub(16, 23) .. ARGV[1] .. r:sub(32),\n"
+    "     ARGV[4])\n"
+    "return {'O'}\n";
+
+/* ARGV: now, fence. PENDING -> FAILED; the lease and its expiry kept. */
+static const char VERIFY_FAILED[] =
+    PRELUDE
+    VERIFY_CHECKS
+    "if mark(cur) ~= 1 then return {'K'} end\n"
+    "save_keep(with_mark(cur, 4, cur:sub(81, 88)))\n"
+    "return {'O'}\n";
+
 static const char *const BODIES[SCRIPT_COUNT] = {
     [SCRIPT_ACQUIRE] = ACQUIRE,
     [SCRIPT_COMPLETE] = COMPLETE,
@@ -233,6 +343,10 @@ static const char *const BODIES[SCRIPT_COUNT] = {
     [SCRIPT_PERMIT_LEASE] = PERMIT_LEASE,
     [SCRIPT_BUCKET_PAUSE] = BUCKET_PAUSE,
     [SCRIPT_SLOT_TAKE] = SLOT_TAKE,
+    [SCRIPT_VERIFY_CLAIM] = VERIFY_CLAIM,
+    [SCRIPT_VERIFY_FOUND] = VERIFY_FOUND,
+    [SCRIPT_VERIFY_ABSENT] = VERIFY_ABSENT,
+    [SCRIPT_VERIFY_FAILED] = VERIFY_FAILED,
 };
 
 static char shas[SCRIPT_COUNT][SCRIPT_SHA_LEN + 1];

@@ -17,6 +17,11 @@ enum redis_script {
     SCRIPT_PERMIT_LEASE, /* a keyed request's lookup, permit and lease */
     SCRIPT_BUCKET_PAUSE,
     SCRIPT_SLOT_TAKE,
+    /* a lease's verification mark (redis_verify.c) */
+    SCRIPT_VERIFY_CLAIM,
+    SCRIPT_VERIFY_FOUND,
+    SCRIPT_VERIFY_ABSENT,
+    SCRIPT_VERIFY_FAILED,
     SCRIPT_COUNT,
 };
 

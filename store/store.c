@@ -109,6 +109,16 @@ uint64_t store_count(struct store *st)
     return st ? st->ops->count(st) : 0;
 }
 
+int store_live_refresh(struct store *st, const char *scope, uint64_t ttl_ms,
+                       struct sc_error *err)
+{
+    if (!st->ops->live) {
+        sc_error_set(err, "store %s: keeps no liveness keys", st->ops->name);
+        return -EOPNOTSUPP;
+    }
+    return st->ops->live(st, scope, ttl_ms, err);
+}
+
 /* ---- verification marks --------------------------------------------------- */
 
 static int verify_step(struct store *st, const char *scope, const char *key,

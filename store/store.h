@@ -135,8 +135,18 @@ struct store_acquire_out {
     enum store_claim claim;
     uint32_t attempt;        /* ACQUIRED: the attempt this one is (1-based) */
     uint64_t lease;          /* ACQUIRED: the new lease's fence, which its
-                                complete or release must name */
+                                complete or release must name; HELD: the
+                                held lease's (to verify it) */
     uint64_t remaining_ms;   /* HELD */
+    uint8_t verify;          /* HELD: the lease's verification mark (enum
+                                verify_state), so that a duplicate is told
+                                "verify": "pending" */
+    uint64_t verify_deadline_ms; /* HELD and pending: its end (wall) */
+    bool holder_gone;        /* HELD, fleet mode: the process responsible
+                                for the lease (its holder, or its pending
+                                verification's verifier) has no liveness
+                                key (contract §11); always false on RocksDB,
+                                whose holders are this process */
     struct store_record rec; /* DONE (owned by the caller: clear it) */
 };
 
@@ -257,6 +267,15 @@ typedef int (*store_lease_fn)(void *arg, const char *scope, const char *key,
                               const struct store_record *rec);
 int store_leases_each(struct store *st, uint64_t now_ms, store_lease_fn fn,
                       void *arg, struct sc_error *err);
+
+/* Fleet mode (contract §11): each process has a random holder id, which
+ * the leases it takes (and the verifications it claims) name; a lease
+ * whose holder has no liveness key is reported HELD with holder_gone.
+ * Sets this process's liveness key of scope (a policy) for ttl_ms; call it
+ * more often than that. -EOPNOTSUPP on a backend whose leases are all this
+ * process's (RocksDB). Blocking: one short command. */
+int store_live_refresh(struct store *st, const char *scope, uint64_t ttl_ms,
+                       struct sc_error *err);
 
 /* ---- asynchronous calls: the request path -------------------------------- */
 

@@ -116,6 +116,9 @@ struct store_ops {
                   const struct store_verify_args *a, struct sc_error *err);
     int (*leases_each)(struct store *st, uint64_t now_ms, store_lease_fn fn,
                        void *arg, struct sc_error *err);
+    /* Optional: liveness keys (store_live_refresh); NULL: -EOPNOTSUPP. */
+    int (*live)(struct store *st, const char *scope, uint64_t ttl_ms,
+                struct sc_error *err);
 
     /* Optional: asynchronous calls (see above). start returns -EINPROGRESS,
      * or the result when the call completed at once (a failure with

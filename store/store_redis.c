@@ -251,6 +251,52 @@ static int redis_pause_set(struct store *base, const char *scope,
     return run_op(rs(base), STORE_OP_PAUSE_SET, &a, NULL, NULL, err);
 }
 
+/* A step of a lease's verification: one script, fenced to the lease. */
+static int redis_verify(struct store *base, const char *scope, const char *key,
+                        const struct store_verify_args *a, struct sc_error *err)
+{
+    struct redis_store *st = rs(base);
+    struct rcmd cmd;
+    redisReply *r = NULL;
+    int rc;
+
+    if ((rc = redis_verify_build(st, scope, key, a, &cmd, err)) == 0 &&
+        (rc = run(st, cmd.argc, cmd.argv, cmd.len, cmd.info.script, &r, err)) == 0)
+        rc = redis_verify_result(st, &cmd.info, r, err);
+    freeReplyObject(r);
+    rcmd_free(&cmd);
+    return rc;
+}
+
+/* SET <prefix>{scope}:live:<holder> 1 PX ttl: this process is alive. */
+static int redis_live(struct store *base, const char *scope, uint64_t ttl_ms,
+                      struct sc_error *err)
+{
+    struct redis_store *st = rs(base);
+    char key[REDIS_KEY_MAX + REDIS_HOLDER_LEN], px[24];
+    const char *argv[5];
+    size_t len[5];
+    redisReply *r = NULL;
+    int rc = redis_scope_check(scope, err);
+
+    if (rc)
+        return rc;
+    redis_live_prefix(st, scope, key);
+    strncat(key, st->holder, sizeof key - strlen(key) - 1);
+    snprintf(px, sizeof px, "%llu", (unsigned long long)ttl_ms);
+    argv[0] = "SET", argv[1] = key, argv[2] = "1", argv[3] = "PX", argv[4] = px;
+    for (int i = 0; i < 5; i++)
+        len[i] = strlen(argv[i]);
+    if ((rc = run(st, 5, argv, len, -1, &r, err)) == 0 &&
+        r->type == REDIS_REPLY_ERROR) {
+        sc_error_set(err, "store: redis at %s: liveness of %s: %s", st->addr,
+                     scope, r->str);
+        rc = -EIO;
+    }
+    freeReplyObject(r);
+    return rc;
+}
+
 /* DEL of a key: 0, or -ENOENT (err untouched) when there was none. */
 static int del(struct redis_store *st, struct rcmd *cmd, struct sc_error *err)
 {
@@ -353,7 +399,8 @@ static int redis_sweep(struct store *base, uint64_t now_ms, size_t max,
     return 0;
 }
 
-/* An estimate: DBSIZE of the selected database, so it counts pauses,
+/* An estimate: DBSIZE of the selected database, so it counts pauses, the
+ * holder key of each lease in progress and the liveness keys,
  * records Redis has not reclaimed yet, and any other keys in that database
  * (another prefix, other applications). 0 when Redis cannot answer. */
 static uint64_t redis_count(struct store *base)
@@ -520,6 +567,10 @@ int store_open_redis(const struct store_redis_opts *o, struct store **out,
     st->db = o->db;
     st->replicas_ack = o->replicas_ack;
     st->timeout_ms = o->timeout_ms ? o->timeout_ms : DEFAULT_TIMEOUT_MS;
+    /* The holder id of this process: 128 random bits. */
+    snprintf(st->holder, sizeof st->holder, "%016llx%016llx",
+             (unsigned long long)store_lease_draw(),
+             (unsigned long long)store_lease_draw());
     set_prefix(st, o->prefix);
     set_addr(st, o);
     if (dup_opt(&st->user, o->user) || dup_opt(&st->password, o->password) ||
@@ -577,6 +628,8 @@ static const struct store_ops redis_ops = {
     .healthy = redis_healthy,
     .cause = redis_cause,
     .count = redis_count,
+    .verify = redis_verify,
+    .live = redis_live,
     .loop_new = redis_loop_new,
     .loop_free = redis_loop_free,
     .start = redis_start,

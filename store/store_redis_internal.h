@@ -22,6 +22,7 @@
 /* prefix ":{" scope "}:k:" key */
 #define REDIS_KEY_MAX (REDIS_PREFIX_MAX + 2 + RECORD_SCOPE_MAX + 4 + RECORD_KEY_MAX + 1)
 #define REDIS_ADDR_MAX (REDIS_HOST_MAX + 8)
+#define REDIS_HOLDER_LEN 32          /* policies/verify.h VERIFY_HOLDER_LEN */
 
 struct redis_sentinel;
 
@@ -43,6 +44,9 @@ struct redis_store {
     struct redis_conn_opts sentinel_conn; /* to the sentinels: TLS, no AUTH */
     uint64_t timeout_ms;
     char prefix[REDIS_PREFIX_MAX + 2]; /* with its trailing ':' */
+    char holder[REDIS_HOLDER_LEN + 1]; /* this process's id (contract §11),
+                                          drawn at open: named by the leases
+                                          it takes and its liveness keys */
     char addr[REDIS_ADDR_MAX];   /* "host:port" or "master NAME", for
                                     messages: fixed at open */
     pthread_mutex_t lock;        /* guards sync, ctx_gen, cause */
@@ -66,7 +70,7 @@ struct rcmd_info {
     char name[RECORD_SCOPE_MAX + 1 + RECORD_KEY_MAX + 1];
 };
 
-#define RCMD_ARGS 12
+#define RCMD_ARGS 16
 
 /* One command, as argv for hiredis. argv points into the struct itself (or
  * its blob): build it in place, use it there, then rcmd_free. */
@@ -77,8 +81,11 @@ struct rcmd {
     size_t len[RCMD_ARGS];
     char key[REDIS_KEY_MAX];
     char key2[REDIS_KEY_MAX];    /* a script's second key, or "" */
+    char key3[REDIS_KEY_MAX];    /* its third (after key2), or "" */
     uint8_t now[8], expires[8], lease[8], kept_attempt[4];
     char at[24], now_dec[24], until_dec[24];
+    char lease_at[24];           /* acquire: the lease's end (PEXPIREAT ms) */
+    char live[REDIS_KEY_MAX];    /* acquire: the prefix of liveness keys */
     char num[3][24];             /* decimal arguments of bucket scripts */
     uint8_t *blob;               /* an encoded record (owned) */
 };
@@ -107,6 +114,15 @@ int rcmd_result(const struct redis_store *st, const struct rcmd_info *info,
                 const redisReply *r, const struct rcmd_out *out,
                 struct sc_error *err);
 
+/* A verification step's command and the reading of its reply
+ * (redis_verify.c): 0 or a negative code as store.h's store_verify_*. */
+int redis_verify_build(struct redis_store *st, const char *scope,
+                       const char *key, const struct store_verify_args *a,
+                       struct rcmd *cmd, struct sc_error *err);
+int redis_verify_result(const struct redis_store *st,
+                        const struct rcmd_info *info, const redisReply *r,
+                        struct sc_error *err);
+
 /* Command pieces (redis_cmd.c), for the bucket commands (redis_bucket.c). */
 void redis_arg(struct rcmd *cmd, const void *p, size_t len);
 void redis_arg_str(struct rcmd *cmd, const char *s);
@@ -133,6 +149,16 @@ int redis_bucket_result(const struct redis_store *st,
  * (record_key_make), so both backends take the same keys. 0 or -EINVAL. */
 int redis_record_key(const struct redis_store *st, const char *scope,
                      const char *key, struct rcmd *cmd, struct sc_error *err);
+/* Holders (contract §11): the key naming the process responsible for a
+ * record's lease (its holder, or its verifier) into out, and the prefix of
+ * a scope's liveness keys, "<prefix>{<scope>}:live:", into live; both in
+ * the record's hash tag, so a script on the record reads them in its
+ * Cluster slot. scope and key are checked already. */
+void redis_holder_key(const struct redis_store *st, const char *scope,
+                      const char *key, char out[REDIS_KEY_MAX]);
+void redis_live_prefix(const struct redis_store *st, const char *scope,
+                       char live[REDIS_KEY_MAX]);
+
 /* The scope (a policy's name) as record_key_make takes it: 0 or -EINVAL. */
 int redis_scope_check(const char *scope, struct sc_error *err);
 int redis_pause_key(const struct redis_store *st, const char *scope,

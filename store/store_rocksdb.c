@@ -547,9 +547,12 @@ static int acquire_locked(struct rocks_store *st, const struct record_key *k,
     out->claim = judge(&cur, fp, now_ms);
     if (out->claim == STORE_ACQUIRED)
         rc = take_lease(st, k, &cur, now_ms, lease_ms, ttl_ms, out, wo, err);
-    else if (out->claim == STORE_HELD)
+    else if (out->claim == STORE_HELD) {
         out->remaining_ms = cur.lease_expires_ms - now_ms;
-    else if (out->claim == STORE_DONE) {
+        out->verify = cur.verify;
+        out->verify_deadline_ms = cur.verify_deadline_ms;
+        out->lease = cur.lease;
+    } else if (out->claim == STORE_DONE) {
         out->rec = cur; /* ownership moves to the caller */
         memset(&cur, 0, sizeof cur);
     }

@@ -117,11 +117,12 @@ static bool claim(struct exchange *ex, uint64_t now)
  * apart, until it is completed (the replay), free (a first request), or the
  * policy's max_wait, counted from the first look and shared with the
  * permit's wait, is up (lease_held as with refuse). Polling the store: the
- * holder's record is visible to every loop the moment it is written. */
+ * holder's record is visible to every loop (and, on Redis, to every
+ * sidecar of the fleet) the moment it is written. */
 #define DUP_POLL_FIRST_NS (2 * NS_PER_MS)
 #define DUP_POLL_MAX_NS (25 * NS_PER_MS)
 
-static bool wait_for_holder(struct exchange *ex, uint64_t now)
+bool ex_wait_for_holder(struct exchange *ex, uint64_t now)
 {
     uint64_t step;
 
@@ -158,7 +159,7 @@ static enum ex_verdict lookup_run(struct exchange *ex, uint64_t now)
         return v;
     if (looked_up(ex) && claim(ex, now))
         return EXV_NEXT;
-    return wait_for_holder(ex, now) ? EXV_WAIT : EXV_ANSWER;
+    return ex_wait_for_holder(ex, now) ? EXV_WAIT : EXV_ANSWER;
 }
 
 /* The claim ends with the answer: from then on the lease (or nothing) keeps

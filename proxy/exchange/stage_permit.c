@@ -155,11 +155,15 @@ static int start_permit(struct exchange *ex)
 static int start_permit_lease(struct exchange *ex)
 {
     const struct sc_idempotency *id = &ex->pol->idem;
+    uint64_t now = ex->env->clock->mono_ns(ex->env->clock->arg);
     struct store_bucket_ask b = {
         .partition = partition_of(ex),
         .t_ns = ex->ps->fleet_t_ns,
         .tau_ns = ex->ps->fleet_tau_ns,
-        .max_wait_ns = ex->max_wait_ns,
+        /* After a wait for a holder (duplicates: wait), what is left. */
+        .max_wait_ns = !ex->wait_start_ns ? ex->max_wait_ns
+                       : ex->wait_deadline_ns > now ? ex->wait_deadline_ns - now
+                                                    : 0,
     };
 
     return store_permit_lease_async(ex->env->store, ex->scall, ex->pol->name,
@@ -248,6 +252,8 @@ static bool lease_with_permit(struct exchange *ex)
  * lease; one that leaves unsent is given back with its attempt uncounted. */
 static enum ex_verdict permit_lease_run(struct exchange *ex, uint64_t now)
 {
+    /* duplicates: wait asks again, a held key spending no permit. */
+    bool again = ex->dup_waiting;
     enum ex_verdict v;
 
     if (ex->woke == WOKE_FIRST) {
@@ -255,15 +261,18 @@ static enum ex_verdict permit_lease_run(struct exchange *ex, uint64_t now)
             return EXV_ANSWER;
         ex->asking = true;
     }
+    ex->dup_waiting = false;
+    if (again)
+        ex->asking = true;
     if (!ex->asking)
         return permit_due(ex, now);
-    v = ex_store_wait(ex, now, start_permit_lease, ex->woke == WOKE_FIRST,
+    v = ex_store_wait(ex, now, start_permit_lease, ex->woke == WOKE_FIRST || again,
                       ST_PERMIT_LEASE);
     if (v != EXV_NEXT)
         return v;
     ex->asking = false;
     if (!lease_with_permit(ex))
-        return EXV_ANSWER;
+        return ex_wait_for_holder(ex, now) ? EXV_WAIT : EXV_ANSWER;
     return fleet_answered(ex, now);
 }
 

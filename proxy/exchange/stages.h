@@ -46,6 +46,12 @@ extern const struct ex_stage stage_upstream, stage_upstream_body;
  * cooldown, the breaker's streak. */
 extern const struct ex_stage stage_feedback, stage_feedback_fleet;
 
+/* stage_idem.c: duplicates: wait (contract §6). The request was answered
+ * lease_held: true when it should instead look at the key again at
+ * ex->wake_at (the answer undone, ex->dup_waiting set), within max_wait;
+ * false when that answer stands. For every row that meets a held key. */
+bool ex_wait_for_holder(struct exchange *ex, uint64_t now);
+
 /* The wait for a permit and a slot starts at the first row that paces and
  * ends at max_wait; the rows after it count from the same moment. */
 static inline void ex_begin_wait(struct exchange *ex, uint64_t now)

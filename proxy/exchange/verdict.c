@@ -93,12 +93,39 @@ void ex_lease_held(struct exchange *ex, uint64_t remaining_ms)
                 ex_attempts_so_far(ex), 0);
 }
 
+/* A held lease with its verification mark (contract §11): a pending mark
+ * answers what remains of D with "verify": "pending"; a lease whose holder
+ * (or verifier) is gone has its verification started here, with this
+ * request's upstream and T, when the policy verifies (fence names the
+ * lease; 0: none to take up). */
+static void lease_held_marked(struct exchange *ex, const struct verify_lease_view *l,
+                              uint64_t fence, uint64_t now_ms)
+{
+    uint64_t delay_ms = 1, deadline = 0;
+    enum verify_action a = verify_on_lease(l, now_ms, &delay_ms);
+
+    if (a == VA_START && fence && ex->env->verify_take_up)
+        deadline = ex->env->verify_take_up(ex->env->verify_arg, ex, fence,
+                                           l->state == VERIFY_PENDING);
+    if (deadline) {
+        a = VA_PENDING;
+        delay_ms = deadline > now_ms ? deadline - now_ms : 1;
+    } else if (a == VA_START) {
+        /* Claimed by another sidecar first, or not startable: as held. */
+        a = VA_HELD;
+        delay_ms = l->expires_ms > now_ms ? l->expires_ms - now_ms : 1;
+    }
+    ex_lease_held(ex, delay_ms);
+    ex->instr.verify_pending = a == VA_PENDING;
+}
+
 void ex_lease_held_record(struct exchange *ex, const struct store_record *rec,
                           uint64_t now_ms)
 {
-    /* One sidecar's store: the holder is this process (a lease of an ended
-     * one was taken up at start-up), so only a pending mark changes the
-     * answer. */
+    /* Read from the store (the lookup row): its holder is taken for alive.
+     * With RocksDB every holder is this process (a lease of an ended one
+     * was taken up at start-up); in fleet mode the acquire that follows
+     * says whether it is gone. */
     struct verify_lease_view l = {
         .verify_enabled = ex->pol->idem.verify.enabled,
         .upstream_known = true,
@@ -108,11 +135,25 @@ void ex_lease_held_record(struct exchange *ex, const struct store_record *rec,
         .deadline_ms = rec->verify_deadline_ms,
         .expires_ms = rec->lease_expires_ms,
     };
-    uint64_t delay_ms = 1;
-    enum verify_action a = verify_on_lease(&l, now_ms, &delay_ms);
 
-    ex_lease_held(ex, delay_ms);
-    ex->instr.verify_pending = a == VA_PENDING;
+    lease_held_marked(ex, &l, 0, now_ms);
+}
+
+/* The acquire's (or permit_lease's) answer HELD. */
+static void lease_held_acquire(struct exchange *ex, const struct store_acquire_out *out)
+{
+    uint64_t wall = ex_wall_ms(ex);
+    struct verify_lease_view l = {
+        .verify_enabled = ex->pol->idem.verify.enabled,
+        .upstream_known = true,
+        .holder_alive = !out->holder_gone,
+        .state = (enum verify_state)out->verify,
+        .verifier_alive = !out->holder_gone,
+        .deadline_ms = out->verify_deadline_ms,
+        .expires_ms = wall + out->remaining_ms,
+    };
+
+    lease_held_marked(ex, &l, out->lease, wall);
 }
 
 void ex_key_reused(struct exchange *ex)
@@ -143,7 +184,7 @@ bool ex_take_lease(struct exchange *ex)
                              now + id->lease_ms * NS_PER_MS);
         return true;
     case STORE_HELD:
-        ex_lease_held(ex, out->remaining_ms);
+        lease_held_acquire(ex, out);
         return false;
     case STORE_DONE:
         ex->replay = out->rec; /* the exchange owns it now */

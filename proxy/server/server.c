@@ -895,6 +895,7 @@ static void env_init(struct loop *w)
         .statsd = &w->statsd,
         .spare_calls = &w->spare_call,
         .verify_begin = verification_begin,
+        .verify_take_up = verification_take_up,
         .verify_arg = w,
     };
 }

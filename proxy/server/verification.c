@@ -3,7 +3,9 @@
  * exchange it owns running the policy's plain plan, and each result is
  * written to the store for the very lease it was started for (the store
  * drops it otherwise). The store calls here are the blocking ones: RocksDB
- * answers them at once, and a verification makes at most two writes. */
+ * answers them at once; on Redis each is one round trip on this loop,
+ * bounded by store.timeout, and a verification makes one read and at most
+ * two writes (rare: only unknown outcomes and dead holders have them). */
 #include "proxy/server/verification.h"
 
 #include <errno.h>
@@ -388,9 +390,11 @@ static uint64_t start(struct loop *w, struct runtime *rt, const struct lease_fac
     return deadline;
 }
 
-uint64_t verification_begin(void *loop, struct exchange *ex)
+/* The verification of ex's key's lease `fence` with ex's upstream and T;
+ * the lease's attempt and expiry are the store's. */
+static uint64_t begin_for(struct loop *w, struct exchange *ex, uint64_t fence,
+                          bool again)
 {
-    struct loop *w = loop;
     struct store_record rec;
     struct sc_error err = {0};
     struct lease_facts f = {
@@ -398,20 +402,32 @@ uint64_t verification_begin(void *loop, struct exchange *ex)
         .upstream = ex->upstream_idx,
         .timeout_ms = ex->timeout_ms,
         .key = ex->key,
-        .fence = ex->lease,
-        .attempt = ex->attempt,
+        .fence = fence,
+        .again = again,
     };
 
-    if (f.policy < 0 || !ex->key)
+    if (f.policy < 0 || !ex->key || !fence)
         return 0;
-    /* The lease's expiry is the store's. */
     if (store_get(w->app->store, ex->pol->name, ex->key, clock_wall_ms(), &rec,
                   &err) != 0)
         return 0;
-    f.expires_ms = rec.state == STORE_IN_PROGRESS && rec.lease == ex->lease
-                       ? rec.lease_expires_ms : 0;
+    if (rec.state == STORE_IN_PROGRESS && rec.lease == fence) {
+        f.expires_ms = rec.lease_expires_ms;
+        f.attempt = rec.attempt;
+    }
     store_record_clear(&rec);
     return f.expires_ms ? start(w, ex->rt, &f) : 0;
+}
+
+uint64_t verification_begin(void *loop, struct exchange *ex)
+{
+    return begin_for(loop, ex, ex->lease, false);
+}
+
+uint64_t verification_take_up(void *loop, struct exchange *ex, uint64_t fence,
+                              bool again)
+{
+    return begin_for(loop, ex, fence, again);
 }
 
 /* ---- start-up --------------------------------------------------------------- */

@@ -1,5 +1,5 @@
 /* Settling an unknown outcome by asking the partner (docs/contract.md §11),
- * the single-sidecar (RocksDB) edition: after a keyed request of a policy
+ * with either store: after a keyed request of a policy
  * with idempotency.verify ends in a timeout or a lost connection, its
  * lease is claimed for a verification (PENDING in the store) and, in the
  * background on the request's loop, sluice sends the policy's lookup to
@@ -8,7 +8,9 @@
  * slot, the pause, the breaker, like any request), ending within T. The
  * first answer in `found` completes the record from it (verified), one in
  * `absent` releases the lease; otherwise the lease is marked failed and
- * waits out its expiry.
+ * waits out its expiry. In fleet mode a request that meets a lease whose
+ * holder is gone starts that lease's verification the same way
+ * (verification_take_up).
  *
  * A verification is plain data on its loop: a timer moves it (policies/
  * verify.h says when), a lookup is an exchange it owns. Nothing of it
@@ -17,6 +19,7 @@
 #ifndef SLUICE_PROXY_SERVER_VERIFICATION_H
 #define SLUICE_PROXY_SERVER_VERIFICATION_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct app;
@@ -28,6 +31,13 @@ struct loop;
  * started (the store refused the claim, the lease ends before a lookup
  * could go, no memory). */
 uint64_t verification_begin(void *loop, struct exchange *ex);
+
+/* ex_env.verify_take_up (arg: the loop): as verification_begin, for the
+ * lease `fence` of ex's key that another, gone, process holds or was
+ * verifying (fleet mode): with ex's upstream and T, the lease's attempt
+ * and expiry as the store holds them. */
+uint64_t verification_take_up(void *loop, struct exchange *ex, uint64_t fence,
+                              bool again);
 
 /* Start-up, before the loops run (RocksDB: every lease in progress belongs
  * to a process that ended): starts the verification of each lease whose

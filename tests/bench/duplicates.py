@@ -11,11 +11,16 @@ stub, one per setting of the policy's idempotency.duplicates:
   time (or its holder's remaining wait plus the upstream timeout) as its delay;
 - wait: the second copy waits inside sluice for the holder's answer and gets its replay.
 
+With --backend redis the two copies go through two sluices sharing one redis-server (fleet
+mode: store.backend: redis, the policy shared: redis at a rate far above the load), one copy
+each, so the waiting copy waits for the other sidecar's record.
+
 Prints median, p99 and max per setting, and how many copies reached the partner (must be N:
 one per job, whatever the setting). A benchmark: it asserts nothing on times. Everything runs on
 loopback from a temp dir; each process is stopped by its pid.
 
     /usr/bin/python3 tests/bench/duplicates.py [--jobs 200] [--parallel 16] [--build build]
+        [--backend rocksdb|redis]
 """
 import argparse
 import json
@@ -35,14 +40,14 @@ CONFIG = """\
 listen: 127.0.0.1:{port}
 admin: 127.0.0.1:{admin}
 threads: 2
-store: {{path: {store}}}
+store: {store}
 log: {{level: warn, access: false}}
 upstreams:
   partner: {{url: "{stub}", timeout: {timeout}}}
 policies:
   jobs:
     max_wait: {max_wait}
-    idempotency: {{lease: {lease}, duplicates: {duplicates}}}
+{shared}    idempotency: {{lease: {lease}, duplicates: {duplicates}}}
 routes:
   - {{prefix: /v1, upstream: partner, policy: jobs}}
 """
@@ -66,16 +71,30 @@ def deliver(port, key, out, i):
         conn.close()
 
 
-def run_setting(duplicates, args, procs, d, stub):
-    cfg = os.path.join(d, f"{duplicates}.yaml")
+def start_sluice(duplicates, i, args, procs, d, stub):
+    """Sluice i of a setting: its port and process."""
+    cfg = os.path.join(d, f"{duplicates}-{i}.yaml")
     port, admin = ex.free_port(), ex.free_port()
+    if args.redis_port:
+        store = '{backend: redis, url: "redis://127.0.0.1:%d/0", timeout: 1000ms}' % args.redis_port
+        shared = "    rate: 100000/s\n    shared: redis\n"
+    else:
+        store, shared = "{path: %s}" % os.path.join(d, duplicates), ""
     with open(cfg, "w") as f:
-        f.write(CONFIG.format(port=port, admin=admin, store=os.path.join(d, duplicates),
+        f.write(CONFIG.format(port=port, admin=admin, store=store, shared=shared,
                               stub=stub, timeout=args.timeout, max_wait=args.max_wait,
                               lease=args.lease, duplicates=duplicates))
-    p = procs.start(f"sluice-{duplicates}", [args.sluice, "-c", cfg])
+    p = procs.start(f"sluice-{duplicates}-{i}", [args.sluice, "-c", cfg])
     ex.wait_until(lambda: ex.http(f"http://127.0.0.1:{admin}/readyz", timeout=1)[0] == 200,
                   20, "sluice /readyz")
+    return port, p
+
+
+def run_setting(duplicates, args, procs, d, stub):
+    # One sluice, or (fleet mode) two: copy i through sluice i.
+    fronts = [start_sluice(duplicates, i, args, procs, d, stub)
+              for i in range(2 if args.redis_port else 1)]
+    ports = [fronts[i % len(fronts)][0] for i in (0, 1)]
     before = json.loads(ex.http(stub + "/_stub/stats")[1])["requests"]
     times, outcomes = [], {}
     sem = threading.Semaphore(args.parallel)
@@ -85,7 +104,7 @@ def run_setting(duplicates, args, procs, d, stub):
             key = f"{duplicates}-job-{n:06d}"
             got = [None, None]
             t0 = time.monotonic()
-            ts = [threading.Thread(target=deliver, args=(port, key, got, i)) for i in (0, 1)]
+            ts = [threading.Thread(target=deliver, args=(ports[i], key, got, i)) for i in (0, 1)]
             for t in ts:
                 t.start()
             for t in ts:
@@ -102,7 +121,8 @@ def run_setting(duplicates, args, procs, d, stub):
         t.join()
     wall = time.monotonic() - start
     calls = json.loads(ex.http(stub + "/_stub/stats")[1])["requests"] - before
-    procs.stop(p)
+    for _, p in fronts:
+        procs.stop(p)
     times.sort()
     return {"duplicates": duplicates, "median": statistics.median(times),
             "p99": times[min(len(times) - 1, int(0.99 * len(times)))], "max": times[-1],
@@ -119,6 +139,8 @@ def main():
     ap.add_argument("--max-wait", default="2s", help="the policy's max_wait")
     ap.add_argument("--build", default="build", help="where sluice and sluice-stub are")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (configs, logs)")
+    ap.add_argument("--backend", choices=["rocksdb", "redis"], default="rocksdb",
+                    help="redis: two sluices on one redis-server, one copy through each")
     args = ap.parse_args()
     args.sluice = os.environ.get("SLUICE_BIN", os.path.join(args.build, "sluice"))
     stub_bin = os.environ.get("SLUICE_STUB", os.path.join(args.build, "sluice-stub"))
@@ -128,12 +150,14 @@ def main():
     try:
         _, stub = ex.start_stub(procs, stub_bin, 1e6, 1000,
                                 ["--delay-ms", str(args.stub_delay_ms)])
+        args.redis_port = (ex.start_redis(procs, d, "store-redis")[1]
+                           if args.backend == "redis" else None)
         for setting in ("refuse", "wait"):
             print(f"running duplicates: {setting} ...", file=sys.stderr, flush=True)
             results.append(run_setting(setting, args, procs, d, stub))
     finally:
         procs.stop_all()
-    print(f"{args.jobs} jobs x 2 copies, {args.parallel} jobs at once, partner "
+    print(f"{args.backend}: {args.jobs} jobs x 2 copies, {args.parallel} jobs at once, partner "
           f"{args.stub_delay_ms} ms, lease {args.lease}, timeout {args.timeout}, "
           f"max_wait {args.max_wait}")
     print(f"{'duplicates':<10} {'both acked: median':>19} {'p99':>8} {'max':>8} "

@@ -188,7 +188,7 @@ policies:
     burst: {burst}
     max_wait: {max_wait}ms
     retry: {{base: 1s, multiplier: 2, cap: 60s, max_attempts: {attempts}, max_delay: {max_delay}s{on}}}
-{breaker}{shared}    idempotency: {{lease: {lease}s{verify}}}
+{breaker}{shared}    idempotency: {{lease: {lease}s{verify}{duplicates}}}
 routes:
   - {{name: grades, prefix: /v1, upstream: partner, policy: writes}}
 """
@@ -218,6 +218,8 @@ class Sluice:
                                        verify=(", verify: {path: \"%s\", after: %dms}" %
                                                (args.verify_path, args.verify_after_ms)
                                                if getattr(args, "verify_path", None) else ""),
+                                       duplicates=(", duplicates: %s" % args.duplicates
+                                                   if getattr(args, "duplicates", None) else ""),
                                        on=f", on: [{args.retry_on}]" if args.retry_on else "",
                                        breaker="    breaker: {failures: 5, pause: 250ms, "
                                                "max_pause: 1s}\n" if args.breaker else ""))

@@ -23,6 +23,12 @@ a job's first success answered from the ledger (replayed), and at least one such
 another sluice. The local arm is only reported, unless --check-local: then its redeliveries
 through another sluice must show as duplicates and its pods must have overrun the partner's rate.
 
+With --lookup the partner (the stub) ignores Idempotency-Key but offers a lookup by it, and the
+policy verifies every unknown outcome with it (idempotency.verify, after --verify-after-ms): the
+leases of the sluice killed -9 are then settled by the other sluices once its liveness key has
+lapsed, not at their expiry. --duplicates wait makes a redelivery that meets its key in progress
+on another sluice wait there for the replay.
+
 Everything runs on loopback and stops by itself; processes are stopped by pid.
 """
 import argparse
@@ -194,9 +200,15 @@ def store_stats(port, jobs):
             "redis_cpu_s": cpu["used_cpu_sys"] + cpu["used_cpu_user"]}
 
 
+LOOKUP_PREFIX = "/v1/lookup/"     # the stub's lookup; the route's prefix is /v1
+
+
 def run_arm(arm, args, root, rport, stub_bin, sluice_bin):
     if arm == "local" and args.local_jobs:
         args = argparse.Namespace(**dict(vars(args), jobs=args.local_jobs))
+    stub_args = ["--lookup", LOOKUP_PREFIX] if args.lookup else []
+    args = argparse.Namespace(**dict(vars(args),
+                                     verify_path=LOOKUP_PREFIX + "{key}" if args.lookup else None))
     d = os.path.join(root, arm)
     os.makedirs(d)
     procs = ex.Procs(d)
@@ -204,8 +216,9 @@ def run_arm(arm, args, root, rport, stub_bin, sluice_bin):
     try:
         store_port = ex.start_redis(procs, d, "store-redis")[1] if arm == "fleet" else None
         res = ex.run_arm(arm, "python-acks", args, procs, rport, d, stub_bin, sluice_bin,
-                         hooks=hooks, front=lambda stub: Fleet(procs, sluice_bin, d, stub, args,
-                                                               MODES[arm], store_port))
+                         hooks=hooks, stub_args=stub_args,
+                         front=lambda stub: Fleet(procs, sluice_bin, d, stub, args,
+                                                  MODES[arm], store_port))
         if store_port:
             res.update(store_stats(store_port, args.jobs))
     finally:
@@ -309,6 +322,12 @@ def main():
                     help="jobs of the local arm (default: --jobs); it only has to show harm")
     ap.add_argument("--check-local", action="store_true",
                     help="fail unless the local arm shows duplicates and rate overruns")
+    ap.add_argument("--lookup", action="store_true",
+                    help="the stub offers a lookup by key and the policy verifies with it")
+    ap.add_argument("--verify-after-ms", type=int, default=200,
+                    help="idempotency.verify's after, with --lookup")
+    ap.add_argument("--duplicates", choices=["refuse", "wait"],
+                    help="the policy's idempotency.duplicates (default: sluice's, refuse)")
     args = ap.parse_args()
     arms = args.arms.split(",")
     for arm in arms:

@@ -1104,6 +1104,28 @@ Test(config_json, duplicates_and_verify_values_and_json)
     config_free(cfg);
 }
 
+/* Fleet mode takes both (contract §11, §6): the marks are Redis scripts and
+ * a duplicate waits for another sidecar's record. */
+Test(config_json, verify_and_duplicates_wait_load_with_the_redis_store)
+{
+    struct sc_config *cfg = load_ok(
+        "store: {backend: redis, url: \"redis://127.0.0.1:6379\"}\n"
+        "upstreams: {u: {url: http://127.0.0.1:9}}\n"
+        "policies:\n"
+        "  a:\n"
+        "    rate: 10/s\n"
+        "    shared: redis\n"
+        "    idempotency:\n"
+        "      duplicates: wait\n"
+        "      verify: {path: \"/v1/orders?client_ref={key}\"}\n"
+        "routes: [{prefix: /, upstream: u, policy: a}]\n");
+
+    cr_expect_eq(cfg->store.backend, SC_BACKEND_REDIS);
+    cr_expect_eq(cfg->policies[0].idem.duplicates, SC_DUP_WAIT);
+    cr_expect(cfg->policies[0].idem.verify.enabled);
+    config_free(cfg);
+}
+
 /* Each status is checked: 429 and a shared one, both reported at their
  * elements in one pass. */
 Test(config_errors, verify_statuses_reported_together)

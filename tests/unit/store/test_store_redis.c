@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 #include <hiredis/hiredis.h>
@@ -177,7 +178,8 @@ Test(store, backend_name_sweep_and_count)
     cr_expect_eq(store_count(st), 0);
     expect_acquired("a", fp_a, t0, 1);
     expect_acquired("b", fp_a, t0, 1);
-    cr_expect_eq(store_count(st), 2);
+    /* An estimate (DBSIZE): each lease in progress has its holder's key. */
+    cr_expect_eq(store_count(st), 4);
     cr_expect_eq(store_sweep(st, t0 + 2 * TTL, 100, &removed, &err), 0);
     cr_expect_eq(removed, 0, "Redis expires records itself");
     cr_expect(store_healthy(st));
@@ -890,18 +892,124 @@ Test(store, a_lease_granted_after_its_call_gave_up_is_given_back)
 
 /* Fleet mode does not verify unknown outcomes yet (--check-config refuses
  * idempotency.verify with store.backend: redis): its calls say so. */
-Test(store, verification_marks_are_not_supported)
+/* The verification cases, against the real redis-server: the marks are
+ * scripts, so a claim is atomic fleet-wide. */
+#define VERIFY_SUITE store
+#define VERIFY_FP fp_a
+#include "unit/store/verify_cases.h"
+
+/* Two sidecars race to claim one lease's verification: exactly one wins;
+ * the other's result steps are refused, the winner's apply. */
+Test(store, verify_claim_is_won_by_one_sidecar)
+{
+    struct store *other = open_second();
+    struct store_acquire_out out;
+    struct store_record rec;
+
+    cr_assert_eq(store_acquire(st, SCOPE, "race", fp_a, t0, LEASE, TTL, &out,
+                               &err), 0, "%s", err.text);
+    cr_assert_eq(store_verify_claim(other, SCOPE, "race", out.lease, t0 + 1,
+                                    t0 + 5000, false, &err), 0, "%s", err.text);
+    cr_expect_eq(store_verify_claim(st, SCOPE, "race", out.lease, t0 + 2,
+                                    t0 + 5000, false, &err), -EALREADY);
+    cr_assert_eq(store_verify_absent(other, SCOPE, "race", out.lease, t0 + 3, TTL,
+                                     &err), 0, "%s", err.text);
+    cr_expect_eq(store_verify_failed(st, SCOPE, "race", out.lease, t0 + 4, &err),
+                 -ESTALE, "released: a second verifier cannot fail it");
+    cr_assert_eq(store_get(st, SCOPE, "race", t0 + 5, &rec, &err), 0);
+    cr_expect_eq(rec.verify, ABSENT);
+    store_record_clear(&rec);
+    store_close(other);
+}
+
+/* Holders (contract §11): a held lease is reported with whether the
+ * process responsible for it (the one that took it, then the one verifying
+ * it) still has its liveness key. */
+static struct store_acquire_out held_by(struct store *s, const char *key)
 {
     struct store_acquire_out out;
 
-    cr_assert_eq(store_acquire(st, "payments", "k", fp_a, t0, 60000, 86400000,
-                               &out, &err), 0, "%s", err.text);
-    cr_expect_eq(store_verify_claim(st, "payments", "k", out.lease, t0, t0 + 1,
-                                    false, &err), -EOPNOTSUPP);
-    cr_expect(strstr(err.text, "not supported"), "%s", err.text);
-    cr_expect_eq(store_verify_absent(st, "payments", "k", out.lease, t0, 1, &err),
-                 -EOPNOTSUPP);
-    cr_expect_eq(store_leases_each(st, t0, NULL, NULL, &err), -EOPNOTSUPP);
+    cr_assert_eq(store_acquire(s, SCOPE, key, fp_a, t0 + 1, LEASE, TTL, &out,
+                               &err), 0, "%s", err.text);
+    cr_assert_eq(out.claim, STORE_HELD);
+    return out;
+}
+
+Test(store, a_held_lease_tells_whether_its_holder_is_gone)
+{
+    struct store *other = open_second();
+    struct store_acquire_out out;
+    uint64_t fence;
+
+    cr_assert_eq(store_live_refresh(st, SCOPE, 3000, &err), 0, "%s", err.text);
+    cr_assert_eq(store_acquire(st, SCOPE, "hk", fp_a, t0, LEASE, TTL, &out, &err), 0);
+    fence = out.lease;
+    out = held_by(other, "hk");
+    cr_expect_not(out.holder_gone, "its holder refreshes its liveness key");
+    cr_expect_eq(out.lease, fence, "the held lease's fence, to verify it");
+    cr_expect_gt(raw_int("PTTL %s", "sluice:{payments}:h:hk"), 0,
+                 "the holder's key ends with the lease");
+    /* Its holder stops (killed: its key lapses). */
+    cr_assert_eq(store_live_refresh(st, SCOPE, 1, &err), 0);
+    usleep(20 * 1000);
+    cr_expect(held_by(other, "hk").holder_gone);
+    cr_expect_not(held_by(st, "hk").holder_gone,
+                  "never gone to itself: its requests are still out");
+    /* The other sidecar claims the verification: it is responsible now. */
+    cr_assert_eq(store_live_refresh(other, SCOPE, 3000, &err), 0);
+    cr_assert_eq(store_verify_claim(other, SCOPE, "hk", fence, t0 + 2, t0 + 5000,
+                                    false, &err), 0, "%s", err.text);
+    out = held_by(st, "hk");
+    cr_expect_not(out.holder_gone, "its verifier is alive");
+    cr_expect_eq(out.verify, PENDING);
+    /* ... until the verifier stops too: its pending mark may be taken up. */
+    cr_assert_eq(store_live_refresh(other, SCOPE, 1, &err), 0);
+    usleep(20 * 1000);
+    cr_expect(held_by(st, "hk").holder_gone);
+    cr_expect_eq(store_live_refresh(st, "bad scope", 1, &err), -EINVAL);
+    store_close(other);
+}
+
+/* A marked record is v4 in Redis, keeps its TTL through a claim, and the
+ * other scripts (acquire, permit_lease, complete, release) read it. */
+Test(store, marked_records_keep_their_ttl_and_are_read_by_every_script)
+{
+    struct store_acquire_out out;
+    long long before, after;
+    redisReply *r;
+
+    cr_assert_eq(store_acquire(st, SCOPE, "m", fp_a, t0, LEASE, TTL, &out, &err),
+                 0, "%s", err.text);
+    before = raw_int("PTTL %s", "sluice:{payments}:k:m");
+    cr_assert_eq(store_verify_claim(st, SCOPE, "m", out.lease, t0, t0 + 5000,
+                                    false, &err), 0, "%s", err.text);
+    after = raw_int("PTTL %s", "sluice:{payments}:k:m");
+    cr_expect(after > 0 && after <= before && before - after < 5000,
+              "PTTL %lld then %lld", before, after);
+    r = raw("GET %s", "sluice:{payments}:k:m");
+    cr_assert_eq(r->type, REDIS_REPLY_STRING);
+    cr_expect_eq((unsigned char)r->str[0], 4, "a marked record is version 4");
+    freeReplyObject(r);
+    /* A duplicate meets the held lease, and sees its mark. */
+    cr_assert_eq(store_acquire(st, SCOPE, "m", fp_a, t0 + 1, LEASE, TTL, &out,
+                               &err), 0, "%s", err.text);
+    cr_expect_eq(out.claim, STORE_HELD);
+    cr_expect_eq(store_acquire(st, SCOPE, "m", fp_b, t0 + 1, LEASE, TTL, &out,
+                               &err), 0);
+    cr_expect_eq(out.claim, STORE_MISMATCH);
+    /* The holder may still complete it (its answer came after all). */
+    {
+        struct store_record rec;
+        uint64_t l = lease_in(st, SCOPE, "m");
+
+        cr_assert_eq(store_complete(st, SCOPE, "m", l, t0 + 2, TTL, 201, NULL, 0,
+                                    (const uint8_t *)"ok", 2, false, &err), 0,
+                     "%s", err.text);
+        cr_assert_eq(store_get(st, SCOPE, "m", t0 + 3, &rec, &err), 0);
+        cr_expect_eq(rec.status, 201);
+        cr_expect_not(rec.verified);
+        store_record_clear(&rec);
+    }
 }
 
 /* A completion larger than a call's own command buffer (a body of 64 KiB)

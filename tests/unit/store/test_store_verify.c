@@ -17,8 +17,6 @@
 #define LEASE 60000ull
 #define TTL 86400000ull
 
-enum { NONE = 0, PENDING, FOUND, ABSENT, FAILED }; /* enum verify_state */
-
 static char *dir;
 static struct store *st;
 static struct sc_error err;
@@ -43,158 +41,15 @@ static void teardown(void)
 
 TestSuite(verify_store, .init = setup, .fini = teardown);
 
-static uint64_t take(const char *key, uint64_t now)
+/* RocksDB's leases are all this process's: no liveness keys. */
+Test(verify_store, rocksdb_keeps_no_liveness_keys)
 {
-    struct store_acquire_out out;
-
-    cr_assert_eq(store_acquire(st, SCOPE, key, fp, now, LEASE, TTL, &out, &err),
-                 0, "%s", err.text);
-    cr_assert_eq(out.claim, STORE_ACQUIRED);
-    return out.lease;
+    cr_expect_eq(store_live_refresh(st, SCOPE, 3000, &err), -EOPNOTSUPP);
 }
 
-static struct store_record get(const char *key, uint64_t now)
-{
-    struct store_record rec;
-
-    cr_assert_eq(store_get(st, SCOPE, key, now, &rec, &err), 0, "%s", err.text);
-    return rec;
-}
-
-Test(verify_store, claim_once_then_found_completes_verified)
-{
-    uint64_t lease = take("k1", t0);
-    struct store_header h[] = {{"Content-Type", "application/json"}};
-    struct store_acquire_out out;
-    struct store_record rec;
-
-    cr_assert_eq(store_verify_claim(st, SCOPE, "k1", lease, t0 + 1, t0 + 9000,
-                                    false, &err), 0, "%s", err.text);
-    rec = get("k1", t0 + 2);
-    cr_expect_eq(rec.verify, PENDING);
-    cr_expect_eq(rec.verify_deadline_ms, t0 + 9000);
-    store_record_clear(&rec);
-    /* At most one verification of a lease at a time. */
-    cr_expect_eq(store_verify_claim(st, SCOPE, "k1", lease, t0 + 3, t0 + 9000,
-                                    false, &err), -EALREADY);
-    cr_assert_eq(store_verify_found(st, SCOPE, "k1", lease, t0 + 10, TTL, 200, h,
-                                    1, (const uint8_t *)"{\"id\":7}", 8, false,
-                                    &err), 0, "%s", err.text);
-    rec = get("k1", t0 + 11);
-    cr_expect_eq(rec.state, STORE_COMPLETED);
-    cr_expect_eq(rec.status, 200);
-    cr_expect(rec.verified);
-    cr_expect_eq(rec.verify, FOUND);
-    cr_expect_eq(rec.attempt, 1, "the lookup adds no attempt");
-    cr_expect_eq(rec.completed_ms, t0 + 10);
-    cr_expect_eq(rec.expires_ms, t0 + 10 + TTL, "ttl counts from the lookup");
-    cr_assert_eq(rec.body_len, 8);
-    cr_expect_arr_eq(rec.body, "{\"id\":7}", 8);
-    cr_assert_eq(rec.n_headers, 1);
-    cr_expect_str_eq(rec.headers[0].value, "application/json");
-    store_record_clear(&rec);
-    /* A later request is replayed. */
-    cr_assert_eq(store_acquire(st, SCOPE, "k1", fp, t0 + 12, LEASE, TTL, &out, &err), 0);
-    cr_expect_eq(out.claim, STORE_DONE);
-    cr_expect(out.rec.verified);
-    store_record_clear(&out.rec);
-    /* Done: nothing more to apply. */
-    cr_expect_eq(store_verify_absent(st, SCOPE, "k1", lease, t0 + 13, TTL, &err),
-                 -EALREADY);
-}
-
-Test(verify_store, absent_releases_the_lease_at_once)
-{
-    uint64_t lease = take("k2", t0);
-    struct store_acquire_out out;
-    struct store_record rec;
-
-    cr_assert_eq(store_verify_claim(st, SCOPE, "k2", lease, t0, t0 + 5000, false,
-                                    &err), 0, "%s", err.text);
-    cr_assert_eq(store_verify_absent(st, SCOPE, "k2", lease, t0 + 100, TTL, &err),
-                 0, "%s", err.text);
-    rec = get("k2", t0 + 101);
-    cr_expect_eq(rec.state, STORE_IN_PROGRESS);
-    cr_expect_eq(rec.verify, ABSENT);
-    cr_expect_eq(rec.lease_expires_ms, t0 + 100, "released now, not at expiry");
-    store_record_clear(&rec);
-    /* The next request goes as a first request would, attempt count kept,
-     * and its new lease carries no mark. */
-    cr_assert_eq(store_acquire(st, SCOPE, "k2", fp, t0 + 200, LEASE, TTL, &out, &err), 0);
-    cr_expect_eq(out.claim, STORE_ACQUIRED);
-    cr_expect_eq(out.attempt, 2);
-    rec = get("k2", t0 + 201);
-    cr_expect_eq(rec.verify, NONE);
-    store_record_clear(&rec);
-}
-
-Test(verify_store, failed_keeps_the_lease_and_is_never_claimed_again)
-{
-    uint64_t lease = take("k3", t0);
-    struct store_acquire_out out;
-    struct store_record rec;
-
-    cr_assert_eq(store_verify_claim(st, SCOPE, "k3", lease, t0, t0 + 5000, false,
-                                    &err), 0);
-    cr_assert_eq(store_verify_failed(st, SCOPE, "k3", lease, t0 + 5000, &err), 0,
-                 "%s", err.text);
-    rec = get("k3", t0 + 5001);
-    cr_expect_eq(rec.verify, FAILED);
-    cr_expect_eq(rec.lease_expires_ms, t0 + LEASE, "kept until its expiry");
-    store_record_clear(&rec);
-    cr_expect_eq(store_verify_claim(st, SCOPE, "k3", lease, t0 + 6000, t0 + 9000,
-                                    true, &err), -EALREADY,
-                 "a failed verification is not made again, not even at start-up");
-    cr_assert_eq(store_acquire(st, SCOPE, "k3", fp, t0 + 6000, LEASE, TTL, &out, &err), 0);
-    cr_expect_eq(out.claim, STORE_HELD);
-}
-
-Test(verify_store, results_apply_only_to_their_lease)
-{
-    uint64_t lease = take("k4", t0), other;
-
-    cr_expect_eq(store_verify_claim(st, SCOPE, "nope", lease, t0, t0 + 1, false,
-                                    &err), -ENOENT);
-    cr_expect_eq(store_verify_claim(st, SCOPE, "k4", lease + 1, t0, t0 + 1, false,
-                                    &err), -ESTALE);
-    cr_assert_eq(store_verify_claim(st, SCOPE, "k4", lease, t0, t0 + 5000, false,
-                                    &err), 0);
-    /* The lease expires and is taken over: the old verification's answer is
-     * dropped, whatever it says. */
-    other = take("k4", t0 + LEASE);
-    cr_expect_neq(other, lease);
-    cr_expect_eq(store_verify_found(st, SCOPE, "k4", lease, t0 + LEASE + 1, TTL,
-                                    200, NULL, 0, NULL, 0, false, &err), -ESTALE);
-    cr_expect_eq(store_verify_absent(st, SCOPE, "k4", lease, t0 + LEASE + 1, TTL,
-                                     &err), -ESTALE);
-    /* Past its expiry, the lease is not settled by a late answer either. */
-    take("k5", t0);
-    {
-        struct store_record rec = get("k5", t0);
-        uint64_t l5 = rec.lease;
-
-        store_record_clear(&rec);
-        cr_assert_eq(store_verify_claim(st, SCOPE, "k5", l5, t0, t0 + 5000, false,
-                                        &err), 0);
-        cr_expect_eq(store_verify_failed(st, SCOPE, "k5", l5, t0 + LEASE, &err),
-                     -ESTALE);
-    }
-    /* Unclaimed: a result needs a pending mark. */
-    cr_expect_eq(store_verify_absent(st, SCOPE, "k4", other, t0 + LEASE + 2, TTL,
-                                     &err), -EALREADY);
-}
-
-Test(verify_store, a_pending_mark_is_claimed_again_at_start_up)
-{
-    uint64_t lease = take("k6", t0);
-
-    cr_assert_eq(store_verify_claim(st, SCOPE, "k6", lease, t0, t0 + 5000, false,
-                                    &err), 0);
-    cr_expect_eq(store_verify_claim(st, SCOPE, "k6", lease, t0 + 1, t0 + 7000,
-                                    false, &err), -EALREADY);
-    cr_expect_eq(store_verify_claim(st, SCOPE, "k6", lease, t0 + 1, t0 + 7000,
-                                    true, &err), 0, "%s", err.text);
-}
+#define VERIFY_SUITE verify_store
+#define VERIFY_FP fp
+#include "unit/store/verify_cases.h"
 
 struct seen {
     int n;
@@ -222,14 +77,14 @@ Test(verify_store, leases_each_lists_only_leases_in_progress)
     struct seen s = {0};
     uint64_t l;
 
-    take("live-a", t0);
-    l = take("live-b", t0);
+    vtake("live-a", t0);
+    l = vtake("live-b", t0);
     cr_assert_eq(store_verify_claim(st, SCOPE, "live-b", l, t0, t0 + 5000, false,
                                     &err), 0);
-    l = take("done", t0);
+    l = vtake("done", t0);
     cr_assert_eq(store_complete(st, SCOPE, "done", l, t0, TTL, 200, NULL, 0, NULL,
                                 0, false, &err), 0);
-    l = take("released", t0);
+    l = vtake("released", t0);
     cr_assert_eq(store_release(st, SCOPE, "released", 1, l, t0, TTL, &err), 0);
     cr_assert_eq(store_acquire(st, SCOPE, "short", fp, t0, 10, TTL, &out, &err), 0);
     cr_assert_eq(store_pause_set(st, SCOPE, t0, t0 + LEASE, &err), 0);
@@ -245,14 +100,14 @@ Test(verify_store, leases_each_lists_only_leases_in_progress)
 
 Test(verify_store, marks_survive_a_reopen)
 {
-    uint64_t lease = take("k7", t0);
+    uint64_t lease = vtake("k7", t0);
     struct store_record rec;
 
     cr_assert_eq(store_verify_claim(st, SCOPE, "k7", lease, t0, t0 + 5000, false,
                                     &err), 0);
     store_close(st);
     cr_assert_eq(store_open_rocksdb(dir, false, &st, &err), 0, "%s", err.text);
-    rec = get("k7", t0 + 1);
+    rec = vget("k7", t0 + 1);
     cr_expect_eq(rec.verify, PENDING);
     store_record_clear(&rec);
 }
