@@ -30,9 +30,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "store/redis_slot.h"
 #include "store/store_redis_internal.h"
+#include "util/clock.h"
 #include "util/tls_client.h"
 
 #define DEFAULT_TIMEOUT_MS 100
@@ -200,7 +202,7 @@ static bool send_asking(struct redis_store *st, struct redis_sync *s, int *rc,
 
 /* On a cluster: the command goes to the owner of key's slot (node when key
  * is NULL), following MOVED and ASK a few times. */
-static redisReply *run_cluster(struct redis_store *st, const char *key, int node,
+static redisReply *route_once(struct redis_store *st, const char *key, int node,
                                int argc, const char **argv, const size_t *len,
                                int script, int *rc, struct sc_error *err)
 {
@@ -234,6 +236,26 @@ static redisReply *run_cluster(struct redis_store *st, const char *key, int node
         }
     }
     return r; /* still a redirection: an error reply */
+}
+
+#define TRYAGAIN_MS 10
+
+/* route_once, and again TRYAGAIN_MS later after TRYAGAIN or CLUSTERDOWN
+ * (a slot migrating, a failover under way) while within the timeout. */
+static redisReply *run_cluster(struct redis_store *st, const char *key, int node,
+                               int argc, const char **argv, const size_t *len,
+                               int script, int *rc, struct sc_error *err)
+{
+    uint64_t until = clock_mono_ns() + st->timeout_ms * NS_PER_MS;
+    redisReply *r;
+
+    while ((r = route_once(st, key, node, argc, argv, len, script, rc, err)) &&
+           redis_reply_cluster_busy(r) &&
+           clock_mono_ns() + TRYAGAIN_MS * NS_PER_MS < until) {
+        freeReplyObject(r);
+        usleep(TRYAGAIN_MS * 1000); /* a blocking call: the admin's, start-up's */
+    }
+    return r;
 }
 
 /* Runs one command, connecting first when there is no connection, and

@@ -69,6 +69,9 @@
 #define REQS_KEPT 256
 /* A command follows at most this many MOVED/ASK before its error counts. */
 #define REDIRECTS_MAX 3
+/* TRYAGAIN (a multi-key script while its slot migrates) and CLUSTERDOWN:
+ * sent again this much later, while its call's deadline allows. */
+#define TRYAGAIN_MS 10
 
 enum conn_state {
     CONN_DOWN,       /* no connection; retry is armed */
@@ -113,6 +116,9 @@ struct rloop {
     unsigned n_conn;            /* 2 with replicas_ack, else 1 */
     bool freeing;               /* in loop_free: no completion runs */
     struct freelist reqs;       /* spare reqs: none allocated per call */
+    TAILQ_HEAD(, req) later;    /* cluster: TRYAGAIN / CLUSTERDOWN, sent
+                                   again when again fires */
+    struct event *again;
 };
 
 struct req {
@@ -550,6 +556,7 @@ static void give_back_late_lease(struct rconn *cn, const struct req *q,
 }
 
 static bool redirect(struct rconn *cn, struct req *q, const redisReply *r);
+static bool try_later(struct rconn *cn, struct req *q, const redisReply *r);
 
 static void on_reply(struct redis_conn *ac, redisReply *reply, void *priv)
 {
@@ -562,7 +569,7 @@ static void on_reply(struct redis_conn *ac, redisReply *reply, void *priv)
         redis_reply_noscript(reply) && resend(ac, q))
         return;
     if (reply && q->call && cn->ac == ac && cn->st->cluster &&
-        redirect(cn, q, reply))
+        (redirect(cn, q, reply) || try_later(cn, q, reply)))
         return;
     if (reply && !q->call && cn->ac == ac && !cn->loop->freeing)
         give_back_late_lease(cn, q, reply);
@@ -728,6 +735,74 @@ static bool redirect(struct rconn *cn, struct req *q, const redisReply *r)
     return true;
 }
 
+/* TRYAGAIN or CLUSTERDOWN in r: q waits TRYAGAIN_MS off any connection
+ * and is sent again to its slot's owner then (send_later), if its call's
+ * deadline is not passed by then; false: it ends with r. */
+static bool try_later(struct rconn *cn, struct req *q, const redisReply *r)
+{
+    struct rloop *rl = cn->loop;
+    struct timeval tv = clock_ms_to_tv(TRYAGAIN_MS);
+
+    if (!redis_reply_cluster_busy(r) || q->timed_out ||
+        clock_mono_ns() + TRYAGAIN_MS * NS_PER_MS >= q->deadline_ns)
+        return false;
+    TAILQ_REMOVE(&cn->reqs, q, link);
+    TAILQ_INSERT_TAIL(&rl->later, q, link);
+    if (!evtimer_pending(rl->again, NULL))
+        evtimer_add(rl->again, &tv);
+    arm_watchdog(cn);
+    return true;
+}
+
+static int owner_of(struct redis_store *st, const struct req *q,
+                    struct sc_error *err);
+
+/* Sends q again to the owner of its slot (the map may have changed). */
+static void send_again(struct rloop *rl, struct req *q)
+{
+    struct sc_error err;
+    int node = owner_of((struct redis_store *)rl->base.st, q, &err);
+    struct rconn *to = node >= 0 ? conn_for(rl, q->info.op, node) : NULL;
+    uint64_t deadline = q->deadline_ns;
+
+    q->hops = 0;
+    if (to)
+        q->cn = to; /* else it ends on the connection it came from */
+    TAILQ_INSERT_TAIL(&q->cn->reqs, q, link);
+    if (!q->call || !to || !to->ac ||
+        redis_conn_send(to->ac, q->cmd, q->cmd_len, on_reply, q) != 0) {
+        if (q->call) {
+            q->call->rc = -ENOTCONN;
+            if (to)
+                sc_error_set(&q->call->err, "store: redis at %s: %s: the slot's "
+                             "primary is not connected", q->cn->st->addr, q->info.name);
+            else
+                q->call->err = err;
+            q->filled = true;
+        }
+        finish(q, NULL);
+        return;
+    }
+    q->ac = to->ac;
+    if (q->wait_seq)
+        q->wait_seq = cover(to);
+    set_deadline(to, q);
+    if (deadline < q->deadline_ns)
+        q->deadline_ns = deadline; /* still within its call's time */
+    arm_watchdog(to);
+}
+
+static void on_again(evutil_socket_t fd, short what, void *arg)
+{
+    struct rloop *rl = arg;
+    struct req *q;
+
+    while ((q = TAILQ_FIRST(&rl->later))) {
+        TAILQ_REMOVE(&rl->later, q, link);
+        send_again(rl, q);
+    }
+}
+
 /* The owner of q's slot, or -1 with err (the map is read again). */
 static int owner_of(struct redis_store *st, const struct req *q,
                     struct sc_error *err)
@@ -828,6 +903,11 @@ int redis_loop_new(struct store *st, struct event_base *base,
     rl->base.st = st;
     rl->base.base = base;
     freelist_init(&rl->reqs, sizeof(struct req), REQS_KEPT);
+    TAILQ_INIT(&rl->later);
+    if (!(rl->again = evtimer_new(base, on_again, rl))) {
+        free(rl);
+        goto nomem;
+    }
     rl->n_conn = ((struct redis_store *)st)->replicas_ack ? 2 : 1;
     /* A cluster's connections are made per node on first use. */
     for (unsigned i = 0; !((struct redis_store *)st)->cluster && i < rl->n_conn; i++)
@@ -871,6 +951,14 @@ void redis_loop_free(struct store_loop *sl)
     struct rloop *rl = rloop_of(sl);
 
     rl->freeing = true;
+    while (!TAILQ_EMPTY(&rl->later)) {
+        struct req *q = TAILQ_FIRST(&rl->later);
+
+        TAILQ_REMOVE(&rl->later, q, link);
+        TAILQ_INSERT_TAIL(&q->cn->reqs, q, link); /* finished with its conn */
+    }
+    if (rl->again)
+        event_free(rl->again);
     for (unsigned n = 0; n < REDIS_NODES_MAX; n++)
         for (unsigned i = 0; i < rl->n_conn; i++)
             if (rl->conn[n][i].loop)
