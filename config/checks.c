@@ -92,6 +92,10 @@ void cfg_check_store(struct cfg_loader *lc, void *obj,
     else if (!url[0])
         cfg_err_sub(lc, cfg_pos_of(vals[SK_BACKEND]), "url", "required with backend: "
                 "redis (redis[s]://[[user]:password@]host:port/db)");
+    if (cfg->store.key_prefix && strpbrk(cfg->store.key_prefix, "{}"))
+        /* A brace would move the hash tag off the policy (one slot per policy). */
+        cfg_err_sub(lc, cfg_pos_of(vals[SK_KEY_PREFIX]), "key_prefix", "must not contain "
+                "'{' or '}' (every key's hash tag is its policy)");
     check_cluster(lc, cfg, vals, url[0] && !err.text[0] ? &u : NULL);
 }
 
