@@ -614,7 +614,8 @@ static int req_new(struct rloop *rl, enum store_op op,
         } else if (q->cmd != q->cmd_inline) {
             redis_format_argv(q->cmd, q->cmd_len, cmd.argc, cmd.argv, cmd.len);
         }
-        q->slot = redis_key_slot(cmd.key, strlen(cmd.key));
+        if (st->cluster)
+            q->slot = redis_key_slot(cmd.key, strlen(cmd.key));
     }
     q->info = cmd.info;
     rcmd_free(&cmd);

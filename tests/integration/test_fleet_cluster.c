@@ -168,6 +168,7 @@ Test(cluster, each_policy_on_its_primary_replayed_across_sidecars)
 {
     const char *path[2] = {"/a/orders", "/b/orders"};
     bool replayed = false;
+    char admin[96];
 
     cr_assert_neq(owner[0], owner[1]);
     for (int p = 0; p < 2; p++) {
@@ -182,6 +183,10 @@ Test(cluster, each_policy_on_its_primary_replayed_across_sidecars)
         cr_expect(stored_on(owner[p], pol[p], key), "%s's record on the owner of "
                   "its slot (server %d)", pol[p], owner[p]);
         cr_expect(!stored_on(owner[1 - p], pol[p], key), "and not on the other");
+        /* The admin's blocking calls are routed by slot too. */
+        snprintf(admin, sizeof admin, "/idempotency/%s/%s", pol[p], key);
+        cr_expect(body_has(sl[1].admin_port, admin, "\"completed\""),
+                  "read through the admin port");
     }
     cr_expect(body_has(sl[0].admin_port, "/readyz", "\"ready\": true"));
 }
