@@ -71,6 +71,8 @@ static void pick_policies(void)
     cr_assert_fail("no two policy names on different primaries");
 }
 
+static const char *store_extra = "";
+
 static void start_pair(void)
 {
     char *cfg;
@@ -86,7 +88,7 @@ static void start_pair(void)
     for (int i = 0; i < PAIR; i++) {
         cr_assert(asprintf(&cfg,
             "store: {backend: redis, url: \"redis://127.0.0.1:%u/0\", cluster: true,\n"
-            "        nodes: [\"127.0.0.1:%u\"], timeout: 500ms, fleet_size: %d}\n"
+            "        nodes: [\"127.0.0.1:%u\"], timeout: 500ms, fleet_size: %d%s}\n"
             "upstreams: {stub: {url: http://127.0.0.1:%d, timeout: 5s}}\n"
             "policies:\n"
             "  %s: {rate: 20/s, burst: 2, max_wait: 30s, shared: redis,\n"
@@ -96,7 +98,7 @@ static void start_pair(void)
             "routes:\n"
             "  - {prefix: /a, upstream: stub, policy: %s}\n"
             "  - {prefix: /b, upstream: stub, policy: %s}\n",
-            cl.srv[i].port, cl.srv[i + 1].port, PAIR, stub.port, pol[0], pol[1],
+            cl.srv[i].port, cl.srv[i + 1].port, PAIR, store_extra, stub.port, pol[0], pol[1],
             pol[0], pol[1]) > 0);
         if (h_sluice_start(&sl[i], cfg) != 0) {
             free(cfg);
@@ -108,6 +110,14 @@ static void start_pair(void)
 }
 
 TestSuite(cluster, .init = start_pair, .fini = pair_stop, .timeout = 180);
+
+static void start_pair_ack(void)
+{
+    store_extra = ", replicas_ack: 1";
+    start_pair();
+}
+
+TestSuite(cluster_ack, .init = start_pair_ack, .fini = pair_stop, .timeout = 120);
 
 static uint64_t now_ms(void)
 {
@@ -148,14 +158,18 @@ static bool body_has(int port, const char *path, const char *text)
     return has;
 }
 
-/* Whether key `sluice:{policy}:k:key` is stored on srv[i]. */
+/* Whether key `sluice:{policy}:k:key` is stored on srv[i] (a primary or a
+ * replica). */
 static bool stored_on(int i, const char *policy, const char *key)
 {
     struct timeval tv = {1, 0};
     redisContext *c = redisConnectWithTimeout("127.0.0.1", (int)cl.srv[i].port, tv);
+    redisReply *ro = c && !c->err ? redisCommand(c, "READONLY") : NULL; /* a replica too */
     redisReply *r = c && !c->err
                         ? redisCommand(c, "EXISTS sluice:{%s}:k:%s", policy, key)
                         : NULL;
+
+    freeReplyObject(ro);
     bool yes = r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
 
     freeReplyObject(r);
@@ -411,4 +425,23 @@ Test(cluster, a_primary_killed_its_policies_wait_the_others_go_on)
         usleep(100 * 1000);
     cr_expect(body_has(sl[0].admin_port, "/readyz", "\"ready\": true"), "ready again");
     cr_expect_eq(metric(0, "sluice_store_up"), 1);
+}
+
+/* replicas_ack: 1 on a cluster: each completion WAITs on the primary that
+ * took it, so its replica has the record when the worker is answered. */
+Test(cluster_ack, a_completion_waits_for_the_replica_of_its_primary)
+{
+    const char *path[2] = {"/a/orders", "/b/orders"};
+    char key[32];
+
+    for (int p = 0; p < 2; p++)
+        for (int i = 0; i < 5; i++) {
+            snprintf(key, sizeof key, "cl-ack-%d-%d", p, i);
+            cr_expect_eq(post_key(i % PAIR, path[p], key, NULL), 200);
+            cr_expect(stored_on(replica_of(owner[p]), pol[p], key),
+                      "%s on the replica of its primary once answered", key);
+        }
+    for (int i = 0; i < PAIR; i++)
+        cr_expect_eq(metric(i, "sluice_store_replication_timeouts_total"), 0,
+                     "every completion confirmed by a replica");
 }
