@@ -21,7 +21,10 @@
  * Here: opening, the blocking calls (one connection, a mutex around it, for
  * the admin server, start-up and tests), the commands and the reading of
  * replies. The asynchronous calls are in store_redis_async.c; the primary's
- * address, found and followed through Sentinel, in redis_sentinel.c. The
+ * address, found and followed through Sentinel, in redis_sentinel.c; a Redis
+ * Cluster's slot map in redis_cluster.c (then the blocking calls keep one
+ * connection per node and follow MOVED, ASK and TRYAGAIN themselves, and the
+ * store's health is the cluster thread's). The
  * blocking calls never WAIT for replicas (replicas_ack is the request
  * path's: store_complete_async). */
 #include "store/store.h"

@@ -31,6 +31,15 @@
  * a call started after they named another primary moves the loop there at
  * once (the old connection's calls in flight end with an error).
  *
+ * On a Redis Cluster (redis_cluster.c) a loop keeps one connection (two
+ * with replicas_ack) per node, made on first use, and each call goes to the
+ * owner of its key's slot in the map; a MOVED moves the slot in the map and
+ * sends the command there, an ASK sends ASKING and the command there (at
+ * most REDIRECTS_MAX of them), each with a new deadline; TRYAGAIN and
+ * CLUSTERDOWN wait TRYAGAIN_MS on the loop's list and go again to the owner
+ * of then, while the call's deadline allows. A lost connection to a node
+ * has the map read again; nothing here waits for it.
+ *
  * With replicas_ack, a completion is followed in the pipeline by WAIT
  * (bounded by timeout_ms) and completes only once WAIT answers; fewer
  * replicas than asked is not a failure of the call (replication_short).

@@ -27,11 +27,12 @@ Test(redis_slot, crc16_as_redis)
 
 Test(redis_slot, hash_tag)
 {
-    cr_expect_eq(slot("sluice:{orders}:k:abc"), slot("orders"));
+    cr_expect_eq(slot("sluice:{orders}:k:abc"), 105);
+    cr_expect_eq(slot("orders"), 105);
     cr_expect_eq(slot("sluice:{orders}:b"), slot("sluice:{orders}:k:x"));
     /* Only the first {...}; an empty one does not count. */
     cr_expect_eq(slot("a{b}{c}"), slot("b"));
-    cr_expect_eq(slot("a{}{c}"), redis_key_slot("a{}{c}", 6));
+    cr_expect_eq(slot("a{}{c}"), 2440); /* CLUSTER KEYSLOT: the whole key */
     cr_expect_neq(slot("a{}{c}"), slot("c"));
     cr_expect_eq(slot("{b"), redis_key_slot("{b", 2)); /* no closing brace */
     cr_expect_eq(slot("x{user1000}.following"), slot("user1000"));
