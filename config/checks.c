@@ -39,6 +39,25 @@ static bool tls_set(const struct sc_tls *t)
            (t->key_file && *t->key_file) || (t->server_name && *t->server_name);
 }
 
+/* Redis Cluster's rules: a cluster fails over by itself (no sentinels), has
+ * only db 0, and nodes are its seeds only (u: the parsed url, or NULL). */
+static void check_cluster(struct cfg_loader *lc, const struct sc_config *cfg,
+                          yaml_node_t *const *vals, const struct sc_redis_url *u)
+{
+    if (!cfg->store.cluster) {
+        if (cfg->store.nodes.n)
+            cfg_err_sub(lc, cfg_pos_of(vals[SK_NODES]), "nodes", "needs cluster: "
+                    "true (they are the seed nodes of a Redis Cluster)");
+        return;
+    }
+    if (cfg->store.sentinels.n)
+        cfg_err_sub(lc, cfg_pos_of(vals[SK_SENTINELS]), "sentinels", "cannot go "
+                "with cluster: true (a Redis Cluster fails over by itself)");
+    if (u && u->db != 0)
+        cfg_err_sub(lc, cfg_pos_of(vals[SK_URL]), "url", "db must be 0 with "
+                "cluster: true (a Redis Cluster has only db 0), not %u", u->db);
+}
+
 void cfg_check_store(struct cfg_loader *lc, void *obj,
                  yaml_node_t *const *vals, struct sc_pos where)
 {
@@ -73,6 +92,11 @@ void cfg_check_store(struct cfg_loader *lc, void *obj,
     else if (!url[0])
         cfg_err_sub(lc, cfg_pos_of(vals[SK_BACKEND]), "url", "required with backend: "
                 "redis (redis[s]://[[user]:password@]host:port/db)");
+    if (cfg->store.key_prefix && strpbrk(cfg->store.key_prefix, "{}"))
+        /* A brace would move the hash tag off the policy (one slot per policy). */
+        cfg_err_sub(lc, cfg_pos_of(vals[SK_KEY_PREFIX]), "key_prefix", "must not contain "
+                "'{' or '}' (every key's hash tag is its policy)");
+    check_cluster(lc, cfg, vals, url[0] && !err.text[0] ? &u : NULL);
 }
 
 /* A file the process must read: false, with the error at pos, when it

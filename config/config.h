@@ -293,6 +293,8 @@ struct sc_config {
         char *master;         /* redis: the Sentinel master name */
         struct sc_tls tls;    /* rediss: every connection, sentinels too */
         uint32_t replicas_ack; /* redis: WAIT for that many after a completion */
+        bool cluster;         /* redis: Redis Cluster; url and nodes are seeds */
+        struct sc_addr_list nodes; /* redis cluster: more seed nodes */
     } store;
     struct {
         uint64_t max_body;        /* default 8MiB */

@@ -76,7 +76,8 @@ void cfg_err_sub(struct cfg_loader *lc, struct sc_pos p, const char *key,
  * was not given). schema.c lays the rows out with these as designated
  * initializers, so the two files cannot disagree about the order. */
 enum { SK_BACKEND, SK_PATH, SK_SYNC, SK_URL, SK_KEY_PREFIX, SK_FLEET_SIZE,
-       SK_TIMEOUT, SK_SENTINELS, SK_MASTER, SK_REPLICAS_ACK, SK_TLS };
+       SK_TIMEOUT, SK_SENTINELS, SK_MASTER, SK_REPLICAS_ACK, SK_TLS,
+       SK_CLUSTER, SK_NODES };
 enum { TK_VERIFY, TK_CA_FILE, TK_CERT_FILE, TK_KEY_FILE, TK_SERVER_NAME };
 enum { PK_RATE, PK_BURST, PK_MAX_WAIT, PK_CONCURRENCY, PK_MODE, PK_PARTITION,
        PK_SHARED, PK_RETRY, PK_BREAKER, PK_QUOTA, PK_LANES, PK_LANE_HEADER,

@@ -238,6 +238,10 @@ static const struct cfg_key store_keys[] = {
     [SK_REPLICAS_ACK] = {"replicas_ack", CT_U32, CF(store.replicas_ack),
                          .def = "0", .max = "16"},
     [SK_TLS] = {"tls", CT_BLOCK, CF(store.tls), .block = &store_tls_block},
+    /* Redis Cluster: the url's host:port and nodes are seeds (checked by
+     * cfg_check_store). */
+    [SK_CLUSTER] = {"cluster", CT_BOOL, CF(store.cluster), .def = "false"},
+    [SK_NODES] = {"nodes", CT_ADDRS, CF(store.nodes)},
 };
 FITS(store_keys);
 static const struct cfg_block store_block = {"store", KEYS(store_keys),

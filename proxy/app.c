@@ -34,16 +34,15 @@ static unsigned resolve_threads(uint32_t threads)
     return n > 0 ? (unsigned)n : 1;
 }
 
-/* Copies the sentinels' addresses (their hosts owned by f). */
-static int fixed_sentinels(struct app_fixed *f, const struct sc_config *cfg)
+/* Copies a list of addresses (the sentinels', the cluster's seeds), their
+ * hosts owned by to. */
+static int fixed_addrs(struct sc_addr_list *to, const struct sc_addr_list *l)
 {
-    const struct sc_addr_list *l = &cfg->store.sentinels;
-
     for (uint32_t i = 0; i < l->n; i++) {
-        f->sentinels.v[i] = l->v[i];
-        if (!(f->sentinels.v[i].host = strdup(l->v[i].host)))
+        to->v[i] = l->v[i];
+        if (!(to->v[i].host = strdup(l->v[i].host)))
             return -ENOMEM;
-        f->sentinels.n = i + 1;
+        to->n = i + 1;
     }
     return 0;
 }
@@ -107,10 +106,13 @@ static int fixed_init(struct app_fixed *f, const struct sc_config *cfg)
     f->fleet_size = cfg->store.fleet_size;
     f->store_master = strdup(cfg->store.master ? cfg->store.master : "");
     f->replicas_ack = cfg->store.replicas_ack;
+    f->cluster = cfg->store.cluster;
     f->statsd = strdup(cfg->metrics.statsd ? cfg->metrics.statsd : "");
     return f->file && f->listen.host && f->admin.host && f->store_path &&
                    f->statsd && f->store_url && f->store_prefix &&
-                   f->store_master && fixed_sentinels(f, cfg) == 0 &&
+                   f->store_master &&
+                   fixed_addrs(&f->sentinels, &cfg->store.sentinels) == 0 &&
+                   fixed_addrs(&f->nodes, &cfg->store.nodes) == 0 &&
                    fixed_tls(&f->store_tls, &cfg->store.tls) == 0
                ? 0 : -ENOMEM;
 }
@@ -127,6 +129,8 @@ static void fixed_free(struct app_fixed *f)
     tls_free(&f->store_tls);
     for (uint32_t i = 0; i < f->sentinels.n; i++)
         free(f->sentinels.v[i].host);
+    for (uint32_t i = 0; i < f->nodes.n; i++)
+        free(f->nodes.v[i].host);
     free(f->statsd);
     memset(f, 0, sizeof *f);
 }
@@ -185,6 +189,7 @@ static int open_redis(struct app *app, struct sc_error *err)
 {
     const struct app_fixed *f = &app->fixed;
     struct store_redis_addr sentinels[SC_ADDR_LIST_MAX];
+    struct store_redis_addr nodes[SC_ADDR_LIST_MAX];
     struct sc_redis_url u;
     struct store_redis_opts o;
     char buf[1024];
@@ -195,6 +200,8 @@ static int open_redis(struct app *app, struct sc_error *err)
     for (uint32_t i = 0; i < f->sentinels.n; i++)
         sentinels[i] = (struct store_redis_addr){f->sentinels.v[i].host,
                                                  f->sentinels.v[i].port};
+    for (uint32_t i = 0; i < f->nodes.n; i++)
+        nodes[i] = (struct store_redis_addr){f->nodes.v[i].host, f->nodes.v[i].port};
     o = (struct store_redis_opts){
         .host = u.host, .port = u.port, .user = u.user, .password = u.password,
         .db = u.db, .tls = u.tls, .tls_verify = f->store_tls.verify,
@@ -204,6 +211,7 @@ static int open_redis(struct app *app, struct sc_error *err)
         .timeout_ms = f->store_timeout_ms, .prefix = f->store_prefix,
         .sentinels = sentinels, .n_sentinels = f->sentinels.n,
         .master = f->store_master, .replicas_ack = f->replicas_ack,
+        .cluster = f->cluster, .nodes = nodes, .n_nodes = f->nodes.n,
     };
     return store_open_redis(&o, &app->store, err);
 }
@@ -315,7 +323,7 @@ static bool addr_eq(const struct sc_addr *a, const struct sc_addr *b)
     return a->port == b->port && strcmp(a->host, b->host) == 0;
 }
 
-static bool sentinels_eq(const struct sc_addr_list *a,
+static bool addrs_eq(const struct sc_addr_list *a,
                          const struct sc_addr_list *b)
 {
     if (a->n != b->n)
@@ -349,7 +357,8 @@ static int check_fixed(const struct app_fixed *f, const struct sc_config *c,
          strcmp(f->store_url, c->store.url ? c->store.url : "") ||
          strcmp(f->store_prefix, c->store.key_prefix ? c->store.key_prefix : "") ||
          f->fleet_size != c->store.fleet_size ||
-         !sentinels_eq(&f->sentinels, &c->store.sentinels) ||
+         !addrs_eq(&f->sentinels, &c->store.sentinels) ||
+         f->cluster != c->store.cluster || !addrs_eq(&f->nodes, &c->store.nodes) ||
          strcmp(f->store_master, c->store.master ? c->store.master : "") ||
          f->replicas_ack != c->store.replicas_ack ||
          !tls_eq(&f->store_tls, &c->store.tls) ||

@@ -36,6 +36,8 @@ struct app_fixed {
     char *store_prefix;         /* redis: key_prefix */
     struct sc_addr_list sentinels; /* redis: hosts owned */
     char *store_master;         /* redis: with sentinels */
+    bool cluster;               /* redis: Redis Cluster */
+    struct sc_addr_list nodes;  /* redis cluster: seed nodes, hosts owned */
     struct sc_tls store_tls;    /* rediss: its strings owned */
     uint32_t replicas_ack;      /* redis */
     uint32_t fleet_size;        /* sizes the shared policies' fallback */

@@ -95,6 +95,9 @@ struct store_redis_opts {
     unsigned n_sentinels;                     /* 0: host is the primary */
     const char *master;                       /* with sentinels */
     unsigned replicas_ack; /* > 0: a completion WAITs for that many replicas */
+    bool cluster;         /* Redis Cluster: host:port and nodes are seeds */
+    const struct store_redis_addr *nodes; /* more seeds (with cluster) */
+    unsigned n_nodes;
     const char *user;     /* NULL: AUTH <password> (the default user) */
     const char *password; /* NULL: none (no AUTH) */
     unsigned db;          /* SELECTed when not 0 */

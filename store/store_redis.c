@@ -21,7 +21,10 @@
  * Here: opening, the blocking calls (one connection, a mutex around it, for
  * the admin server, start-up and tests), the commands and the reading of
  * replies. The asynchronous calls are in store_redis_async.c; the primary's
- * address, found and followed through Sentinel, in redis_sentinel.c. The
+ * address, found and followed through Sentinel, in redis_sentinel.c; a Redis
+ * Cluster's slot map in redis_cluster.c (then the blocking calls keep one
+ * connection per node and follow MOVED, ASK and TRYAGAIN themselves, and the
+ * store's health is the cluster thread's). The
  * blocking calls never WAIT for replicas (replicas_ack is the request
  * path's: store_complete_async). */
 #include "store/store.h"
@@ -30,8 +33,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "store/redis_slot.h"
 #include "store/store_redis_internal.h"
+#include "util/clock.h"
 #include "util/tls_client.h"
 
 #define DEFAULT_TIMEOUT_MS 100
@@ -63,18 +69,20 @@ static int conn_broken(struct redis_store *st, int rc, const char *what,
     return rc;
 }
 
-/* One command on the connection (held under st->lock); NULL when the
+/* One command on the connection s (held under st->lock); NULL when the
  * connection broke (dropped, err set). */
-static redisReply *command(struct redis_store *st, int argc, const char **argv,
-                           const size_t *len, const char *what, int *rc,
-                           struct sc_error *err)
+static redisReply *command(struct redis_store *st, struct redis_sync *s,
+                           int argc, const char **argv, const size_t *len,
+                           const char *what, int *rc, struct sc_error *err)
 {
     struct sc_error e;
     redisReply *r;
-    int c = redis_sync_command(st->sync, argc, argv, len, &r, &e);
+    int c = redis_sync_command(s, argc, argv, len, &r, &e);
 
-    if (c != 0)
+    if (c != 0) {
         *rc = conn_broken(st, c, what, &e, err);
+        redis_cluster_reask(st);
+    }
     return c ? NULL : r;
 }
 
@@ -117,34 +125,162 @@ static void check_readonly(struct redis_store *st, const redisReply *r)
     redis_sentinel_reask(st);
 }
 
+/* The command on s, loading the script again when Redis has lost it. */
+static redisReply *exec_on(struct redis_store *st, struct redis_sync *s,
+                           int argc, const char **argv, const size_t *len,
+                           int script, int *rc, struct sc_error *err)
+{
+    redisReply *r = command(st, s, argc, argv, len, argv[0], rc, err);
+
+    if (r && script >= 0 && redis_reply_noscript(r)) {
+        const char *load[] = {"SCRIPT", "LOAD", redis_script_body(script)};
+        size_t load_len[] = {6, 4, strlen(load[2])};
+        redisReply *l = command(st, s, 3, load, load_len, "SCRIPT LOAD", rc, err);
+
+        freeReplyObject(r);
+        if (!l)
+            return NULL;
+        freeReplyObject(l);
+        r = command(st, s, argc, argv, len, argv[0], rc, err);
+    }
+    return r;
+}
+
+/* The blocking connection to cluster node i, connected. */
+static struct redis_sync *node_sync(struct redis_store *st, int i, int *rc,
+                                    struct sc_error *err)
+{
+    char host[REDIS_HOST_MAX];
+    unsigned port;
+    struct sc_error e;
+
+    if (!st->node_sync[i] &&
+        !(st->node_sync[i] = redis_sync_new(st->timeout_ms, NULL, NULL))) {
+        sc_error_set(err, "store: out of memory");
+        *rc = -ENOMEM;
+        return NULL;
+    }
+    if (redis_sync_open(st->node_sync[i]))
+        return st->node_sync[i];
+    redis_cluster_addr(st, i, host, &port);
+    if ((*rc = redis_sync_connect(st->node_sync[i], host, port, &st->conn, &e)) == 0)
+        return st->node_sync[i];
+    sc_error_set(err, "store: redis cluster node %s:%u: %s", host, port, e.text);
+    redis_cluster_reask(st);
+    return NULL;
+}
+
+/* A redirection in r: the node it names (MOVED also moves the slot in the
+ * map), or a negative code with err. r is freed. */
+static int redirected(struct redis_store *st, redisReply *r, bool *asking,
+                      struct sc_error *err)
+{
+    struct redis_redirect rd;
+    int node;
+
+    redis_redirect_parse(r, &rd);
+    node = redis_cluster_node(st, rd.host, rd.hlen, rd.port);
+    if (node < 0)
+        sc_error_set(err, "store: redis cluster: cannot follow \"%s\"", r->str);
+    else if (!rd.ask)
+        redis_cluster_moved(st, rd.slot, node);
+    *asking = rd.ask;
+    freeReplyObject(r);
+    return node < 0 ? -EIO : node;
+}
+
+/* ASKING before a command sent where an ASK pointed. */
+static bool send_asking(struct redis_store *st, struct redis_sync *s, int *rc,
+                        struct sc_error *err)
+{
+    const char *argv[] = {"ASKING"};
+    size_t len[] = {6};
+    redisReply *r = command(st, s, 1, argv, len, "ASKING", rc, err);
+
+    freeReplyObject(r);
+    return r != NULL;
+}
+
+#define REDIRECTS_MAX 3
+
+/* On a cluster: the command goes to the owner of key's slot (node when key
+ * is NULL), following MOVED and ASK a few times. */
+static redisReply *route_once(struct redis_store *st, const char *key, int node,
+                               int argc, const char **argv, const size_t *len,
+                               int script, int *rc, struct sc_error *err)
+{
+    unsigned slot = key ? redis_key_slot(key, strlen(key)) : 0;
+    struct redis_redirect rd;
+    struct redis_sync *s;
+    bool asking = false;
+    redisReply *r = NULL;
+
+    if (key)
+        node = redis_cluster_owner(st, slot);
+    for (int hop = 0; hop <= REDIRECTS_MAX; hop++) {
+        if (node < 0) {
+            sc_error_set(err, "store: redis cluster: slot %u has no known "
+                         "primary", slot);
+            *rc = -ENOTCONN;
+            redis_cluster_reask(st);
+            return NULL;
+        }
+        if (!(s = node_sync(st, node, rc, err)) ||
+            (asking && !send_asking(st, s, rc, err)) ||
+            !(r = exec_on(st, s, argc, argv, len, script, rc, err)))
+            return NULL;
+        if (!redis_redirect_parse(r, &rd))
+            return r;
+        if (hop == REDIRECTS_MAX)
+            break;
+        if ((node = redirected(st, r, &asking, err)) < 0) {
+            *rc = node;
+            return NULL;
+        }
+    }
+    return r; /* still a redirection: an error reply */
+}
+
+#define TRYAGAIN_MS 10
+
+/* route_once, and again TRYAGAIN_MS later after TRYAGAIN or CLUSTERDOWN
+ * (a slot migrating, a failover under way) while within the timeout. */
+static redisReply *run_cluster(struct redis_store *st, const char *key, int node,
+                               int argc, const char **argv, const size_t *len,
+                               int script, int *rc, struct sc_error *err)
+{
+    uint64_t until = clock_mono_ns() + st->timeout_ms * NS_PER_MS;
+    redisReply *r;
+
+    while ((r = route_once(st, key, node, argc, argv, len, script, rc, err)) &&
+           redis_reply_cluster_busy(r) &&
+           clock_mono_ns() + TRYAGAIN_MS * NS_PER_MS < until) {
+        freeReplyObject(r);
+        usleep(TRYAGAIN_MS * 1000); /* a blocking call: the admin's, start-up's */
+    }
+    return r;
+}
+
 /* Runs one command, connecting first when there is no connection, and
  * loading the script again when Redis has lost it. *out: the reply (free
- * it), NULL when rc < 0. Records whether the command worked (healthy). */
-static int run_locked(struct redis_store *st, int argc, const char **argv,
-                      const size_t *len, int script, redisReply **out,
-                      struct sc_error *err)
+ * it), NULL when rc < 0. Records whether the command worked (healthy).
+ * key routes it on a cluster (NULL: node). */
+static int run_locked(struct redis_store *st, const char *key, int node,
+                      int argc, const char **argv, const size_t *len,
+                      int script, redisReply **out, struct sc_error *err)
 {
     redisReply *r = NULL;
     int rc = 0;
 
+    if (st->cluster) {
+        *out = r = run_cluster(st, key, node, argc, argv, len, script, &rc, err);
+        return r ? 0 : rc;
+    }
     if (stale(st) && (rc = connect_blocking(st, err)) != 0)
         goto out;
-    if (!(r = command(st, argc, argv, len, argv[0], &rc, err)))
+    if (!(r = exec_on(st, st->sync, argc, argv, len, script, &rc, err)))
         goto out;
-    if (script >= 0 && redis_reply_noscript(r)) {
-        const char *load[] = {"SCRIPT", "LOAD", redis_script_body(script)};
-        size_t load_len[] = {6, 4, strlen(load[2])};
-        redisReply *l = command(st, 3, load, load_len, "SCRIPT LOAD", &rc, err);
-
-        freeReplyObject(r);
-        r = NULL;
-        if (!l)
-            goto out;
-        freeReplyObject(l);
-        r = command(st, argc, argv, len, argv[0], &rc, err);
-    }
-    if (r)
-        check_readonly(st, r);
+    check_readonly(st, r);
 out:
     atomic_store(&st->healthy, r && r->type != REDIS_REPLY_ERROR);
     if (!r)
@@ -155,14 +291,14 @@ out:
     return r ? 0 : rc;
 }
 
-static int run(struct redis_store *st, int argc, const char **argv,
-               const size_t *len, int script, redisReply **out,
-               struct sc_error *err)
+static int run(struct redis_store *st, const char *key, int argc,
+               const char **argv, const size_t *len, int script,
+               redisReply **out, struct sc_error *err)
 {
     int rc;
 
     pthread_mutex_lock(&st->lock);
-    rc = run_locked(st, argc, argv, len, script, out, err);
+    rc = run_locked(st, key, 0, argc, argv, len, script, out, err);
     pthread_mutex_unlock(&st->lock);
     return rc;
 }
@@ -181,7 +317,8 @@ static int run_op(struct redis_store *st, enum store_op op,
     if (acq)
         memset(acq, 0, sizeof *acq);
     if ((rc = rcmd_build(st, op, a, &cmd, err)) == 0 &&
-        (rc = run(st, cmd.argc, cmd.argv, cmd.len, cmd.info.script, &r, err)) == 0)
+        (rc = run(st, cmd.key, cmd.argc, cmd.argv, cmd.len, cmd.info.script,
+                   &r, err)) == 0)
         rc = rcmd_result(st, &cmd.info, r,
                          &(struct rcmd_out){.rec = rec, .acq = acq}, err);
     freeReplyObject(r);
@@ -303,7 +440,7 @@ static int del(struct redis_store *st, struct rcmd *cmd, struct sc_error *err)
     const char *argv[] = {"DEL", cmd->key};
     size_t len[] = {3, strlen(cmd->key)};
     redisReply *r;
-    int rc = run(st, 2, argv, len, -1, &r, err);
+    int rc = run(st, cmd->key, 2, argv, len, -1, &r, err);
 
     if (rc)
         return rc;
@@ -373,7 +510,7 @@ static int redis_pause_get(struct store *base, const char *scope,
     if ((rc = redis_pause_key(st, scope, &cmd, err)) != 0)
         return rc;
     len[1] = strlen(cmd.key);
-    if ((rc = run(st, 2, argv, len, -1, &r, err)) != 0)
+    if ((rc = run(st, cmd.key, 2, argv, len, -1, &r, err)) != 0)
         return rc;
     if (r->type == REDIS_REPLY_NIL)
         rc = -ENOENT;
@@ -403,7 +540,7 @@ static int redis_sweep(struct store *base, uint64_t now_ms, size_t max,
  * holder key of each lease in progress and the liveness keys,
  * records Redis has not reclaimed yet, and any other keys in that database
  * (another prefix, other applications). 0 when Redis cannot answer. */
-static uint64_t redis_count(struct store *base)
+static uint64_t dbsize(struct redis_store *st, int node)
 {
     const char *argv[] = {"DBSIZE"};
     size_t len[] = {6};
@@ -411,11 +548,31 @@ static uint64_t redis_count(struct store *base)
     redisReply *r;
     uint64_t n = 0;
 
-    if (run(rs(base), 1, argv, len, -1, &r, &err) != 0)
+    if (run_locked(st, NULL, node, 1, argv, len, -1, &r, &err) != 0)
         return 0;
     if (r->type == REDIS_REPLY_INTEGER && r->integer > 0)
         n = (uint64_t)r->integer;
     freeReplyObject(r);
+    return n;
+}
+
+/* On a cluster, the sum over the primaries of the map. */
+static uint64_t redis_count(struct store *base)
+{
+    struct redis_store *st = rs(base);
+    bool seen[REDIS_NODES_MAX] = {false};
+    uint64_t n = 0;
+    int node;
+
+    pthread_mutex_lock(&st->lock);
+    if (!st->cluster)
+        n = dbsize(st, 0);
+    for (unsigned s = 0; st->cluster && s < REDIS_SLOTS; s++)
+        if ((node = redis_cluster_owner(st, s)) >= 0 && !seen[node]) {
+            seen[node] = true;
+            n += dbsize(st, node);
+        }
+    pthread_mutex_unlock(&st->lock);
     return n;
 }
 
@@ -434,12 +591,14 @@ static bool redis_healthy(struct store *base)
 
     if (!st)
         return false;
+    if (st->cluster)
+        return redis_cluster_healthy(st, NULL, 0); /* its thread PINGs */
     pthread_mutex_lock(&st->lock);
     ok = atomic_load(&st->healthy) && !stale(st);
     pthread_mutex_unlock(&st->lock);
     if (ok)
         return true;
-    if (run(st, 1, argv, len, -1, &r, &err) == 0)
+    if (run(st, NULL, 1, argv, len, -1, &r, &err) == 0)
         freeReplyObject(r);
     return atomic_load(&st->healthy);
 }
@@ -484,7 +643,11 @@ static void set_prefix(struct redis_store *st, const char *prefix)
  * primary's address changes under them. */
 static void set_addr(struct redis_store *st, const struct store_redis_opts *o)
 {
-    if (o->n_sentinels)
+    if (o->cluster)
+        snprintf(st->addr, sizeof st->addr,
+                 strchr(o->host, ':') ? "cluster [%s]:%u" : "cluster %s:%u",
+                 o->host, o->port);
+    else if (o->n_sentinels)
         snprintf(st->addr, sizeof st->addr, "master %.*s", REDIS_HOST_MAX,
                  o->master ? o->master : "");
     else
@@ -499,6 +662,9 @@ static void redis_close(struct store *base)
     if (!st)
         return;
     redis_sentinel_stop(st);
+    redis_cluster_stop(st);
+    for (unsigned i = 0; i < REDIS_NODES_MAX; i++)
+        redis_sync_free(st->node_sync[i]);
     redis_sync_free(st->sync);
     SSL_CTX_free(st->tls);
     free(st->user);
@@ -584,9 +750,14 @@ int store_open_redis(const struct store_redis_opts *o, struct store **out,
         return rc;
     }
     conn_opts(st, o);
-    if ((rc = redis_sentinel_start(st, o, err)) != 0) {
+    if ((rc = redis_sentinel_start(st, o, err)) != 0 ||
+        (rc = redis_cluster_start(st, o, err)) != 0) {
         redis_close(&st->base);
         return rc;
+    }
+    if (st->cluster) {
+        *out = &st->base; /* its thread read the map and tells health */
+        return 0;
     }
     /* A first connection now, so a healthy Redis is ready at once; its
      * failure is the store's health, not the open's. */
@@ -607,6 +778,10 @@ static void redis_cause(struct store *base, char *buf, size_t len)
 {
     struct redis_store *st = rs(base);
 
+    if (st->cluster) {
+        redis_cluster_healthy(st, buf, len);
+        return;
+    }
     pthread_mutex_lock(&st->lock);
     if (!atomic_load(&st->healthy))
         snprintf(buf, len, "%s", st->cause);

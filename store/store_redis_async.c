@@ -31,6 +31,15 @@
  * a call started after they named another primary moves the loop there at
  * once (the old connection's calls in flight end with an error).
  *
+ * On a Redis Cluster (redis_cluster.c) a loop keeps one connection (two
+ * with replicas_ack) per node, made on first use, and each call goes to the
+ * owner of its key's slot in the map; a MOVED moves the slot in the map and
+ * sends the command there, an ASK sends ASKING and the command there (at
+ * most REDIRECTS_MAX of them), each with a new deadline; TRYAGAIN and
+ * CLUSTERDOWN wait TRYAGAIN_MS on the loop's list and go again to the owner
+ * of then, while the call's deadline allows. A lost connection to a node
+ * has the map read again; nothing here waits for it.
+ *
  * With replicas_ack, a completion is followed in the pipeline by WAIT
  * (bounded by timeout_ms) and completes only once WAIT answers; fewer
  * replicas than asked is not a failure of the call (replication_short).
@@ -52,6 +61,7 @@
 
 #include <event2/event.h>
 
+#include "store/redis_slot.h"
 #include "store/store_redis_internal.h"
 #include "util/clock.h"
 #include "util/freelist.h"
@@ -66,6 +76,11 @@
  * takes a buffer of its own); reqs are kept by their loop for reuse. */
 #define REQ_CMD_INLINE 512
 #define REQS_KEPT 256
+/* A command follows at most this many MOVED/ASK before its error counts. */
+#define REDIRECTS_MAX 3
+/* TRYAGAIN (a multi-key script while its slot migrates) and CLUSTERDOWN:
+ * sent again this much later, while its call's deadline allows. */
+#define TRYAGAIN_MS 10
 
 enum conn_state {
     CONN_DOWN,       /* no connection; retry is armed */
@@ -79,7 +94,8 @@ struct rloop;
 
 /* One connection of a loop, and the calls in flight on it. */
 struct rconn {
-    struct rloop *loop;
+    struct rloop *loop;         /* NULL: not in use yet (a cluster node) */
+    int node;                   /* cluster: its index in the node table */
     struct redis_store *st;
     struct redis_conn *ac;      /* NULL while down */
     unsigned gen;               /* the primary's generation ac was made to */
@@ -103,13 +119,19 @@ enum { CONN_MAIN, CONN_COMMIT };
 
 struct rloop {
     struct store_loop base;     /* first: the generic part */
-    struct rconn conn[2];       /* main; commit: completions with WAIT */
+    /* Per node (a cluster's; else only [0], the primary): main; commit:
+     * completions with WAIT. A cluster node's are set up on first use. */
+    struct rconn conn[REDIS_NODES_MAX][2];
     unsigned n_conn;            /* 2 with replicas_ack, else 1 */
     bool freeing;               /* in loop_free: no completion runs */
     struct freelist reqs;       /* spare reqs: none allocated per call */
+    TAILQ_HEAD(, req) later;    /* cluster: TRYAGAIN / CLUSTERDOWN, sent
+                                   again when again fires */
+    struct event *again;
 };
 
 struct req {
+    struct rloop *loop;         /* whose freelist it goes back to */
     struct rconn *cn;
     struct store_call *call;    /* NULL once cancelled */
     TAILQ_ENTRY(req) link;
@@ -121,6 +143,8 @@ struct req {
                                    cmd_inline, or its own buffer */
     size_t cmd_len;
     bool retried;               /* sent again after NOSCRIPT */
+    unsigned hops;              /* MOVED/ASK followed */
+    unsigned slot;              /* its key's cluster slot */
     struct redis_conn *ac;      /* sent on */
     uint64_t wait_seq;          /* the WAIT that covers it; 0: none */
     bool filled;                /* its call has the command's result */
@@ -195,6 +219,7 @@ static void conn_lost(struct rconn *cn, int rc, const char *fmt, ...)
     if (cn->loop->freeing)
         return;
     redis_sentinel_reask(cn->st);
+    redis_cluster_reask(cn->st); /* a failover may have promoted a replica */
     evtimer_add(cn->retry, &tv);
     cn->backoff_ms = cn->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
                                                          : cn->backoff_ms * 2;
@@ -312,7 +337,10 @@ static void conn_connect(struct rconn *cn)
     struct sc_error err;
     int rc;
 
-    redis_primary(cn->st, host, &port, &cn->gen);
+    if (cn->st->cluster)
+        redis_cluster_addr(cn->st, cn->node, host, &port);
+    else
+        redis_primary(cn->st, host, &port, &cn->gen);
     rc = redis_conn_open(cn->loop->base.base, host, port, &cn->st->conn, &ev,
                          &ac, &err);
     if (rc != 0) {
@@ -333,7 +361,7 @@ static void req_free(struct req *q)
 {
     if (q->cmd != q->cmd_inline)
         free(q->cmd);
-    freelist_give(&q->cn->loop->reqs, q);
+    freelist_give(&q->loop->reqs, q);
 }
 
 /* The call's result, from its command's reply (NULL: the connection
@@ -536,6 +564,9 @@ static void give_back_late_lease(struct rconn *cn, const struct req *q,
     rcmd_free(&cmd);
 }
 
+static bool redirect(struct rconn *cn, struct req *q, const redisReply *r);
+static bool try_later(struct rconn *cn, struct req *q, const redisReply *r);
+
 static void on_reply(struct redis_conn *ac, redisReply *reply, void *priv)
 {
     struct req *q = priv;
@@ -545,6 +576,9 @@ static void on_reply(struct redis_conn *ac, redisReply *reply, void *priv)
         conn_lost(cn, -EIO, "%s", ac_reason(ac)); /* the connection goes */
     if (reply && q->info.script >= 0 && !q->retried && cn->ac == ac &&
         redis_reply_noscript(reply) && resend(ac, q))
+        return;
+    if (reply && q->call && cn->ac == ac && cn->st->cluster &&
+        (redirect(cn, q, reply) || try_later(cn, q, reply)))
         return;
     if (reply && !q->call && cn->ac == ac && !cn->loop->freeing)
         give_back_late_lease(cn, q, reply);
@@ -562,11 +596,12 @@ static void on_reply(struct redis_conn *ac, redisReply *reply, void *priv)
 
 /* The call's command, formatted once (kept for a retry). 0 or -EINVAL /
  * -ENOMEM with err. */
-static int req_new(struct rconn *cn, enum store_op op,
+static int req_new(struct rloop *rl, enum store_op op,
                    const struct store_args *a, struct req **out,
                    struct sc_error *err)
 {
-    struct req *q = freelist_take(&cn->loop->reqs);
+    struct req *q = freelist_take(&rl->reqs);
+    struct redis_store *st = (struct redis_store *)rl->base.st;
     struct rcmd cmd;
     int rc;
 
@@ -575,9 +610,10 @@ static int req_new(struct rconn *cn, enum store_op op,
         sc_error_set(err, "store: out of memory");
         return -ENOMEM;
     }
-    q->cn = cn;
+    q->loop = rl;
+    q->cn = NULL; /* routed by the caller */
     q->cmd = q->cmd_inline;
-    if ((rc = rcmd_build(cn->st, op, a, &cmd, err)) == 0) {
+    if ((rc = rcmd_build(st, op, a, &cmd, err)) == 0) {
         q->cmd_len = redis_format_argv(q->cmd, sizeof q->cmd_inline, cmd.argc,
                                        cmd.argv, cmd.len);
         if (q->cmd_len > sizeof q->cmd_inline &&
@@ -587,6 +623,8 @@ static int req_new(struct rconn *cn, enum store_op op,
         } else if (q->cmd != q->cmd_inline) {
             redis_format_argv(q->cmd, q->cmd_len, cmd.argc, cmd.argv, cmd.len);
         }
+        if (st->cluster)
+            q->slot = redis_key_slot(cmd.key, strlen(cmd.key));
     }
     q->info = cmd.info;
     rcmd_free(&cmd);
@@ -652,20 +690,151 @@ static void move(struct rconn *cn)
     conn_connect(cn);
 }
 
+static int conn_init(struct rloop *rl, struct rconn *cn, int node);
+
 /* A completion that WAITs goes on the commit connection, so that WAIT
- * holds up only completions, never a permit or a lease. */
-static struct rconn *conn_for(struct rloop *rl, enum store_op op)
+ * holds up only completions, never a permit or a lease. On a cluster, the
+ * connection to node, set up (and connecting) on first use; NULL: out of
+ * memory. */
+static struct rconn *conn_for(struct rloop *rl, enum store_op op, int node)
 {
-    return op == STORE_OP_COMPLETE && rl->n_conn > CONN_COMMIT
-               ? &rl->conn[CONN_COMMIT] : &rl->conn[CONN_MAIN];
+    unsigned k = op == STORE_OP_COMPLETE && rl->n_conn > CONN_COMMIT
+                     ? CONN_COMMIT : CONN_MAIN;
+    struct rconn *cn = &rl->conn[node][k];
+
+    if (!cn->loop) {
+        if (conn_init(rl, cn, node) != 0)
+            return NULL;
+        conn_connect(cn);
+    }
+    return cn;
+}
+
+/* MOVED or ASK in r (a cluster): q's command goes to the node named, ASK
+ * with ASKING ahead of it; MOVED moves the slot in the map. q joins that
+ * connection's calls with a new deadline (a new round trip). false: not a
+ * redirection, one too many, or no connection there: q ends with r. */
+static bool redirect(struct rconn *cn, struct req *q, const redisReply *r)
+{
+    static const char *const asking[] = {"ASKING"};
+    static const size_t asking_len[] = {6};
+    struct redis_redirect rd;
+    struct rconn *to;
+    int node;
+
+    if (q->hops >= REDIRECTS_MAX || !redis_redirect_parse(r, &rd) ||
+        (node = redis_cluster_node(cn->st, rd.host, rd.hlen, rd.port)) < 0)
+        return false;
+    if (!rd.ask)
+        redis_cluster_moved(cn->st, rd.slot, node);
+    if (!(to = conn_for(cn->loop, q->info.op, node)) || !to->ac ||
+        (rd.ask && redis_conn_send_argv(to->ac, 1, (const char **)asking,
+                                        asking_len, NULL, NULL) != 0) ||
+        redis_conn_send(to->ac, q->cmd, q->cmd_len, on_reply, q) != 0)
+        return false;
+    q->hops++;
+    TAILQ_REMOVE(&cn->reqs, q, link);
+    q->cn = to;
+    q->ac = to->ac;
+    if (q->wait_seq)
+        q->wait_seq = cover(to);
+    set_deadline(to, q);
+    TAILQ_INSERT_TAIL(&to->reqs, q, link);
+    arm_watchdog(to);
+    arm_watchdog(cn);
+    return true;
+}
+
+/* TRYAGAIN or CLUSTERDOWN in r: q waits TRYAGAIN_MS off any connection
+ * and is sent again to its slot's owner then (send_later), if its call's
+ * deadline is not passed by then; false: it ends with r. */
+static bool try_later(struct rconn *cn, struct req *q, const redisReply *r)
+{
+    struct rloop *rl = cn->loop;
+    struct timeval tv = clock_ms_to_tv(TRYAGAIN_MS);
+
+    if (!redis_reply_cluster_busy(r) || q->timed_out ||
+        clock_mono_ns() + TRYAGAIN_MS * NS_PER_MS >= q->deadline_ns)
+        return false;
+    TAILQ_REMOVE(&cn->reqs, q, link);
+    TAILQ_INSERT_TAIL(&rl->later, q, link);
+    if (!evtimer_pending(rl->again, NULL))
+        evtimer_add(rl->again, &tv);
+    arm_watchdog(cn);
+    return true;
+}
+
+static int owner_of(struct redis_store *st, const struct req *q,
+                    struct sc_error *err);
+
+/* Sends q again to the owner of its slot (the map may have changed). */
+static void send_again(struct rloop *rl, struct req *q)
+{
+    struct sc_error err;
+    int node = owner_of((struct redis_store *)rl->base.st, q, &err);
+    struct rconn *to = node >= 0 ? conn_for(rl, q->info.op, node) : NULL;
+    uint64_t deadline = q->deadline_ns;
+
+    q->hops = 0;
+    if (to)
+        q->cn = to; /* else it ends on the connection it came from */
+    TAILQ_INSERT_TAIL(&q->cn->reqs, q, link);
+    if (!q->call || !to || !to->ac ||
+        redis_conn_send(to->ac, q->cmd, q->cmd_len, on_reply, q) != 0) {
+        if (q->call) {
+            q->call->rc = -ENOTCONN;
+            if (to)
+                sc_error_set(&q->call->err, "store: redis at %s: %s: the slot's "
+                             "primary is not connected", q->cn->st->addr, q->info.name);
+            else
+                q->call->err = err;
+            q->filled = true;
+        }
+        finish(q, NULL);
+        return;
+    }
+    q->ac = to->ac;
+    if (q->wait_seq)
+        q->wait_seq = cover(to);
+    set_deadline(to, q);
+    if (deadline < q->deadline_ns)
+        q->deadline_ns = deadline; /* still within its call's time */
+    arm_watchdog(to);
+}
+
+static void on_again(evutil_socket_t fd, short what, void *arg)
+{
+    struct rloop *rl = arg;
+    struct req *q;
+
+    while ((q = TAILQ_FIRST(&rl->later))) {
+        TAILQ_REMOVE(&rl->later, q, link);
+        send_again(rl, q);
+    }
+}
+
+/* The owner of q's slot, or -1 with err (the map is read again). */
+static int owner_of(struct redis_store *st, const struct req *q,
+                    struct sc_error *err)
+{
+    int node = redis_cluster_owner(st, q->slot);
+
+    if (node < 0) {
+        sc_error_set(err, "store: redis at %s: %s: slot %u has no known "
+                     "primary", st->addr, q->info.name, q->slot);
+        redis_cluster_reask(st);
+    }
+    return node;
 }
 
 int redis_start(struct store_loop *sl, struct store_call *c, enum store_op op,
                 const struct store_args *a)
 {
-    struct rconn *cn = conn_for(rloop_of(sl), op);
+    struct rloop *rl = rloop_of(sl);
+    struct redis_store *st = (struct redis_store *)sl->st;
+    struct rconn *cn;
     struct req *q;
-    int rc;
+    int node, rc;
 
     memset(&c->rec, 0, sizeof c->rec);
     memset(&c->acq, 0, sizeof c->acq);
@@ -673,9 +842,17 @@ int redis_start(struct store_loop *sl, struct store_call *c, enum store_op op,
     memset(&c->slot, 0, sizeof c->slot);
     c->replication_short = false;
     /* Built first: a bad key is -EINVAL whether Redis is there or not. */
-    if ((rc = req_new(cn, op, a, &q, &c->err)) != 0)
+    if ((rc = req_new(rl, op, a, &q, &c->err)) != 0)
         return rc;
-    if (cn->gen != redis_primary_gen(cn->st))
+    if ((node = st->cluster ? owner_of(st, q, &c->err) : 0) < 0 ||
+        !(cn = conn_for(rl, op, node))) {
+        if (node >= 0)
+            sc_error_set(&c->err, "store: out of memory");
+        req_free(q);
+        return node < 0 ? -ENOTCONN : -ENOMEM;
+    }
+    q->cn = cn;
+    if (!st->cluster && cn->gen != redis_primary_gen(st))
         move(cn);
     if (!cn->ac) {
         req_free(q);
@@ -710,11 +887,12 @@ void redis_cancel(struct store_call *c)
 
 /* ---- the loop's state ---- */
 
-static int conn_init(struct rloop *rl, struct rconn *cn)
+static int conn_init(struct rloop *rl, struct rconn *cn, int node)
 {
     struct event_base *base = rl->base.base;
 
     cn->loop = rl;
+    cn->node = node;
     cn->st = (struct redis_store *)rl->base.st;
     TAILQ_INIT(&cn->reqs);
     cn->backoff_ms = BACKOFF_MIN_MS;
@@ -735,15 +913,21 @@ int redis_loop_new(struct store *st, struct event_base *base,
     rl->base.st = st;
     rl->base.base = base;
     freelist_init(&rl->reqs, sizeof(struct req), REQS_KEPT);
+    TAILQ_INIT(&rl->later);
+    if (!(rl->again = evtimer_new(base, on_again, rl))) {
+        free(rl);
+        goto nomem;
+    }
     rl->n_conn = ((struct redis_store *)st)->replicas_ack ? 2 : 1;
-    for (unsigned i = 0; i < rl->n_conn; i++)
-        if (conn_init(rl, &rl->conn[i]) != 0) {
+    /* A cluster's connections are made per node on first use. */
+    for (unsigned i = 0; !((struct redis_store *)st)->cluster && i < rl->n_conn; i++)
+        if (conn_init(rl, &rl->conn[0][i], 0) != 0) {
             redis_loop_free(&rl->base);
             goto nomem;
         }
     /* Not a failure when Redis is down: calls fail until it is back. */
-    for (unsigned i = 0; i < rl->n_conn; i++)
-        conn_connect(&rl->conn[i]);
+    for (unsigned i = 0; !((struct redis_store *)st)->cluster && i < rl->n_conn; i++)
+        conn_connect(&rl->conn[0][i]);
     *out = &rl->base;
     return 0;
 nomem:
@@ -777,8 +961,18 @@ void redis_loop_free(struct store_loop *sl)
     struct rloop *rl = rloop_of(sl);
 
     rl->freeing = true;
-    for (unsigned i = 0; i < rl->n_conn; i++)
-        conn_free(&rl->conn[i]);
+    while (!TAILQ_EMPTY(&rl->later)) {
+        struct req *q = TAILQ_FIRST(&rl->later);
+
+        TAILQ_REMOVE(&rl->later, q, link);
+        TAILQ_INSERT_TAIL(&q->cn->reqs, q, link); /* finished with its conn */
+    }
+    if (rl->again)
+        event_free(rl->again);
+    for (unsigned n = 0; n < REDIS_NODES_MAX; n++)
+        for (unsigned i = 0; i < rl->n_conn; i++)
+            if (rl->conn[n][i].loop)
+                conn_free(&rl->conn[n][i]);
     freelist_clear(&rl->reqs);
     free(rl);
 }

@@ -24,7 +24,11 @@
 #define REDIS_ADDR_MAX (REDIS_HOST_MAX + 8)
 #define REDIS_HOLDER_LEN 32          /* policies/verify.h VERIFY_HOLDER_LEN */
 
+/* Nodes of a Redis Cluster sluice keeps track of (seeds and primaries). */
+#define REDIS_NODES_MAX 64
+
 struct redis_sentinel;
+struct redis_cluster;
 
 struct redis_store {
     struct store base;           /* first: the interface (store_backend.h) */
@@ -33,6 +37,9 @@ struct redis_store {
     unsigned port;
     atomic_uint primary_gen;     /* bumped when host:port change */
     struct redis_sentinel *sentinel; /* NULL: no sentinels */
+    struct redis_cluster *cluster; /* NULL: not a Redis Cluster */
+    struct redis_sync *node_sync[REDIS_NODES_MAX]; /* cluster: the blocking
+                                    connection per node, under lock */
     unsigned replicas_ack;       /* WAIT for them after a completion */
     char *user;                  /* NULL: the default user */
     char *password;              /* NULL: none */
@@ -201,6 +208,33 @@ void redis_sentinel_stop(struct redis_store *st);
  * asks the sentinels again soon, without waiting for them. Nothing
  * without sentinels; callable from any thread. */
 void redis_sentinel_reask(struct redis_store *st);
+
+/* ---- Redis Cluster (redis_cluster.c) ---- */
+
+/* Reads the slot map from the seeds once, blocking (each node bounded by
+ * timeout_ms), then starts the thread that keeps it current (every second,
+ * and soon after redis_cluster_reask). Nothing without cluster. 0 or a
+ * negative code with err. */
+int redis_cluster_start(struct redis_store *st, const struct store_redis_opts *o,
+                        struct sc_error *err);
+void redis_cluster_stop(struct redis_store *st);
+/* The node that owns slot now (an index of the node table), or -1. */
+int redis_cluster_owner(const struct redis_store *st, unsigned slot);
+/* The index of host:port (hlen bytes) in the node table, added when new;
+ * -ENOSPC (full) or -EINVAL. Any thread. */
+int redis_cluster_node(struct redis_store *st, const char *host, size_t hlen,
+                       unsigned port);
+void redis_cluster_addr(const struct redis_store *st, int node,
+                        char host[REDIS_HOST_MAX], unsigned *port);
+/* A MOVED: slot is node's from now on, and the whole map is read again
+ * soon. */
+void redis_cluster_moved(struct redis_store *st, unsigned slot, int node);
+/* A connection to a primary failed: the map is read again soon. Nothing
+ * without cluster; any thread. */
+void redis_cluster_reask(struct redis_store *st);
+/* Whether every primary of the map answered its last PING; else the cause
+ * (no secret) into cause. */
+bool redis_cluster_healthy(struct redis_store *st, char *cause, size_t len);
 
 /* The asynchronous side's entries (store_redis_async.c). */
 int redis_loop_new(struct store *st, struct event_base *base,

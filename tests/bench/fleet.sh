@@ -14,7 +14,10 @@
 # Environment: SIDECARS (4), CLIENTS (64 per sidecar), RATE (500), BURST (20), DURATION (10 s),
 # PHASES ("1 2 3": which of the above to run), BUILD_DIR (build-bench-fleet/), NO_BUILD=1,
 # KEEP=1 (keep the temp dir), TLS=1 (Redis TLS only, --port 0 --tls-port, with a CA made by
-# openssl here; the sidecars connect with rediss:// and store.tls.ca_file).
+# openssl here; the sidecars connect with rediss:// and store.tls.ca_file), CLUSTER=N (a Redis
+# Cluster of N primaries, 1 to 3, without replicas, the slots split evenly; sidecar i runs a
+# policy whose hash tag lands on primary i mod N, so the load spreads as policies do; Redis CPU
+# and commands are summed over the primaries and also given per primary).
 set -euo pipefail
 
 SIDECARS=${SIDECARS:-4}
@@ -64,12 +67,67 @@ if [ "${TLS:-0}" = 1 ]; then
     SCHEME=rediss
     STORE_TLS=", tls: {ca_file: \"$TMP/ca.pem\"}"
 fi
-redis-server --bind 127.0.0.1 "${REDIS_LISTEN[@]}" --save '' --appendonly no \
-    --dir "$TMP" >"$TMP/redis.log" 2>&1 &
-REDIS_PID=$!
-PIDS="$PIDS $REDIS_PID"
+CLUSTER=${CLUSTER:-0}
+REDIS_PIDS=()
+REDIS_PORTS=()
+if [ "$CLUSTER" -gt 0 ]; then
+    [ "${TLS:-0}" = 1 ] && die "CLUSTER and TLS together are not scripted here"
+    for i in $(seq "$CLUSTER"); do
+        # The cluster bus listens on port + 10000.
+        p=$((21000 + RANDOM % 20000))
+        mkdir -p "$TMP/r$i"
+        redis-server --bind 127.0.0.1 --port "$p" --save '' --appendonly no --dir "$TMP/r$i" \
+            --cluster-enabled yes --cluster-config-file nodes.conf >"$TMP/r$i/redis.log" 2>&1 &
+        REDIS_PIDS+=($!)
+        REDIS_PORTS+=("$p")
+        PIDS="$PIDS $!"
+    done
+    REDIS_PORT=${REDIS_PORTS[0]}
+else
+    redis-server --bind 127.0.0.1 "${REDIS_LISTEN[@]}" --save '' --appendonly no \
+        --dir "$TMP" >"$TMP/redis.log" 2>&1 &
+    REDIS_PIDS=($!)
+    REDIS_PORTS=("$REDIS_PORT")
+    PIDS="$PIDS $!"
+fi
+REDIS_PID=${REDIS_PIDS[0]}
 rcli() { redis-cli "${RCLI_TLS[@]}" -p "$REDIS_PORT" "$@"; }
-for _ in $(seq 100); do rcli ping >/dev/null 2>&1 && break; sleep 0.05; done
+rcli_at() { local p=$1; shift; redis-cli "${RCLI_TLS[@]}" -p "$p" "$@"; }
+for p in "${REDIS_PORTS[@]}"; do
+    for _ in $(seq 100); do rcli_at "$p" ping >/dev/null 2>&1 && break; sleep 0.05; done
+    rcli_at "$p" ping >/dev/null 2>&1 || die "redis-server on port $p did not start (taken?): run again"
+done
+POLICY=(p)
+STORE_CLUSTER=""
+if [ "$CLUSTER" -gt 0 ]; then
+    for i in "${!REDIS_PORTS[@]}"; do
+        rcli_at "${REDIS_PORTS[$i]}" CLUSTER ADDSLOTSRANGE $((16384 * i / CLUSTER)) \
+            $((16384 * (i + 1) / CLUSTER - 1)) >/dev/null
+        [ "$i" -gt 0 ] && rcli CLUSTER MEET 127.0.0.1 "${REDIS_PORTS[$i]}" >/dev/null
+    done
+    for _ in $(seq 200); do
+        ok=1
+        for p in "${REDIS_PORTS[@]}"; do
+            rcli_at "$p" CLUSTER INFO | grep -q cluster_state:ok || ok=0
+        done
+        [ $ok = 1 ] && break
+        sleep 0.1
+    done
+    [ $ok = 1 ] || die "the cluster did not become ok"
+    # A policy name per primary: the first pN whose slot that primary owns.
+    POLICY=()
+    for i in "${!REDIS_PORTS[@]}"; do
+        for n in $(seq 0 200); do
+            s=$(rcli CLUSTER KEYSLOT "p$n" | tr -d '\r')
+            if [ "$s" -ge $((16384 * i / CLUSTER)) ] && [ "$s" -lt $((16384 * (i + 1) / CLUSTER)) ]; then
+                POLICY+=("p$n")
+                break
+            fi
+        done
+    done
+    STORE_CLUSTER=", cluster: true"
+    say "cluster of $CLUSTER primaries on ${REDIS_PORTS[*]}, policies ${POLICY[*]}"
+fi
 
 start_stub "$STUB"
 stub() { curl -sf --max-time 10 -X "$1" "http://127.0.0.1:$STUB_PORT$2"; }
@@ -83,6 +141,7 @@ start_fleet() {   # start_fleet SHARED RATE BURST [POLICY_EXTRA]
     SL_PORTS=()
     SL_ADMIN=()
     for i in $(seq "$SIDECARS"); do
+        local pol=${POLICY[$(((i - 1) % ${#POLICY[@]}))]}
         read -r p a <<<"$(free_ports 2 | tr '\n' ' ')"
         mkdir -p "$TMP/s$i"
         cat >"$TMP/s$i/sluice.yaml" <<EOF
@@ -90,13 +149,13 @@ listen: 127.0.0.1:$p
 admin: 127.0.0.1:$a
 threads: 1
 log: {level: warn, access: false}
-store: {backend: redis, url: "$SCHEME://127.0.0.1:$REDIS_PORT/0", fleet_size: $SIDECARS$STORE_TLS}
+store: {backend: redis, url: "$SCHEME://127.0.0.1:$REDIS_PORT/0", fleet_size: $SIDECARS$STORE_TLS$STORE_CLUSTER}
 upstreams:
   stub: {url: "http://127.0.0.1:$STUB_PORT", max_connections: $CLIENTS}
 policies:
-  p: {rate: $2/s, burst: $3, max_wait: 1h, shared: $1${4:-}}
+  $pol: {rate: $2/s, burst: $3, max_wait: 1h, shared: $1${4:-}}
 routes:
-  - {prefix: /, upstream: stub, policy: p}
+  - {prefix: /, upstream: stub, policy: $pol}
 EOF
         start_sluice "$SLUICE" "$TMP/s$i" "$a"
         SL_PIDS+=("$SLUICE_PID")
@@ -115,9 +174,10 @@ run() {
     local d=$TMP/$1 i before=() after=() rb ra cmds script=()
     mkdir -p "$d"
     stub POST /_stub/reset >/dev/null
-    rcli CONFIG RESETSTAT >/dev/null
+    local rbs=() per=""
+    for p in "${REDIS_PORTS[@]}"; do rcli_at "$p" CONFIG RESETSTAT >/dev/null; done
     for i in "${!SL_PIDS[@]}"; do before+=("$(cpu_ns "${SL_PIDS[$i]}")"); done
-    rb=$(cpu_ns "$REDIS_PID")
+    for i in "${!REDIS_PIDS[@]}"; do rbs+=("$(cpu_ns "${REDIS_PIDS[$i]}")"); done
     local wrks=()
     for i in "${!SL_PORTS[@]}"; do
         [ "${4:-}" = keyed ] && script=(-s "$HERE/freshkey.lua")
@@ -127,7 +187,13 @@ run() {
         wrks+=($!)
     done
     wait "${wrks[@]}" 2>/dev/null || true
-    ra=$(cpu_ns "$REDIS_PID")
+    rb=0 ra=0
+    for i in "${!REDIS_PIDS[@]}"; do
+        local x
+        x=$(cpu_ns "${REDIS_PIDS[$i]}")
+        per="$per $(((x - ${rbs[$i]}) / 1000000))ms"
+        rb=$((rb + ${rbs[$i]})) ra=$((ra + x))
+    done
     for i in "${!SL_PIDS[@]}"; do after+=("$(cpu_ns "${SL_PIDS[$i]}")"); done
     stub GET /_stub/arrivals >"$d/arrivals.json"
     stub GET /_stub/stats >"$d/stats.json"
@@ -139,8 +205,12 @@ run() {
         trips=$((trips + $(curl -sf --max-time 10 "http://127.0.0.1:$a/metrics" |
             awk '/^sluice_store_duration_seconds_count/ { s += $2 } END { print s + 0 }')))
     done
-    cmds=$(rcli INFO commandstats | tr -d '\r' |
-        awk -F'[:=,]' '/^cmdstat_/ { n += $3 } END { print n + 0 }')
+    cmds=0
+    for p in "${REDIS_PORTS[@]}"; do
+        cmds=$((cmds + $(rcli_at "$p" INFO commandstats | tr -d '\r' |
+            awk -F'[:=,]' '/^cmdstat_/ { n += $3 } END { print n + 0 }')))
+    done
+    [ "${#REDIS_PIDS[@]}" -gt 1 ] && echo "Redis CPU per primary:$per" >&2
     local sl_cpu=0
     for i in "${!SL_PIDS[@]}"; do sl_cpu=$((sl_cpu + ${after[$i]} - ${before[$i]})); done
     python3 "$HERE/fleetstat.py" "$d" "$SIDECARS" "$2" "$3" "$sl_cpu" "$((ra - rb))" "$trips" "$cmds"

@@ -119,6 +119,13 @@ static void exec_server(const struct redis_server *rs)
     }
     if (rs->replicaof)
         argv[n++] = "--replicaof", argv[n++] = "127.0.0.1", argv[n++] = primary;
+    if (rs->cluster) {
+        argv[n++] = "--cluster-enabled", argv[n++] = "yes";
+        argv[n++] = "--cluster-config-file", argv[n++] = "nodes.conf";
+        argv[n++] = "--cluster-node-timeout", argv[n++] = "1000";
+        /* The slots of the other primaries stay served while one is down. */
+        argv[n++] = "--cluster-require-full-coverage", argv[n++] = "no";
+    }
     if (rs->tls_dir) {
         snprintf(cert, sizeof cert, "%s/server.pem", rs->tls_dir);
         snprintf(key, sizeof key, "%s/server.key", rs->tls_dir);

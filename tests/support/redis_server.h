@@ -19,6 +19,9 @@ struct redis_server {
                                server.key}; the test's own commands go
                                through redis-cli --tls with client.pem */
     bool tls_auth_clients;  /* with tls_dir: a client certificate required */
+    bool cluster;           /* set before start: --cluster-enabled, its
+                               nodes.conf in dir, node timeout 1 s, full
+                               coverage not required */
 };
 
 /* Starts one and waits (at most 5 s) until it answers PING. port 0 picks a
