@@ -398,7 +398,7 @@ static int redis_verify(struct store *base, const char *scope, const char *key,
     int rc;
 
     if ((rc = redis_verify_build(st, scope, key, a, &cmd, err)) == 0 &&
-        (rc = run(st, cmd.argc, cmd.argv, cmd.len, cmd.info.script, &r, err)) == 0)
+        (rc = run(st, cmd.key, cmd.argc, cmd.argv, cmd.len, cmd.info.script, &r, err)) == 0)
         rc = redis_verify_result(st, &cmd.info, r, err);
     freeReplyObject(r);
     rcmd_free(&cmd);
@@ -424,7 +424,7 @@ static int redis_live(struct store *base, const char *scope, uint64_t ttl_ms,
     argv[0] = "SET", argv[1] = key, argv[2] = "1", argv[3] = "PX", argv[4] = px;
     for (int i = 0; i < 5; i++)
         len[i] = strlen(argv[i]);
-    if ((rc = run(st, 5, argv, len, -1, &r, err)) == 0 &&
+    if ((rc = run(st, key, 5, argv, len, -1, &r, err)) == 0 &&
         r->type == REDIS_REPLY_ERROR) {
         sc_error_set(err, "store: redis at %s: liveness of %s: %s", st->addr,
                      scope, r->str);
