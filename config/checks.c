@@ -243,15 +243,15 @@ static void check_lanes(struct cfg_loader *lc, struct sc_policy *p)
         return;
     }
     /* Refused rather than ignored (docs/status.md): a shadow policy sends
-     * at once, so it has no waiters to order, and this build orders a
-     * fleet's waiters on no sidecar. */
+     * at once, so it has no waiters to order; a fleet's slots are counted
+     * in Redis, after the permit, where no lane orders them. */
     if (p->mode == SC_MODE_SHADOW)
         cfg_err_at(lc, p->lanes_pos, "%s.lanes: not with mode: shadow (a shadow "
                "policy forwards at once: nothing waits in a lane)", lc->path);
-    if (p->shared == SC_SHARED_REDIS)
-        cfg_err_at(lc, p->lanes_pos, "%s.lanes: not with shared: redis in this "
-               "build (lanes order the waiters of a policy paced on this "
-               "sidecar; docs/status.md)", lc->path);
+    if (p->shared == SC_SHARED_REDIS && p->concurrency)
+        cfg_err_at(lc, p->lanes_pos, "%s.lanes: not with concurrency and shared: "
+               "redis in this build (the fleet's slots follow no lane; "
+               "docs/status.md)", lc->path);
     for (i = 0; i < p->n_lanes; i++) {
         struct sc_lane *l = &p->lanes[i];
 

@@ -58,8 +58,13 @@ static int bucket_init(struct policy_state *ps, struct bucket *b, bool partition
     b->pm = NULL;
     if (!ps->lanes)
         return 0;
+    /* A fleet's lanes grant at the fleet's numbers, each head then asking
+     * the shared bucket (stage_permit_fleet_lanes), so a sidecar alone in
+     * the fleet is not held to its fallback share. */
     if (!(b->pm = malloc(sizeof *b->pm)) ||
-        permits_init(b->pm, ps->lanes, ps->n_lanes, ps->rate, ps->burst, 0) != 0) {
+        permits_init(b->pm, ps->lanes, ps->n_lanes,
+                     ps->shared ? ps->fleet_rate : ps->rate,
+                     ps->shared ? ps->fleet_burst : ps->burst, 0) != 0) {
         bucket_fini(b);
         return -ENOMEM;
     }
@@ -77,8 +82,9 @@ static void lanes_copy_free(struct policy_state *ps)
 }
 
 /* Granted permits: a policy with lanes, or one that follows its quota
- * (which paces as one lane, unless it has lanes), on this sidecar's bucket
- * (the config check refuses both in shadow mode and for a fleet). */
+ * (which paces as one lane, unless it has lanes): on this sidecar's bucket,
+ * or ordering this sidecar's waiters for a fleet's (the config check
+ * refuses both in shadow mode). */
 static bool grants(const struct sc_policy *p)
 {
     return p->has_rate && (p->n_lanes || (p->quota.enabled && p->quota.follow));
@@ -139,6 +145,8 @@ static struct policy_state *state_new(const struct sc_policy *p,
         pacing_state_put(ps);
         return NULL;
     }
+    ps->fleet_rate = p->rate;
+    ps->fleet_burst = p->burst;
     if (p->has_rate) {
         struct gcra fleet;
 
@@ -202,7 +210,9 @@ static bool same_numbers(const struct policy_state *ps, const struct sc_policy *
     return !strcmp(ps->name, p->name) && ps->has_bucket == p->has_rate &&
            same_lanes(ps, p) &&
            ps->shared == (p->shared == SC_SHARED_REDIS) &&
-           (!p->has_rate || (ps->rate == rate && ps->burst == burst)) &&
+           (!p->has_rate || (ps->rate == rate && ps->burst == burst &&
+                             ps->fleet_rate == p->rate &&
+                             ps->fleet_burst == p->burst)) &&
            ps->concurrency == concurrency &&
            ps->partition_max == p->partition_max &&
            (!ps->partition_header) == (!ph) &&

@@ -93,6 +93,9 @@ struct policy_state {
                                      slots did not answer: local numbers */
     uint64_t fleet_t_ns, fleet_tau_ns; /* shared: the fleet's bucket, as the
                                      policy states it (policies/gcra.h) */
+    double fleet_rate;            /* shared: the fleet's numbers, undivided:
+                                     a fleet's lanes order this sidecar's */
+    uint32_t fleet_burst;         /* waiters at them (contract §13) */
     struct bucket bucket;         /* unpartitioned */
     pthread_mutex_t mu;           /* slots and partitions */
     _Atomic uint32_t inflight;

@@ -226,6 +226,47 @@ const struct ex_stage stage_permit_fleet = {
     .flags = STAGE_WATCH,
 };
 
+/* A fleet's lanes (contract §13): permit_lanes picked this request, by
+ * the shares, among this sidecar's waiters, and holds the bucket; it now
+ * asks the fleet's bucket for its start, within what is left of its lane's
+ * max_wait. While that start is ahead, this sidecar's lanes grant nothing
+ * (its permits pause until it), so each sidecar keeps about one request
+ * reserved in Redis and the order stays in its lanes: a request joining an
+ * urgent lane waits for the head before it, not for a queue in Redis. */
+static enum ex_verdict fleet_lanes_answered(struct exchange *ex, uint64_t now)
+{
+    enum ex_verdict v = fleet_answered(ex, now);
+
+    if (v == EXV_WAIT && ex->shared_permit && ex->bucket->pm)
+        permits_pause(ex->bucket->pm, now, ex->permit_at);
+    return v;
+}
+
+static enum ex_verdict fleet_lanes_run(struct exchange *ex, uint64_t now)
+{
+    enum ex_verdict v;
+
+    if (ex->woke == WOKE_FIRST) {
+        ex->max_wait_ns = ex->wait_deadline_ns > now ? ex->wait_deadline_ns - now : 0;
+        ex->asking = true;
+    }
+    if (!ex->asking)
+        return permit_due(ex, now);
+    v = ex_store_wait(ex, now, start_permit, ex->woke == WOKE_FIRST, ST_PERMIT);
+    if (v != EXV_NEXT)
+        return v;
+    ex->asking = false;
+    return fleet_lanes_answered(ex, now);
+}
+
+/* The bucket is permit_lanes' to give back. */
+const struct ex_stage stage_permit_fleet_lanes = {
+    .name = "permit_fleet_lanes",
+    .run = fleet_lanes_run,
+    .drain = ex_drain_unsent,
+    .flags = STAGE_WATCH,
+};
+
 /* The fleet's answer to a permit asked with the lease: true when the lease
  * is now the request's, or when the key is free and only the permit was
  * refused (the permit's answer then says why); false when the key's record
