@@ -70,6 +70,8 @@ static int bucket_init(struct policy_state *ps, struct bucket *b, bool partition
     }
     if (ps->follow)
         permits_follow(b->pm, ps->min_rate);
+    if (ps->shared)
+        b->pm->flight_scale = ps->fleet_n;
     return 0;
 }
 
@@ -147,6 +149,7 @@ static struct policy_state *state_new(const struct sc_policy *p,
     }
     ps->fleet_rate = p->rate;
     ps->fleet_burst = p->burst;
+    ps->fleet_n = ps->shared && fleet_size > 1 ? fleet_size : 1;
     if (p->has_rate) {
         struct gcra fleet;
 

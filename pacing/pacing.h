@@ -96,6 +96,7 @@ struct policy_state {
     double fleet_rate;            /* shared: the fleet's numbers, undivided:
                                      a fleet's lanes order this sidecar's */
     uint32_t fleet_burst;         /* waiters at them (contract §13) */
+    uint32_t fleet_n;             /* shared: the fleet's size; else 1 */
     struct bucket bucket;         /* unpartitioned */
     pthread_mutex_t mu;           /* slots and partitions */
     _Atomic uint32_t inflight;

@@ -314,7 +314,9 @@ void permits_answered(struct permits *pm, const struct quota_headers *h,
     if (pm->follow && h) {
         /* The bucket accrued at the old numbers until now. */
         sync_quota(pm, now);
-        quota_update(&pm->quota, h, now, wall_ms, pm->flight, res ? res : &none);
+        quota_update(&pm->quota, h, now, wall_ms,
+                     pm->flight * (pm->flight_scale ? pm->flight_scale : 1),
+                     res ? res : &none);
         sync_quota(pm, now);
         wake_keeper(pm);
     }

@@ -60,6 +60,10 @@ struct permits {
     bool follow;                /* the rate follows `quota` */
     struct quota quota;
     uint32_t flight;            /* granted and not answered yet */
+    uint32_t flight_scale;      /* a fleet's (0 or 1: this sidecar's): the
+                                   fleet's requests in flight are counted as
+                                   this sidecar's times the fleet's size,
+                                   since the others' are not seen here */
 };
 
 /* What GET /policies shows of one bucket. */

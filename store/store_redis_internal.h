@@ -79,7 +79,7 @@ struct rcmd {
     char key2[REDIS_KEY_MAX];    /* a script's second key, or "" */
     uint8_t now[8], expires[8], lease[8], kept_attempt[4];
     char at[24], now_dec[24], until_dec[24];
-    char num[3][24];             /* decimal arguments of bucket scripts */
+    char num[4][24];             /* decimal arguments of bucket scripts */
     uint8_t *blob;               /* an encoded record (owned) */
 };
 

@@ -89,14 +89,12 @@ void ex_plans_build(const struct sc_policy *p, bool store_shares,
     };
 
     /* Lanes order this sidecar's waiters, of its bucket or the fleet's
-     * (store_shares false: no fleet, this sidecar's bucket); the config
-     * check refuses them in shadow mode, and quota.follow with shared:
-     * redis. */
+     * (store_shares false: no fleet, this sidecar's bucket), and so does a
+     * followed quota; the config check refuses both in shadow mode. */
     bool paced = s.rate && !s.shadow;
 
     s.lanes = paced && p->n_lanes;
-    s.follow = paced && p->shared != SC_SHARED_REDIS && p->quota.enabled &&
-               p->quota.follow;
+    s.follow = paced && p->quota.enabled && p->quota.follow;
     s.grants = s.lanes || s.follow;
 
     build(&out->plain, p, &s);
