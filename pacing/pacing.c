@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -430,6 +431,30 @@ void pacing_pauses(struct policy_state *ps, uint64_t now, pause_fn fn, void *arg
     pthread_mutex_unlock(&ps->mu);
 }
 
+size_t pacing_partition_views(struct policy_state *ps, uint64_t now,
+                              struct partition_view *out, size_t max, size_t *live)
+{
+    struct partition *p;
+    size_t n = 0;
+
+    ps = lock_live(ps);
+    if (live)
+        *live = ps->n_parts;
+    /* The LRU's head is the most recently used. A bucket's permits lock
+     * inside the policy's lock, never the reverse. */
+    TAILQ_FOREACH(p, &ps->lru, lru) {
+        if (n == max)
+            break;
+        if (!p->b.pm)
+            continue;
+        snprintf(out[n].name, sizeof out[n].name, "%s", p->name);
+        permits_view(p->b.pm, now, &out[n].v);
+        n++;
+    }
+    pthread_mutex_unlock(&ps->mu);
+    return n;
+}
+
 /* The clock of the pause goes first: a request that reads it as over while
  * TAT still holds the pause only waits, never sends early. */
 static bool bucket_resume(struct bucket *b, uint64_t now)
@@ -787,8 +812,13 @@ void pacing_slot_count(struct policy_state *ps)
  * pause that landed before. */
 static void bucket_hand_over(struct bucket *b, struct bucket *to, uint64_t now)
 {
-    uint64_t until = atomic_load(&b->cooldown_until);
+    uint64_t until = atomic_load(&b->cooldown_until), next_ns = 0;
+    /* A policy that gains lanes or quota.follow: its granted permits start
+     * at the level its GCRA had, not full (a burst the bound never had). */
+    uint32_t level = !b->pm && to->pm ? gcra_available(&b->g, now, &next_ns) : 0;
 
+    if (!b->pm && to->pm)
+        permits_set_level(to->pm, now, level, next_ns);
     b->next = to;
     do {
         atomic_store(&to->cooldown_until, until);

@@ -167,6 +167,21 @@ typedef void (*pause_fn)(void *arg, const char *partition, uint64_t until,
                          enum pause_why why);
 void pacing_pauses(struct policy_state *ps, uint64_t now, pause_fn fn, void *arg);
 
+/* What GET /policies shows of one live partition of a policy whose
+ * buckets grant permits (lanes, quota.follow): its name (cut) and its
+ * bucket's view (permits.h). */
+#define PACING_PART_NAME_MAX 64
+struct partition_view {
+    char name[PACING_PART_NAME_MAX];
+    struct permits_view v;
+};
+
+/* Up to max of ps's live partitions, most recently used first, into out;
+ * returns how many were written, and *live (may be NULL) how many there
+ * are. None for a policy paced by GCRA alone. */
+size_t pacing_partition_views(struct policy_state *ps, uint64_t now,
+                              struct partition_view *out, size_t max, size_t *live);
+
 /* Ends every pause of ps (its bucket's and its partitions') at now; each
  * resumes empty. Returns how many were running. */
 size_t pacing_resume(struct policy_state *ps, uint64_t now);

@@ -33,6 +33,14 @@ void permits_free(struct permits *pm)
     memset(pm, 0, sizeof *pm);
 }
 
+void permits_set_level(struct permits *pm, uint64_t now, uint32_t whole,
+                       uint64_t next_ns)
+{
+    pthread_mutex_lock(&pm->mu);
+    tbucket_set_level(&pm->tb, now, whole, next_ns);
+    pthread_mutex_unlock(&pm->mu);
+}
+
 void permits_set_empty(struct permits *pm, uint64_t now)
 {
     pthread_mutex_lock(&pm->mu);

@@ -101,6 +101,10 @@ void permits_answered(struct permits *pm, const struct quota_headers *h,
 void permits_view(struct permits *pm, uint64_t now, struct permits_view *v);
 void permits_free(struct permits *pm);
 
+/* A reload from a policy paced by GCRA: the level it had (tbucket_set_level). */
+void permits_set_level(struct permits *pm, uint64_t now, uint32_t whole,
+                       uint64_t next_ns);
+
 /* An evicted partition's bucket comes back empty, never full. */
 void permits_set_empty(struct permits *pm, uint64_t now);
 
