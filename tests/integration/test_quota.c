@@ -118,8 +118,13 @@ static void follows(const char *style)
     accepted = h_stub_stat(&stub, "accepted");
     /* The first responses teach sluice the quota: nothing is refused. */
     cr_expect_leq(refused, 1, "%s: the partner refused %lld", style, refused);
-    /* 5 s spans 3 windows and part of a 4th: at most 80, at least 60 whole. */
-    cr_expect_geq(accepted, 54, "%s: only %lld of the quota used", style, accepted);
+    /* 5 s spans 3 windows and part of a 4th: at most 80, at least 60 whole.
+     * X-RateLimit-Reset's whole Unix seconds move a 2 s window's end by up
+     * to a second, so that style uses about 80 % of it (tests/bench/README.md,
+     * quota.sh): 54 held with the drafts, 53 was seen with it on a loaded
+     * machine. */
+    cr_expect_geq(accepted, strcmp(style, "x") ? 54 : 48, "%s: only %lld of the quota used",
+                  style, accepted);
     cr_expect_eq(l.other, 0, "%s: %d answers neither 200 nor 429", style, l.other);
     j = admin_json("/policies");
     p = json_object_get(json_object_get(j, "policies"), "p");
