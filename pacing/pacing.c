@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,13 +59,20 @@ static int bucket_init(struct policy_state *ps, struct bucket *b, bool partition
     b->pm = NULL;
     if (!ps->lanes)
         return 0;
+    /* A fleet's lanes grant at the fleet's numbers, each head then asking
+     * the shared bucket (stage_permit_fleet_lanes), so a sidecar alone in
+     * the fleet is not held to its fallback share. */
     if (!(b->pm = malloc(sizeof *b->pm)) ||
-        permits_init(b->pm, ps->lanes, ps->n_lanes, ps->rate, ps->burst, 0) != 0) {
+        permits_init(b->pm, ps->lanes, ps->n_lanes,
+                     ps->shared ? ps->fleet_rate : ps->rate,
+                     ps->shared ? ps->fleet_burst : ps->burst, 0) != 0) {
         bucket_fini(b);
         return -ENOMEM;
     }
     if (ps->follow)
         permits_follow(b->pm, ps->min_rate);
+    if (ps->shared)
+        b->pm->flight_scale = ps->fleet_n;
     return 0;
 }
 
@@ -77,8 +85,9 @@ static void lanes_copy_free(struct policy_state *ps)
 }
 
 /* Granted permits: a policy with lanes, or one that follows its quota
- * (which paces as one lane, unless it has lanes), on this sidecar's bucket
- * (the config check refuses both in shadow mode and for a fleet). */
+ * (which paces as one lane, unless it has lanes): on this sidecar's bucket,
+ * or ordering this sidecar's waiters for a fleet's (the config check
+ * refuses both in shadow mode). */
 static bool grants(const struct sc_policy *p)
 {
     return p->has_rate && (p->n_lanes || (p->quota.enabled && p->quota.follow));
@@ -139,6 +148,9 @@ static struct policy_state *state_new(const struct sc_policy *p,
         pacing_state_put(ps);
         return NULL;
     }
+    ps->fleet_rate = p->rate;
+    ps->fleet_burst = p->burst;
+    ps->fleet_n = ps->shared && fleet_size > 1 ? fleet_size : 1;
     if (p->has_rate) {
         struct gcra fleet;
 
@@ -202,7 +214,9 @@ static bool same_numbers(const struct policy_state *ps, const struct sc_policy *
     return !strcmp(ps->name, p->name) && ps->has_bucket == p->has_rate &&
            same_lanes(ps, p) &&
            ps->shared == (p->shared == SC_SHARED_REDIS) &&
-           (!p->has_rate || (ps->rate == rate && ps->burst == burst)) &&
+           (!p->has_rate || (ps->rate == rate && ps->burst == burst &&
+                             ps->fleet_rate == p->rate &&
+                             ps->fleet_burst == p->burst)) &&
            ps->concurrency == concurrency &&
            ps->partition_max == p->partition_max &&
            (!ps->partition_header) == (!ph) &&
@@ -415,6 +429,30 @@ void pacing_pauses(struct policy_state *ps, uint64_t now, pause_fn fn, void *arg
     TAILQ_FOREACH(p, &ps->lru, lru)
         report_pause(&p->b, now, p->name, fn, arg);
     pthread_mutex_unlock(&ps->mu);
+}
+
+size_t pacing_partition_views(struct policy_state *ps, uint64_t now,
+                              struct partition_view *out, size_t max, size_t *live)
+{
+    struct partition *p;
+    size_t n = 0;
+
+    ps = lock_live(ps);
+    if (live)
+        *live = ps->n_parts;
+    /* The LRU's head is the most recently used. A bucket's permits lock
+     * inside the policy's lock, never the reverse. */
+    TAILQ_FOREACH(p, &ps->lru, lru) {
+        if (n == max)
+            break;
+        if (!p->b.pm)
+            continue;
+        snprintf(out[n].name, sizeof out[n].name, "%s", p->name);
+        permits_view(p->b.pm, now, &out[n].v);
+        n++;
+    }
+    pthread_mutex_unlock(&ps->mu);
+    return n;
 }
 
 /* The clock of the pause goes first: a request that reads it as over while
@@ -774,8 +812,13 @@ void pacing_slot_count(struct policy_state *ps)
  * pause that landed before. */
 static void bucket_hand_over(struct bucket *b, struct bucket *to, uint64_t now)
 {
-    uint64_t until = atomic_load(&b->cooldown_until);
+    uint64_t until = atomic_load(&b->cooldown_until), next_ns = 0;
+    /* A policy that gains lanes or quota.follow: its granted permits start
+     * at the level its GCRA had, not full (a burst the bound never had). */
+    uint32_t level = !b->pm && to->pm ? gcra_available(&b->g, now, &next_ns) : 0;
 
+    if (!b->pm && to->pm)
+        permits_set_level(to->pm, now, level, next_ns);
     b->next = to;
     do {
         atomic_store(&to->cooldown_until, until);

@@ -93,6 +93,10 @@ struct policy_state {
                                      slots did not answer: local numbers */
     uint64_t fleet_t_ns, fleet_tau_ns; /* shared: the fleet's bucket, as the
                                      policy states it (policies/gcra.h) */
+    double fleet_rate;            /* shared: the fleet's numbers, undivided:
+                                     a fleet's lanes order this sidecar's */
+    uint32_t fleet_burst;         /* waiters at them (contract §13) */
+    uint32_t fleet_n;             /* shared: the fleet's size; else 1 */
     struct bucket bucket;         /* unpartitioned */
     pthread_mutex_t mu;           /* slots and partitions */
     _Atomic uint32_t inflight;
@@ -162,6 +166,21 @@ const char *pause_why_name(enum pause_why why);
 typedef void (*pause_fn)(void *arg, const char *partition, uint64_t until,
                          enum pause_why why);
 void pacing_pauses(struct policy_state *ps, uint64_t now, pause_fn fn, void *arg);
+
+/* What GET /policies shows of one live partition of a policy whose
+ * buckets grant permits (lanes, quota.follow): its name (cut) and its
+ * bucket's view (permits.h). */
+#define PACING_PART_NAME_MAX 64
+struct partition_view {
+    char name[PACING_PART_NAME_MAX];
+    struct permits_view v;
+};
+
+/* Up to max of ps's live partitions, most recently used first, into out;
+ * returns how many were written, and *live (may be NULL) how many there
+ * are. None for a policy paced by GCRA alone. */
+size_t pacing_partition_views(struct policy_state *ps, uint64_t now,
+                              struct partition_view *out, size_t max, size_t *live);
 
 /* Ends every pause of ps (its bucket's and its partitions') at now; each
  * resumes empty. Returns how many were running. */

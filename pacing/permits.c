@@ -33,6 +33,14 @@ void permits_free(struct permits *pm)
     memset(pm, 0, sizeof *pm);
 }
 
+void permits_set_level(struct permits *pm, uint64_t now, uint32_t whole,
+                       uint64_t next_ns)
+{
+    pthread_mutex_lock(&pm->mu);
+    tbucket_set_level(&pm->tb, now, whole, next_ns);
+    pthread_mutex_unlock(&pm->mu);
+}
+
 void permits_set_empty(struct permits *pm, uint64_t now)
 {
     pthread_mutex_lock(&pm->mu);
@@ -314,7 +322,9 @@ void permits_answered(struct permits *pm, const struct quota_headers *h,
     if (pm->follow && h) {
         /* The bucket accrued at the old numbers until now. */
         sync_quota(pm, now);
-        quota_update(&pm->quota, h, now, wall_ms, pm->flight, res ? res : &none);
+        quota_update(&pm->quota, h, now, wall_ms,
+                     pm->flight * (pm->flight_scale ? pm->flight_scale : 1),
+                     res ? res : &none);
         sync_quota(pm, now);
         wake_keeper(pm);
     }

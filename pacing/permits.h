@@ -60,6 +60,10 @@ struct permits {
     bool follow;                /* the rate follows `quota` */
     struct quota quota;
     uint32_t flight;            /* granted and not answered yet */
+    uint32_t flight_scale;      /* a fleet's (0 or 1: this sidecar's): the
+                                   fleet's requests in flight are counted as
+                                   this sidecar's times the fleet's size,
+                                   since the others' are not seen here */
 };
 
 /* What GET /policies shows of one bucket. */
@@ -96,6 +100,10 @@ void permits_answered(struct permits *pm, const struct quota_headers *h,
 /* The bucket's effective numbers and what was advertised, at now. */
 void permits_view(struct permits *pm, uint64_t now, struct permits_view *v);
 void permits_free(struct permits *pm);
+
+/* A reload from a policy paced by GCRA: the level it had (tbucket_set_level). */
+void permits_set_level(struct permits *pm, uint64_t now, uint32_t whole,
+                       uint64_t next_ns);
 
 /* An evicted partition's bucket comes back empty, never full. */
 void permits_set_empty(struct permits *pm, uint64_t now);

@@ -107,6 +107,27 @@ void tbucket_carry(struct tbucket *b, const struct tbucket *from, uint64_t now)
         b->paused_until = from->paused_until;
 }
 
+void tbucket_set_level(struct tbucket *b, uint64_t now, uint32_t whole,
+                       uint64_t next_ns)
+{
+    uint64_t one = tbucket_accrue_at(b->rate, TB_ONE), acc;
+
+    settle(b, now);
+    b->frac = 0;
+    b->tokens = (uint64_t)whole * TB_ONE < b->cap ? (uint64_t)whole * TB_ONE : b->cap;
+    if (whole || !next_ns)
+        return;
+    if (next_ns >= one) {
+        /* Nothing accrues until one token's time before the next. */
+        if (now + (next_ns - one) > b->paused_until)
+            b->paused_until = now + (next_ns - one);
+        return;
+    }
+    /* Part of a token already: what next_ns accrues is missing, rounded up. */
+    acc = (uint64_t)(((u128)b->rate_q * next_ns + 0xffffffffu) >> 32);
+    b->tokens = acc < TB_ONE ? TB_ONE - acc : 0;
+}
+
 bool tbucket_take(struct tbucket *b, uint64_t now)
 {
     settle(b, now);

@@ -51,6 +51,12 @@ void tbucket_set_capacity(struct tbucket *b, uint64_t now, uint32_t capacity);
  * clamped to b's capacity (never raised), and its running pause. */
 void tbucket_carry(struct tbucket *b, const struct tbucket *from, uint64_t now);
 
+/* A reload from a GCRA bucket (policies/gcra.h): b holds `whole` tokens at
+ * now (clamped to its capacity, fractions dropped), or, with none, its next
+ * whole token no earlier than next_ns from now; what b held is dropped. */
+void tbucket_set_level(struct tbucket *b, uint64_t now, uint32_t whole,
+                       uint64_t next_ns);
+
 /* Takes one token at now: true when there was a whole one. */
 bool tbucket_take(struct tbucket *b, uint64_t now);
 

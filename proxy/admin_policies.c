@@ -76,6 +76,30 @@ static json_t *lanes_json(const struct sc_policy *p, struct permits *pm)
     return arr;
 }
 
+/* Partitions shown at most: the table may hold thousands. */
+#define PARTITIONS_SHOWN 32
+
+/* Each live partition's own followed numbers, most recently used first. */
+static json_t *partitions_json(struct policy_state *ps, uint64_t now, size_t *live)
+{
+    static _Thread_local struct partition_view views[PARTITIONS_SHOWN];
+    size_t n = pacing_partition_views(ps, now, views, PARTITIONS_SHOWN, live);
+    json_t *arr = json_array();
+
+    for (size_t i = 0; i < n; i++) {
+        const struct permits_view *v = &views[i].v;
+        json_t *o = json_object();
+
+        json_object_set_new(o, "name", json_string(views[i].name));
+        json_object_set_new(o, "effective_rate", json_real(v->rate));
+        json_object_set_new(o, "effective_burst", json_integer(v->capacity));
+        json_object_set_new(o, "source", json_string(v->limited ? "partner" : "config"));
+        json_object_set_new(o, "advertised", advertised_json(&v->quota));
+        json_array_append_new(arr, o);
+    }
+    return arr;
+}
+
 static json_t *policy_json(const struct sc_policy *p, struct policy_state *ps,
                            uint64_t now)
 {
@@ -98,6 +122,12 @@ static json_t *policy_json(const struct sc_policy *p, struct policy_state *ps,
                                                           : json_null());
     if (p->n_lanes)
         json_object_set_new(o, "lanes", lanes_json(p, pm));
+    if (pm && p->partition_header) {
+        size_t live = 0;
+
+        json_object_set_new(o, "partitions", partitions_json(ps, now, &live));
+        json_object_set_new(o, "partitions_live", json_integer((json_int_t)live));
+    }
     return o;
 }
 

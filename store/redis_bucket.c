@@ -10,6 +10,10 @@
  * doubles, nanoseconds would not be; they are written with %.0f, never
  * tostring (which rounds to 14 digits). An absent hash is a full bucket, so
  * each expires once its bucket would be full again and its pause over.
+ * A policy that follows its partner's quota keeps there too the numbers
+ * the newest advertised quota gives (`qt`, `qtau`, µs) and when that was
+ * advertised (`qa`, Unix ms): each permit carries its sidecar's, and the
+ * script keeps the newer.
  *
  * The fleet's slots of a policy are one sorted set, `<prefix>{<policy>}:s`,
  * of holders scored by when their hold runs out (ms of Redis's clock): a
@@ -63,6 +67,9 @@ static void build_bucket(struct redis_store *st, enum store_op op,
                                              : SCRIPT_BUCKET_PAUSE);
     redis_bucket_args(cmd, a->t_ns, a->tau_ns,
                       op == STORE_OP_PERMIT ? a->max_wait_ns : a->pause_ns);
+    /* A followed quota's numbers come with when they were advertised. */
+    if (op == STORE_OP_PERMIT && a->seen_ms)
+        num(cmd, 3, a->seen_ms);
 }
 
 static void build_slot(struct redis_store *st, enum store_op op,

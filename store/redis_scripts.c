@@ -143,12 +143,27 @@ static const char ACQUIRE[] =
     TAKE_LEASE
     "return {'A', new}\n";
 
-/* KEYS[1] a shared bucket; ARGV: T, tau, max_wait (µs). Answers {granted,
- * wait µs, paused}. */
+/* KEYS[1] a shared bucket; ARGV: T, tau, max_wait (µs), and for a policy
+ * that follows its partner's quota, when T and tau were advertised (Unix
+ * ms): the bucket keeps the newest (`qt`, `qtau`, `qa`), and an older
+ * caller paces to those (redis_bucket.c); what was advertised outlives a
+ * full bucket (10 min), so a quiet fleet does not forget it. Answers
+ * {granted, wait µs, paused}. */
 static const char PERMIT[] =
     RESERVE
-    "local ok, wait, paused = reserve(KEYS[1], tonumber(ARGV[1]),\n"
-    "                                 tonumber(ARGV[2]), tonumber(ARGV[3]))\n"
+    "local T, tau = tonumber(ARGV[1]), tonumber(ARGV[2])\n"
+    "if ARGV[4] then\n"
+    "  local q = redis.call('HMGET', KEYS[1], 'qt', 'qtau', 'qa')\n"
+    "  if tonumber(ARGV[4]) >= (tonumber(q[3]) or 0) then\n"
+    "    redis.call('HSET', KEYS[1], 'qt', ARGV[1], 'qtau', ARGV[2], 'qa', ARGV[4])\n"
+    "  elseif q[1] then\n"
+    "    T, tau = tonumber(q[1]), tonumber(q[2])\n"
+    "  end\n"
+    "end\n"
+    "local ok, wait, paused = reserve(KEYS[1], T, tau, tonumber(ARGV[3]))\n"
+    "if ARGV[4] and redis.call('PTTL', KEYS[1]) < 600000 then\n"
+    "  redis.call('PEXPIRE', KEYS[1], 600000)\n"
+    "end\n"
     "if ok then return {1, wait, 0} end\n"
     "return {0, wait, paused}\n";
 

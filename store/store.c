@@ -341,6 +341,19 @@ int store_permit_async(struct store_loop *sl, struct store_call *c,
     return start(sl, c, STORE_OP_PERMIT, &a);
 }
 
+int store_permit_follow_async(struct store_loop *sl, struct store_call *c,
+                              const char *scope, const char *partition,
+                              uint64_t t_ns, uint64_t tau_ns, uint64_t max_wait_ns,
+                              uint64_t seen_ms)
+{
+    struct store_args a = {.scope = scope, .partition = partition,
+                           .t_ns = t_ns, .tau_ns = tau_ns,
+                           .max_wait_ns = max_wait_ns,
+                           .seen_ms = seen_ms ? seen_ms : 1};
+
+    return start(sl, c, STORE_OP_PERMIT, &a);
+}
+
 int store_bucket_pause_async(struct store_loop *sl, struct store_call *c,
                              const char *scope, const char *partition,
                              uint64_t t_ns, uint64_t tau_ns, uint64_t pause_ns)

@@ -362,6 +362,17 @@ int store_permit_async(struct store_loop *sl, struct store_call *c,
                        const char *scope, const char *partition,
                        uint64_t t_ns, uint64_t tau_ns, uint64_t max_wait_ns);
 
+/* The same, for a policy that follows its partner's quota (contract §12):
+ * t_ns and tau_ns are the numbers this sidecar follows, from what a
+ * response advertised at seen_ms (Unix ms, >= 1). The bucket keeps the
+ * numbers of the newest such response any sidecar saw, in its state: a
+ * caller whose news is older (or as old) paces to those instead, so every
+ * sidecar paces to the latest advertised quota, in the same round trip. */
+int store_permit_follow_async(struct store_loop *sl, struct store_call *c,
+                              const char *scope, const char *partition,
+                              uint64_t t_ns, uint64_t tau_ns, uint64_t max_wait_ns,
+                              uint64_t seen_ms);
+
 /* An upstream asked for quiet: pause_ns > 0 pauses the policy that long
  * (a later end replaces an earlier one, never the reverse), 0 empties the
  * bucket of (scope, partition). */

@@ -47,6 +47,8 @@ struct store_args {
     /* buckets and slots */
     const char *partition, *holder;
     uint64_t t_ns, tau_ns, max_wait_ns, pause_ns, hold_ms;
+    uint64_t seen_ms;       /* permit, following a quota: when t, tau were
+                               advertised (Unix ms); 0: not following */
     uint32_t limit;
 };
 

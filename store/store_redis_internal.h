@@ -93,7 +93,7 @@ struct rcmd {
     char at[24], now_dec[24], until_dec[24];
     char lease_at[24];           /* acquire: the lease's end (PEXPIREAT ms) */
     char live[REDIS_KEY_MAX];    /* acquire: the prefix of liveness keys */
-    char num[3][24];             /* decimal arguments of bucket scripts */
+    char num[4][24];             /* decimal arguments of bucket scripts */
     uint8_t *blob;               /* an encoded record (owned) */
 };
 

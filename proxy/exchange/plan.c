@@ -8,9 +8,10 @@
  * with each row present only where the policy needs it: no permit, send
  * check or feedback without a rate; a policy with lanes starts with the
  * lane row and paces with slot, permit_lanes, send check (permits granted
- * as they fall due, among its lanes), and so does one that follows its
- * partner's quota, whose answers go through the quota row after upstream;
- * the shadow permit in shadow mode; the
+ * as they fall due, among its lanes; for a fleet, permit_fleet_lanes after
+ * permit_lanes: the head asks the fleet's bucket), and so does one that
+ * follows its partner's quota, whose answers go through the quota row after
+ * upstream; the shadow permit in shadow mode; the
  * fleet's permit and slot for `shared: redis` on a store that shares them,
  * where a keyed request's lookup and lease ride in its permit's call
  * (permit_lease) and have no rows of their own. The slot row is always
@@ -37,6 +38,8 @@ static void pacing_rows(struct ex_plan *pl, const struct sc_policy *p,
          * §13): a permit granted is sent at once, not held for a slot. */
         add(pl, &stage_slot);
         add(pl, &stage_permit_lanes);
+        if (s->fleet)
+            add(pl, &stage_permit_fleet_lanes);
         add(pl, &stage_send_check);
         return;
     }
@@ -53,8 +56,9 @@ static void pacing_rows(struct ex_plan *pl, const struct sc_policy *p,
 
 static void build(struct ex_plan *pl, const struct sc_policy *p, const struct shape *s)
 {
-    /* The fleet's permit takes the key's lease itself. */
-    bool lease_rows = s->keyed && !(s->rate && s->fleet && !s->shadow);
+    /* The fleet's permit takes the key's lease itself, except after lanes:
+     * a replay is answered before the request joins a lane. */
+    bool lease_rows = s->keyed && !(s->rate && s->fleet && !s->shadow && !s->grants);
 
     pl->n = 0;
     if (s->lanes)
@@ -85,12 +89,13 @@ void ex_plans_build(const struct sc_policy *p, bool store_shares,
         .fleet = p->shared == SC_SHARED_REDIS && store_shares,
     };
 
-    /* Lanes on this sidecar's bucket only: the config check refuses them
-     * in shadow mode and with shared: redis. */
-    bool local = s.rate && !s.shadow && p->shared != SC_SHARED_REDIS;
+    /* Lanes order this sidecar's waiters, of its bucket or the fleet's
+     * (store_shares false: no fleet, this sidecar's bucket), and so does a
+     * followed quota; the config check refuses both in shadow mode. */
+    bool paced = s.rate && !s.shadow;
 
-    s.lanes = local && p->n_lanes;
-    s.follow = local && p->quota.enabled && p->quota.follow;
+    s.lanes = paced && p->n_lanes;
+    s.follow = paced && p->quota.enabled && p->quota.follow;
     s.grants = s.lanes || s.follow;
 
     build(&out->plain, p, &s);

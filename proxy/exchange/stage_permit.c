@@ -5,6 +5,7 @@
  * bucket in the store (with the key's lookup and lease in the same call
  * for a keyed request); and the send check, the same bucket's numbers at
  * the moment of sending. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -226,6 +227,67 @@ const struct ex_stage stage_permit_fleet = {
     .name = "permit_fleet",
     .run = fleet_run,
     .release = ex_bucket_release,
+    .drain = ex_drain_unsent,
+    .flags = STAGE_WATCH,
+};
+
+/* A fleet's lanes (contract §13): permit_lanes picked this request, by
+ * the shares, among this sidecar's waiters, and holds the bucket; it now
+ * asks the fleet's bucket for its start, within what is left of its lane's
+ * max_wait. While that start is ahead, this sidecar's lanes grant nothing
+ * (its permits pause until it), so each sidecar keeps about one request
+ * reserved in Redis and the order stays in its lanes: a request joining an
+ * urgent lane waits for the head before it, not for a queue in Redis. */
+/* A followed quota (contract §12): this sidecar's numbers, as its permits
+ * follow what it read, and when that was advertised; the fleet's bucket
+ * paces to the newest any sidecar saw. */
+static int start_permit_follow(struct exchange *ex)
+{
+    struct permits_view v;
+    uint64_t t, now = ex->env->clock->mono_ns(ex->env->clock->arg);
+    double ns;
+
+    permits_view(ex->bucket->pm, now, &v);
+    ns = v.rate > 0 ? 1e9 / v.rate : 1e9;
+    /* Rounded up, as gcra_init: never a hair faster than followed. */
+    t = ns < 1 ? 1 : (uint64_t)ceil(ns - 1e-6);
+    return store_permit_follow_async(ex->env->store, ex->scall, ex->pol->name,
+                                     partition_of(ex), t,
+                                     (uint64_t)(v.capacity ? v.capacity - 1 : 0) * t,
+                                     ex->max_wait_ns, v.quota.at_wall_ms);
+}
+
+static enum ex_verdict fleet_lanes_answered(struct exchange *ex, uint64_t now)
+{
+    enum ex_verdict v = fleet_answered(ex, now);
+
+    if (v == EXV_WAIT && ex->shared_permit && ex->bucket->pm)
+        permits_pause(ex->bucket->pm, now, ex->permit_at);
+    return v;
+}
+
+static enum ex_verdict fleet_lanes_run(struct exchange *ex, uint64_t now)
+{
+    enum ex_verdict v;
+
+    if (ex->woke == WOKE_FIRST) {
+        ex->max_wait_ns = ex->wait_deadline_ns > now ? ex->wait_deadline_ns - now : 0;
+        ex->asking = true;
+    }
+    if (!ex->asking)
+        return permit_due(ex, now);
+    v = ex_store_wait(ex, now, ex->ps->follow ? start_permit_follow : start_permit,
+                      ex->woke == WOKE_FIRST, ST_PERMIT);
+    if (v != EXV_NEXT)
+        return v;
+    ex->asking = false;
+    return fleet_lanes_answered(ex, now);
+}
+
+/* The bucket is permit_lanes' to give back. */
+const struct ex_stage stage_permit_fleet_lanes = {
+    .name = "permit_fleet_lanes",
+    .run = fleet_lanes_run,
     .drain = ex_drain_unsent,
     .flags = STAGE_WATCH,
 };

@@ -23,6 +23,16 @@ static void quota_pause(struct exchange *ex, uint64_t now, uint64_t until)
     if (until > cap)
         until = cap;
     bucket_pause(ex->bucket, now, until, PAUSE_QUOTA);
+    if (ex->ps->shared && ex->env->store_shares) {
+        /* The whole fleet waits (a failure leaves the others to read the
+         * r = 0 themselves). */
+        struct store_call c = {0};
+
+        ex_store_detach(&c, store_bucket_pause_async(
+            ex->env->store, &c, ex->pol->name,
+            ex->bucket->partition ? ex->partition : NULL, ex->ps->fleet_t_ns,
+            ex->ps->fleet_tau_ns, until - now));
+    }
     log_info("policy %s: upstream %s advertised no quota left: paused for %llu ms",
              ex->pol->name, ex->up->name,
              (unsigned long long)((until - now) / NS_PER_MS));

@@ -17,6 +17,10 @@ extern const struct ex_stage stage_key, stage_lookup, stage_lease, stage_commit;
 extern const struct ex_stage stage_permit, stage_permit_shadow, stage_permit_fleet,
     stage_permit_lease, stage_send_check;
 
+/* stage_permit.c: after permit_lanes, for a fleet (`shared: redis`): the
+ * head its lanes picked asks the fleet's bucket for its start. */
+extern const struct ex_stage stage_permit_fleet_lanes;
+
 /* stage_lanes.c: a policy with lanes: the request's lane (its route's, or
  * the lane header's: 400 when it names none), and a permit granted when it
  * falls due, among the lanes that have requests waiting. */

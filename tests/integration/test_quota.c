@@ -177,3 +177,51 @@ Test(quota, without_follow_the_partner_refuses, .fini = stop, .timeout = 60)
     cr_expect_eq(json_number_value(json_object_get(p, "effective_rate")), 100);
     json_decref(j);
 }
+
+/* A partitioned policy: GET /policies lists each live partition with the
+ * numbers its own bucket follows (most recently used first). */
+Test(quota, get_policies_shows_each_partition_it_follows, .fini = stop, .timeout = 30)
+{
+    const char *args[] = {"--quota", "20", "--quota-window", "2", "--quota-style", "draft",
+                          NULL};
+    const char *tenants[] = {"acme", "globex"};
+    json_t *j, *p, *parts, *first;
+    struct h_resp r;
+    char *cfg, hdr[64];
+
+    cr_assert_eq(h_stub_start(&stub, args), 0);
+    cr_assert(asprintf(&cfg,
+        "upstreams: {stub: {url: http://127.0.0.1:%d}}\n"
+        "policies:\n"
+        "  p: {rate: 100/s, burst: 10, max_wait: 10s, quota: {follow: true},\n"
+        "      partition: {header: X-Tenant, max: 100}}\n"
+        "routes:\n"
+        "  - {prefix: /, upstream: stub, policy: p}\n", stub.port) > 0);
+    cr_assert_eq(h_sluice_start(&sl, cfg), 0, "sluice did not start");
+    free(cfg);
+    for (int i = 0; i < 2; i++) {
+        snprintf(hdr, sizeof hdr, "X-Tenant: %s\r\n", tenants[i]);
+        cr_assert_eq(h_http(sl.port, "GET", "/w", hdr, NULL, 0, &r), 0);
+        cr_expect_eq(r.status, 200);
+        h_resp_free(&r);
+    }
+    j = admin_json("/policies");
+    p = json_object_get(json_object_get(j, "policies"), "p");
+    cr_assert_not_null(p);
+    parts = json_object_get(p, "partitions");
+    cr_assert(json_is_array(parts), "no partitions: %s", json_dumps(p, 0));
+    cr_expect_eq(json_array_size(parts), 2);
+    cr_expect_eq(json_integer_value(json_object_get(p, "partitions_live")), 2);
+    first = json_array_get(parts, 0);
+    cr_expect_str_eq(json_string_value(json_object_get(first, "name")), "globex",
+                     "most recently used first");
+    for (size_t i = 0; i < json_array_size(parts); i++) {
+        json_t *e = json_array_get(parts, i);
+
+        cr_expect_lt(json_number_value(json_object_get(e, "effective_rate")), 100,
+                     "partition %zu follows nothing", i);
+        cr_expect_str_eq(json_string_value(json_object_get(e, "source")), "partner");
+        cr_expect(json_is_object(json_object_get(e, "advertised")));
+    }
+    json_decref(j);
+}

@@ -905,6 +905,40 @@ Test(pacing_reload, the_bucket_keeps_its_tokens_and_the_old_one_forwards)
     cr_expect(try_now(&ps->bucket, NOW0 + SEC / 20));
 }
 
+/* A policy that gains lanes grants permits from a token bucket: it starts
+ * at the level the GCRA had (1 of 3 left), not full at its burst of 10. */
+Test(pacing_reload, gaining_lanes_keeps_the_gcra_level)
+{
+    struct policy_state *old = policy("shared"), *ps; /* 10/s burst 3 */
+
+    cr_assert(try_now(&old->bucket, NOW0));
+    cr_assert(try_now(&old->bucket, NOW0));
+    reload_to(&next, &cfg2, &pc,
+              "  shared: {rate: 10/s, burst: 10, lanes: [{name: a, share: 50%},\n"
+              "           {name: b, share: 50%}]}\n", NOW0);
+    ps = policy2("shared");
+    cr_assert_not_null(ps->bucket.pm);
+    cr_expect_eq(bucket_available(&ps->bucket, NOW0, NULL), 1, "the level is not carried");
+}
+
+/* ... and one that had spent its burst waits for its GCRA's next token. */
+Test(pacing_reload, gaining_quota_follow_keeps_an_empty_gcra_empty)
+{
+    struct policy_state *old = policy("shared"), *ps; /* 10/s burst 3 */
+    uint64_t nx = 0;
+
+    for (int i = 0; i < 3; i++)
+        cr_assert(try_now(&old->bucket, NOW0));
+    reload_to(&next, &cfg2, &pc,
+              "  shared: {rate: 10/s, burst: 10, quota: {follow: true}}\n", NOW0);
+    ps = policy2("shared");
+    cr_assert_not_null(ps->bucket.pm);
+    cr_expect_eq(bucket_available(&ps->bucket, NOW0, &nx), 0, "the level is not carried");
+    cr_expect(nx >= 99 * SEC / 1000 && nx <= 101 * SEC / 1000, "next token in %llu ns",
+              (unsigned long long)nx);
+    cr_expect_eq(bucket_available(&ps->bucket, NOW0 + SEC / 10, NULL), 1);
+}
+
 Test(pacing_reload, pauses_and_the_breaker_streak_carry_over)
 {
     struct policy_state *old = policy("shared"), *ps;

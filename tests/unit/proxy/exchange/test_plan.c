@@ -14,6 +14,8 @@ static const char yaml[] =
     "  laned: { rate: 10/s, idempotency: {}, lanes: [{ name: a, share: 50% },\n"
     "           { name: b, share: 50% }] }\n"
     "  quota: { rate: 10/s, quota: { follow: true } }\n"
+    "  fleetlanes: { rate: 10/s, shared: redis, idempotency: {},\n"
+    "                lanes: [{ name: a, share: 50% }, { name: b, share: 50% }] }\n"
     "routes: [{ prefix: /, upstream: up }]\n";
 
 static void up(void)
@@ -95,6 +97,22 @@ Test(plan, lanes_choose_the_lane_first_and_take_the_slot_before_the_permit)
     expect_rows(&ps.plain, "lane slot permit_lanes send_check upstream feedback upstream_body");
     expect_rows(&ps.keyed, "lane key lookup slot permit_lanes send_check lease upstream "
                            "feedback upstream_body commit");
+}
+
+/* A fleet's lanes order this sidecar's waiters; the head then asks the
+ * fleet's bucket. A keyed request looks its key up before it joins a lane
+ * (a replay waits for nothing), so the lease has its own row again. */
+Test(plan, a_fleet_with_lanes_asks_the_fleet_after_its_lanes)
+{
+    struct ex_plans ps;
+
+    ex_plans_build(policy("fleetlanes"), true, &ps);
+    expect_rows(&ps.plain, "lane slot permit_lanes permit_fleet_lanes send_check upstream "
+                           "feedback_fleet upstream_body");
+    expect_rows(&ps.keyed, "lane key lookup slot permit_lanes permit_fleet_lanes send_check "
+                           "lease upstream feedback_fleet upstream_body commit");
+    ex_plans_build(policy("fleetlanes"), false, &ps);
+    expect_rows(&ps.plain, "lane slot permit_lanes send_check upstream feedback upstream_body");
 }
 
 Test(plan, following_a_quota_grants_permits_and_reads_every_answer)
