@@ -66,6 +66,9 @@ struct rocks_store {
 };
 
 static const struct store_ops rocks_ops, rocks_sync_ops;
+static int blocking_run(struct rocks_store *st, enum store_op op,
+                        const struct store_args *a, void *out,
+                        struct sc_error *err);
 static int sync_wal(void *arg, struct sc_error *err);
 static void rocks_close(struct store *base);
 
@@ -565,19 +568,12 @@ static int rocks_acquire(struct store *base, const char *scope, const char *key,
                   uint64_t lease_ms, uint64_t ttl_ms,
                   struct store_acquire_out *out, struct sc_error *err)
 {
-    struct rocks_store *st = rocks(base);
-    pthread_mutex_t *lock;
-    struct record_key k;
-    int rc;
+    struct store_args a = {.scope = scope, .key = key, .fp = fp,
+                           .now_ms = now_ms, .lease_ms = lease_ms,
+                           .ttl_ms = ttl_ms};
 
     memset(out, 0, sizeof *out);
-    if ((rc = record_key_make(&k, scope, key, err)) != 0)
-        return rc;
-    lock = stripe_of(st, k.buf, k.len);
-    pthread_mutex_lock(lock);
-    rc = acquire_locked(st, &k, fp, now_ms, lease_ms, ttl_ms, out, st->wo, err);
-    pthread_mutex_unlock(lock);
-    return rc;
+    return blocking_run(rocks(base), STORE_OP_ACQUIRE, &a, out, err);
 }
 
 /* ---- complete, release, forget ---- */
@@ -664,20 +660,13 @@ static int rocks_complete(struct store *base, const char *scope, const char *key
                    const uint8_t *body, size_t body_len, bool body_omitted,
                    struct sc_error *err)
 {
-    struct rocks_store *st = rocks(base);
-    struct store_record result = borrowed_result(status, headers, n_headers,
-                                                 body, body_len, body_omitted);
-    pthread_mutex_t *lock;
-    struct record_key k;
-    int rc;
+    struct store_args a = {.scope = scope, .key = key, .lease = lease,
+                           .now_ms = now_ms, .ttl_ms = ttl_ms, .status = status,
+                           .headers = headers, .n_headers = n_headers,
+                           .body = body, .body_len = body_len,
+                           .body_omitted = body_omitted};
 
-    if ((rc = record_key_make(&k, scope, key, err)) != 0)
-        return rc;
-    lock = stripe_of(st, k.buf, k.len);
-    pthread_mutex_lock(lock);
-    rc = complete_locked(st, &k, lease, now_ms, ttl_ms, &result, st->wo, err);
-    pthread_mutex_unlock(lock);
-    return rc;
+    return blocking_run(rocks(base), STORE_OP_COMPLETE, &a, NULL, err);
 }
 
 static int release_locked(struct rocks_store *st, const struct record_key *k,
@@ -705,18 +694,10 @@ static int rocks_release(struct store *base, const char *scope, const char *key,
                   uint32_t attempt, uint64_t lease, uint64_t now_ms,
                   uint64_t ttl_ms, struct sc_error *err)
 {
-    struct rocks_store *st = rocks(base);
-    pthread_mutex_t *lock;
-    struct record_key k;
-    int rc;
+    struct store_args a = {.scope = scope, .key = key, .attempt = attempt,
+                           .lease = lease, .now_ms = now_ms, .ttl_ms = ttl_ms};
 
-    if ((rc = record_key_make(&k, scope, key, err)) != 0)
-        return rc;
-    lock = stripe_of(st, k.buf, k.len);
-    pthread_mutex_lock(lock);
-    rc = release_locked(st, &k, lease, now_ms, ttl_ms, st->wo, err);
-    pthread_mutex_unlock(lock);
-    return rc;
+    return blocking_run(rocks(base), STORE_OP_RELEASE, &a, NULL, err);
 }
 
 /* Deletes whatever is stored, expired or unreadable alike: forget takes no
@@ -798,18 +779,10 @@ static int pause_set_locked(struct rocks_store *st, const struct record_key *k,
 static int rocks_pause_set(struct store *base, const char *scope, uint64_t now_ms,
                     uint64_t until_ms, struct sc_error *err)
 {
-    struct rocks_store *st = rocks(base);
-    pthread_mutex_t *lock;
-    struct record_key k;
-    int rc;
+    struct store_args a = {.scope = scope, .now_ms = now_ms,
+                           .until_ms = until_ms};
 
-    if ((rc = pause_key(&k, scope, err)) != 0)
-        return rc;
-    lock = stripe_of(st, k.buf, k.len);
-    pthread_mutex_lock(lock);
-    rc = pause_set_locked(st, &k, now_ms, until_ms, st->wo, err);
-    pthread_mutex_unlock(lock);
-    return rc;
+    return blocking_run(rocks(base), STORE_OP_PAUSE_SET, &a, NULL, err);
 }
 
 static int rocks_pause_get(struct store *base, const char *scope, uint64_t now_ms,
@@ -1188,33 +1161,62 @@ static int sync_wal(void *arg, struct sc_error *err)
     return -EIO;
 }
 
-/* The call, with k's stripe held; writes go out unsynced (wo_group). */
+/* One call under k's stripe, so its read and its write are one step for
+ * every other caller of the key; writes go out with wo: synced each for the
+ * blocking calls (st->wo), unsynced for the group commit (st->wo_group).
+ * out is a GET's record or an ACQUIRE's answer, zeroed first. */
 static int run_locked(struct rocks_store *st, const struct record_key *k,
-                      struct store_call *c, enum store_op op,
-                      const struct store_args *a)
+                      enum store_op op, const struct store_args *a,
+                      const rocksdb_writeoptions_t *wo, void *out,
+                      struct sc_error *err)
 {
     struct store_record result;
 
     switch (op) {
     case STORE_OP_GET:
-        memset(&c->rec, 0, sizeof c->rec);
-        return load_live(st, k, a->now_ms, &c->rec, &c->err);
+        memset(out, 0, sizeof(struct store_record));
+        return load_live(st, k, a->now_ms, out, err);
     case STORE_OP_ACQUIRE:
-        memset(&c->acq, 0, sizeof c->acq);
+        memset(out, 0, sizeof(struct store_acquire_out));
         return acquire_locked(st, k, a->fp, a->now_ms, a->lease_ms, a->ttl_ms,
-                              &c->acq, st->wo_group, &c->err);
+                              out, wo, err);
     case STORE_OP_COMPLETE:
         result = borrowed_result(a->status, a->headers, a->n_headers, a->body,
                                  a->body_len, a->body_omitted);
         return complete_locked(st, k, a->lease, a->now_ms, a->ttl_ms, &result,
-                               st->wo_group, &c->err);
+                               wo, err);
     case STORE_OP_RELEASE:
-        return release_locked(st, k, a->lease, a->now_ms,
-                              a->ttl_ms, st->wo_group, &c->err);
+        return release_locked(st, k, a->lease, a->now_ms, a->ttl_ms, wo, err);
     default: /* STORE_OP_PAUSE_SET */
-        return pause_set_locked(st, k, a->now_ms, a->until_ms, st->wo_group,
-                                &c->err);
+        return pause_set_locked(st, k, a->now_ms, a->until_ms, wo, err);
     }
+}
+
+/* The database key a call is about: a pause's, or a record's. */
+static int op_key(struct record_key *k, enum store_op op,
+                  const struct store_args *a, struct sc_error *err)
+{
+    return op == STORE_OP_PAUSE_SET ? pause_key(k, a->scope, err)
+                                    : record_key_make(k, a->scope, a->key, err);
+}
+
+/* The blocking calls (admin, start-up, tests, and every call of a store
+ * without sync): decided, written and synced before they return. */
+static int blocking_run(struct rocks_store *st, enum store_op op,
+                        const struct store_args *a, void *out,
+                        struct sc_error *err)
+{
+    struct record_key k;
+    size_t idx;
+    int rc;
+
+    if ((rc = op_key(&k, op, a, err)) != 0)
+        return rc;
+    idx = stripe_index(k.buf, k.len);
+    pthread_mutex_lock(&st->stripes[idx]);
+    rc = run_locked(st, &k, op, a, st->wo, out, err);
+    pthread_mutex_unlock(&st->stripes[idx]);
+    return rc;
 }
 
 /* Results that rest on a record (written now, or read): the worker may act
@@ -1243,9 +1245,7 @@ static int rocks_start(struct store_loop *sl, struct store_call *c,
         sc_error_set(&c->err, "store rocksdb: no shared buckets or slots");
         return -EOPNOTSUPP;
     }
-    rc = op == STORE_OP_PAUSE_SET ? pause_key(&k, a->scope, &c->err)
-                                  : record_key_make(&k, a->scope, a->key, &c->err);
-    if (rc)
+    if ((rc = op_key(&k, op, a, &c->err)) != 0)
         return rc;
     if (!(n = group_commit_node_new())) {
         sc_error_set(&c->err, "store: out of memory");
@@ -1253,7 +1253,9 @@ static int rocks_start(struct store_loop *sl, struct store_call *c,
     }
     idx = stripe_index(k.buf, k.len);
     pthread_mutex_lock(&st->stripes[idx]);
-    rc = run_locked(st, &k, c, op, a);
+    rc = run_locked(st, &k, op, a, st->wo_group,
+                    op == STORE_OP_GET ? (void *)&c->rec : (void *)&c->acq,
+                    &c->err);
     ticket = st->stripe_seq[idx];
     pthread_mutex_unlock(&st->stripes[idx]);
     if (!rests_on_record(rc))
