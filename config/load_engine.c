@@ -580,32 +580,35 @@ static void text_double(struct cfg_loader *lc, const struct cfg_key *k,
         *(double *)CFG_FIELD(obj, k->off) = v;
 }
 
+/* A duration or a size: a whole unit count parsed by its units.h parser,
+ * named `what` in the message, bounded as its key says. */
+static void text_count(struct cfg_loader *lc, const struct cfg_key *k,
+                       const char *s, void *obj, const yaml_node_t *at,
+                       int (*parse)(const char *, uint64_t *, char *, size_t),
+                       int (*num)(const char *, double *), const char *what)
+{
+    char why[160];
+    uint64_t v;
+
+    if (parse(s, &v, why, sizeof why) != 0) {
+        cfg_err_val(lc, at, "invalid %s \"%s\" (%s)", what, s, why);
+        return;
+    }
+    if (in_bounds(lc, at, num, (double)v, s, k->min, k->max))
+        *(uint64_t *)CFG_FIELD(obj, k->off) = v;
+}
+
 static void text_duration(struct cfg_loader *lc, const struct cfg_key *k,
                           const char *s, void *obj, const yaml_node_t *at)
 {
-    char why[160];
-    uint64_t ms;
-
-    if (units_parse_duration(s, &ms, why, sizeof why) != 0) {
-        cfg_err_val(lc, at, "invalid duration \"%s\" (%s)", s, why);
-        return;
-    }
-    if (in_bounds(lc, at, num_duration, (double)ms, s, k->min, k->max))
-        *(uint64_t *)CFG_FIELD(obj, k->off) = ms;
+    text_count(lc, k, s, obj, at, units_parse_duration, num_duration,
+               "duration");
 }
 
 static void text_size(struct cfg_loader *lc, const struct cfg_key *k,
                       const char *s, void *obj, const yaml_node_t *at)
 {
-    char why[160];
-    uint64_t b;
-
-    if (units_parse_size(s, &b, why, sizeof why) != 0) {
-        cfg_err_val(lc, at, "invalid size \"%s\" (%s)", s, why);
-        return;
-    }
-    if (in_bounds(lc, at, num_size, (double)b, s, k->min, k->max))
-        *(uint64_t *)CFG_FIELD(obj, k->off) = b;
+    text_count(lc, k, s, obj, at, units_parse_size, num_size, "size");
 }
 
 static void text_rate(struct cfg_loader *lc, const struct cfg_key *k,
