@@ -11,10 +11,8 @@
  * as they fall due, among its lanes; for a fleet, permit_fleet_lanes after
  * permit_lanes: the head asks the fleet's bucket), and so does one that
  * follows its partner's quota, whose answers go through the quota row after
- * upstream; for a fleet with `concurrency`, the fleet's slot after the
- * granted permit (slot_fleet_lanes, its askers ordered by the lanes: the
- * permit is the fleet's, reserved in Redis before any slot, as
- * permit_fleet's is). The shadow permit in shadow mode (permit_shadow_lanes
+ * upstream; for a fleet with `concurrency`, the fleet's slot in the slot's
+ * place (slot_fleet_lanes: its askers ordered by the lanes). The shadow permit in shadow mode (permit_shadow_lanes
  * with lanes or a followed quota, which keeps its lane and quota rows: they
  * say what enforcing would have done); the fleet's permit and slot for
  * `shared: redis` on a store that shares them, where a keyed request's
@@ -38,17 +36,12 @@ struct shape {
 static void pacing_rows(struct ex_plan *pl, const struct sc_policy *p,
                         const struct shape *s)
 {
-    if (s->grants && s->fleet && p->concurrency) {
-        add(pl, &stage_permit_lanes);
-        add(pl, &stage_permit_fleet_lanes);
-        add(pl, &stage_slot_fleet_lanes);
-        add(pl, &stage_send_check);
-        return;
-    }
     if (s->grants) {
         /* A slot is taken before the request joins its lane (contract
-         * §13): a permit granted is sent at once, not held for a slot. */
-        add(pl, &stage_slot);
+         * §13): a permit granted is sent at once, not held for a slot, and
+         * a followed quota's count of requests in flight (its f) holds no
+         * request waiting for one. */
+        add(pl, s->fleet && p->concurrency ? &stage_slot_fleet_lanes : &stage_slot);
         add(pl, &stage_permit_lanes);
         if (s->fleet)
             add(pl, &stage_permit_fleet_lanes);

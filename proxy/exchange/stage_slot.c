@@ -241,9 +241,9 @@ const struct ex_stage stage_slot_fleet = {
 
 /* ---- the fleet's slots, by this sidecar's lanes --------------------------- */
 
-/* A fleet's slots for a policy with lanes (or a followed quota), after its
- * granted permit: the requests waiting for one queue in their lanes on this
- * sidecar, and only the one the shares pick has the turn to ask the fleet
+/* A fleet's slots for a policy with lanes (or a followed quota), before
+ * its lane's permit: the requests waiting for one queue in their lanes on
+ * this sidecar, and only the one the shares pick has the turn to ask the fleet
  * (and poll it every SLOT_POLL_MS); once it has a slot, or its wait ends,
  * or the store does not answer (this sidecar's own slots, as slot_fleet),
  * the turn goes to the next. So an interactive request waits for the head

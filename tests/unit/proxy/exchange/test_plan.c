@@ -131,21 +131,20 @@ Test(plan, following_a_quota_grants_permits_and_reads_every_answer)
     expect_rows(&ps.plain, "slot permit_lanes send_check upstream quota feedback upstream_body");
 }
 
-/* A fleet's slots with lanes or a followed quota: taken after the granted
- * permit (the fleet reserved it in Redis), by the request the lanes pick
- * among this sidecar's waiters for one; without the fleet's store, this
- * sidecar's slot before its lane, as ever. */
-Test(plan, a_fleets_slots_with_lanes_come_after_the_granted_permit)
+/* A fleet's slots with lanes or a followed quota: taken before the lane,
+ * as this sidecar's are, by the request the lanes pick among this
+ * sidecar's waiters for one; without the fleet's store, this sidecar's. */
+Test(plan, a_fleets_slots_with_lanes_come_before_the_lanes_permit)
 {
     struct ex_plans ps;
 
     ex_plans_build(policy("fleetslots"), true, &ps);
-    expect_rows(&ps.plain, "lane permit_lanes permit_fleet_lanes slot_fleet_lanes send_check "
+    expect_rows(&ps.plain, "lane slot_fleet_lanes permit_lanes permit_fleet_lanes send_check "
                            "upstream quota feedback_fleet upstream_body");
-    expect_rows(&ps.keyed, "lane key lookup permit_lanes permit_fleet_lanes slot_fleet_lanes "
+    expect_rows(&ps.keyed, "lane key lookup slot_fleet_lanes permit_lanes permit_fleet_lanes "
                            "send_check lease upstream quota feedback_fleet upstream_body commit");
     ex_plans_build(policy("followslots"), true, &ps);
-    expect_rows(&ps.plain, "permit_lanes permit_fleet_lanes slot_fleet_lanes send_check "
+    expect_rows(&ps.plain, "slot_fleet_lanes permit_lanes permit_fleet_lanes send_check "
                            "upstream quota feedback_fleet upstream_body");
     ex_plans_build(policy("fleetslots"), false, &ps);
     expect_rows(&ps.plain, "lane slot permit_lanes send_check upstream quota feedback "
