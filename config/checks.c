@@ -209,15 +209,6 @@ static void check_quota(struct cfg_loader *lc, struct sc_policy *p)
                "paces the policy's bucket, never above its rate", lc->path);
         return;
     }
-    if (q->follow && p->mode == SC_MODE_SHADOW)
-        cfg_err_at(lc, q->pos, "%s.quota: not with mode: shadow (a shadow policy "
-               "forwards at once: nothing paces to the quota)", lc->path);
-    /* As for lanes: the followed permits are granted on this sidecar,
-     * before any slot, and a fleet's slots are taken after its permit. */
-    if (q->follow && p->shared == SC_SHARED_REDIS && p->concurrency)
-        cfg_err_at(lc, q->pos, "%s.quota: follow is not with concurrency and "
-               "shared: redis in this build (the fleet's slots follow no granted "
-               "permit; docs/status.md)", lc->path);
     if (q->min_rate <= p->rate)
         return;
     units_format_rate(q->min_rate, min, sizeof min);
@@ -268,16 +259,6 @@ static void check_lanes(struct cfg_loader *lc, struct sc_policy *p)
                "permits of the policy's bucket", lc->path);
         return;
     }
-    /* Refused rather than ignored (docs/status.md): a shadow policy sends
-     * at once, so it has no waiters to order; a fleet's slots are counted
-     * in Redis, after the permit, where no lane orders them. */
-    if (p->mode == SC_MODE_SHADOW)
-        cfg_err_at(lc, p->lanes_pos, "%s.lanes: not with mode: shadow (a shadow "
-               "policy forwards at once: nothing waits in a lane)", lc->path);
-    if (p->shared == SC_SHARED_REDIS && p->concurrency)
-        cfg_err_at(lc, p->lanes_pos, "%s.lanes: not with concurrency and shared: "
-               "redis in this build (the fleet's slots follow no lane; "
-               "docs/status.md)", lc->path);
     for (i = 0; i < p->n_lanes; i++) {
         struct sc_lane *l = &p->lanes[i];
 

@@ -37,12 +37,45 @@ static void local_numbers(const struct sc_policy *p, uint32_t fleet_size,
     *concurrency = ceil_div(p->concurrency, n);
 }
 
+/* A shadow policy's lane clocks: beside every bucket that grants permits,
+ * whatever the mode, so a reload into shadow mode that keeps the numbers
+ * (and so the state) has them. */
+struct bucket_shadow {
+    pthread_mutex_t mu;
+    struct shadow_lanes sl;
+};
+
+static void shadow_free(struct bucket_shadow *sh)
+{
+    if (!sh)
+        return;
+    shadow_lanes_free(&sh->sl);
+    pthread_mutex_destroy(&sh->mu);
+    free(sh);
+}
+
+static struct bucket_shadow *shadow_new(const struct policy_state *ps)
+{
+    struct bucket_shadow *sh = calloc(1, sizeof *sh);
+
+    if (!sh)
+        return NULL;
+    pthread_mutex_init(&sh->mu, NULL);
+    if (shadow_lanes_init(&sh->sl, ps->lanes, ps->n_lanes) != 0) {
+        shadow_free(sh);
+        return NULL;
+    }
+    return sh;
+}
+
 static void bucket_fini(struct bucket *b)
 {
     if (b->pm)
         permits_free(b->pm);
     free(b->pm);
     b->pm = NULL;
+    shadow_free(b->shadow);
+    b->shadow = NULL;
 }
 
 /* A full bucket of ps's numbers with no pause; with ps's lanes, its permits
@@ -57,8 +90,11 @@ static int bucket_init(struct policy_state *ps, struct bucket *b, bool partition
     b->partition = partition;
     b->next = NULL;
     b->pm = NULL;
+    b->shadow = NULL;
     if (!ps->lanes)
         return 0;
+    if (!(b->shadow = shadow_new(ps)))
+        return -ENOMEM;
     /* A fleet's lanes grant at the fleet's numbers, each head then asking
      * the shared bucket (stage_permit_fleet_lanes), so a sidecar alone in
      * the fleet is not held to its fallback share. */
@@ -86,8 +122,8 @@ static void lanes_copy_free(struct policy_state *ps)
 
 /* Granted permits: a policy with lanes, or one that follows its quota
  * (which paces as one lane, unless it has lanes): on this sidecar's bucket,
- * or ordering this sidecar's waiters for a fleet's (the config check
- * refuses both in shadow mode). */
+ * or ordering this sidecar's waiters for a fleet's; in shadow mode the
+ * same buckets give the effective rate the lane clocks run at. */
 static bool grants(const struct sc_policy *p)
 {
     return p->has_rate && (p->n_lanes || (p->quota.enabled && p->quota.follow));
@@ -144,7 +180,8 @@ static struct policy_state *state_new(const struct sc_policy *p,
     TAILQ_INIT(&ps->waiters);
     TAILQ_INIT(&ps->lru);
     if (lanes_copy(ps, p) != 0 ||
-        (ps->lanes && lanes_init(&ps->slot_lanes, ps->lanes, ps->n_lanes) != 0)) {
+        (ps->lanes && (lanes_init(&ps->slot_lanes, ps->lanes, ps->n_lanes) != 0 ||
+                       lanes_init(&ps->turn_lanes, ps->lanes, ps->n_lanes) != 0))) {
         pacing_state_put(ps);
         return NULL;
     }
@@ -286,6 +323,7 @@ void pacing_state_put(struct policy_state *ps)
     }
     bucket_fini(&ps->bucket);
     lanes_free(&ps->slot_lanes);
+    lanes_free(&ps->turn_lanes);
     lanes_copy_free(ps);
     free(ps->table);
     free(ps->name);
@@ -805,6 +843,85 @@ void pacing_slot_count(struct policy_state *ps)
     pthread_mutex_unlock(&ps->mu);
 }
 
+/* ---- the turn to ask the fleet for a slot ---------------------------------- */
+
+#define turn_lane(ps, w) ((w)->lane < (ps)->n_lanes ? (w)->lane : (uint32_t)(ps)->n_lanes - 1)
+
+bool pacing_turn_take(struct policy_state *ps, struct slot_waiter *w)
+{
+    bool got;
+
+    ps = lock_live(ps);
+    got = !ps->lanes || (!ps->turn_held && lanes_idle(&ps->turn_lanes));
+    if (got && ps->lanes) {
+        ps->turn_held = true;
+    } else if (!got) {
+        w->queued = true;
+        w->granted = false;
+        lanes_push(&ps->turn_lanes, &w->lw, turn_lane(ps, w));
+    }
+    pthread_mutex_unlock(&ps->mu);
+    return got;
+}
+
+bool pacing_turn_cancel(struct policy_state *ps, struct slot_waiter *w)
+{
+    bool removed = false;
+
+    ps = lock_live(ps);
+    if (w->queued) {
+        lanes_remove(&ps->turn_lanes, &w->lw);
+        w->queued = false;
+        removed = true;
+    }
+    pthread_mutex_unlock(&ps->mu);
+    return removed;
+}
+
+/* Under ps->mu: the turn to the waiter the shares pick, or free. */
+static void turn_pass(struct policy_state *ps)
+{
+    struct lane_waiter *lw = ps->lanes ? lanes_pop(&ps->turn_lanes) : NULL;
+    struct slot_waiter *w;
+
+    ps->turn_held = lw != NULL;
+    if (!lw)
+        return;
+    w = slot_waiter_of(lw);
+    w->queued = false;
+    w->granted = true;
+    w->on_grant(w);
+}
+
+void pacing_turn_give(struct policy_state *ps)
+{
+    ps = lock_live(ps);
+    turn_pass(ps);
+    pthread_mutex_unlock(&ps->mu);
+}
+
+/* ---- shadow mode's lanes -------------------------------------------------- */
+
+enum shadow_lane_verdict bucket_shadow_reserve(struct bucket *b, uint32_t lane,
+                                               uint64_t now, uint64_t max_wait_ns,
+                                               uint32_t share_n, uint64_t *wait_ns)
+{
+    struct permits_view v;
+    enum shadow_lane_verdict r;
+    double interval;
+    uint64_t t, until = bucket_cooldown(b);
+
+    permits_view(b->pm, now, &v);
+    interval = v.rate > 0 ? 1e9 * (share_n ? share_n : 1) / v.rate : 1e9;
+    t = interval < 1 ? 1 : (uint64_t)interval;
+    pthread_mutex_lock(&b->shadow->mu);
+    r = shadow_lanes_reserve(&b->shadow->sl, lane, now, t,
+                             (uint64_t)(v.capacity ? v.capacity - 1 : 0) * t,
+                             max_wait_ns, until > now ? until : 0, wait_ns);
+    pthread_mutex_unlock(&b->shadow->mu);
+    return r;
+}
+
 /* ---- a reload's hand-over -------------------------------------------------- */
 
 /* b's pause, then its TATs, go to `to`, each sealed in b as it goes: a pause
@@ -892,6 +1009,32 @@ static uint32_t slot_lane_in(const struct policy_state *old,
     return (uint32_t)ps->n_lanes - 1;
 }
 
+/* Under both locks: the turn's holder (a request of either config) gives it
+ * back to ps; its waiters keep their order there, lane by name, or, when ps
+ * has no lanes, all have it at once. */
+static void turns_hand_over(struct policy_state *old, struct policy_state *ps)
+{
+    struct lane_waiter *lw;
+    struct slot_waiter *w;
+
+    if (!old->lanes)
+        return;
+    ps->turn_held = ps->lanes && old->turn_held;
+    while ((lw = lanes_pop(&old->turn_lanes))) {
+        w = slot_waiter_of(lw);
+        if (ps->lanes) {
+            w->lane = slot_lane_in(old, ps, w->lane);
+            lanes_push(&ps->turn_lanes, &w->lw, turn_lane(ps, w));
+            continue;
+        }
+        w->queued = false;
+        w->granted = true;
+        w->on_grant(w);
+    }
+    if (ps->lanes && !ps->turn_held)
+        turn_pass(ps);
+}
+
 /* Under both locks: waiters keep their order and are granted as far as the
  * new limit allows; in-flight requests count against it. */
 static void slots_hand_over(struct policy_state *old, struct policy_state *ps)
@@ -904,6 +1047,7 @@ static void slots_hand_over(struct policy_state *old, struct policy_state *ps)
         waiters_push(ps, w);
     }
     grant_while_room(ps);
+    turns_hand_over(old, ps);
 }
 
 /* ps is not reachable yet but through old's forwarding, so nothing sees it

@@ -15,6 +15,7 @@
 #include "policies/breaker.h"
 #include "policies/gcra.h"
 #include "pacing/permits.h"
+#include "policies/shadowlanes.h"
 
 /* Why a bucket is paused, for GET /cooldowns. A pause put back from the
  * store after a restart is `restored`: the store keeps its end, not its
@@ -48,6 +49,8 @@ struct bucket {
     struct permits *pm;              /* a policy with lanes: permits granted
                                         as they fall due (permits.h), not
                                         reserved on g; else NULL */
+    struct bucket_shadow *shadow;    /* with pm: the lane clocks of mode:
+                                        shadow (bucket_shadow_reserve) */
     struct bucket *next;             /* where a handed-over one went */
 };
 
@@ -104,6 +107,10 @@ struct policy_state {
     TAILQ_HEAD(slot_waiters, slot_waiter) waiters;
     struct lanes slot_lanes;      /* with `lanes`: the slot waiters, whose
                                      slots follow the shares as permits do */
+    struct lanes turn_lanes;      /* with lanes and the fleet's slots: the
+                                     requests waiting for their turn to ask
+                                     the fleet for a slot (pacing_turn_take) */
+    bool turn_held;               /* a request of ps has the turn */
     struct partition **table;     /* partitions: hash table + LRU */
     size_t table_size, n_parts;
     TAILQ_HEAD(partition_lru_head, partition) lru;
@@ -213,6 +220,28 @@ bool pacing_slot_cancel(struct policy_state *ps, struct slot_waiter *w);
 /* Frees a slot, handing it to the oldest waiter if the limit allows. */
 void pacing_slot_release(struct policy_state *ps);
 uint32_t pacing_inflight(struct policy_state *ps);
+/* The fleet's slots of a policy with lanes (or a followed quota): one
+ * request at a time per policy asks the fleet for a slot, and the turn
+ * passes to the waiter the lanes' shares pick (policies/lanes.h), so the
+ * fleet's slots this sidecar gets follow its shares. true: w has the turn
+ * now. Otherwise w is queued in w->lane and its on_grant runs (under the
+ * policy's lock, from any thread) when the turn is handed to it. Without
+ * lanes in ps (a reload took them away) every request has it at once. */
+bool pacing_turn_take(struct policy_state *ps, struct slot_waiter *w);
+/* Takes w out of the turn's queue; false when it was handed the turn
+ * meanwhile (then the turn is the caller's to give). */
+bool pacing_turn_cancel(struct policy_state *ps, struct slot_waiter *w);
+/* The holder is done asking: the turn goes to the next waiter. */
+void pacing_turn_give(struct policy_state *ps);
+
+/* Shadow mode with lanes or a followed quota: what the request's lane would
+ * have done at now (policies/shadowlanes.h) at b's effective rate divided
+ * by share_n (a fleet's size: this sidecar's share; else 1), not before b's
+ * pause ends, within max_wait_ns. b must grant permits (b->pm). */
+enum shadow_lane_verdict bucket_shadow_reserve(struct bucket *b, uint32_t lane,
+                                               uint64_t now, uint64_t max_wait_ns,
+                                               uint32_t share_n, uint64_t *wait_ns);
+
 /* Counts one request in flight that waits for no local slot (shadow mode, a
  * fleet slot), for the gauge and against the local limit; given back with
  * pacing_slot_release. */

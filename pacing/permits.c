@@ -311,6 +311,13 @@ int permits_hand_over(struct permits *pm, struct permits *to, uint64_t now)
     return 0;
 }
 
+void permits_flying(struct permits *pm)
+{
+    pm = lock_live(pm, NULL);
+    pm->flight++;
+    pthread_mutex_unlock(&pm->mu);
+}
+
 void permits_answered(struct permits *pm, const struct quota_headers *h,
                       uint64_t now, uint64_t wall_ms, struct quota_result *res)
 {

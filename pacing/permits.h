@@ -89,6 +89,10 @@ int permits_init(struct permits *pm, const struct sc_lane *cfg, size_t n,
  * [min_rate, rate]. Before the permits are shared. */
 void permits_follow(struct permits *pm, double min_rate);
 
+/* A request sent without a permit (a shadow policy's: it did not wait) is
+ * in flight as a granted one is, until permits_answered. */
+void permits_flying(struct permits *pm);
+
 /* A request granted by these permits was answered (its head read, or its
  * failure, or it left unsent): it is no longer in flight. With h (a
  * response's quota headers; NULL: none to read) and a policy that follows

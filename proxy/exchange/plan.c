@@ -11,11 +11,14 @@
  * as they fall due, among its lanes; for a fleet, permit_fleet_lanes after
  * permit_lanes: the head asks the fleet's bucket), and so does one that
  * follows its partner's quota, whose answers go through the quota row after
- * upstream; the shadow permit in shadow mode; the
- * fleet's permit and slot for `shared: redis` on a store that shares them,
- * where a keyed request's lookup and lease ride in its permit's call
- * (permit_lease) and have no rows of their own. The slot row is always
- * there: it counts the requests in flight. */
+ * upstream; for a fleet with `concurrency`, the fleet's slot in the slot's
+ * place (slot_fleet_lanes: its askers ordered by the lanes). The shadow permit in shadow mode (permit_shadow_lanes
+ * with lanes or a followed quota, which keeps its lane and quota rows: they
+ * say what enforcing would have done); the fleet's permit and slot for
+ * `shared: redis` on a store that shares them, where a keyed request's
+ * lookup and lease ride in its permit's call (permit_lease) and have no
+ * rows of their own. A slot row is always there: it counts the requests in
+ * flight. */
 #include "proxy/exchange/plan.h"
 
 #include "proxy/exchange/stages.h"
@@ -35,15 +38,19 @@ static void pacing_rows(struct ex_plan *pl, const struct sc_policy *p,
 {
     if (s->grants) {
         /* A slot is taken before the request joins its lane (contract
-         * §13): a permit granted is sent at once, not held for a slot. */
-        add(pl, &stage_slot);
+         * §13): a permit granted is sent at once, not held for a slot, and
+         * a followed quota's count of requests in flight (its f) holds no
+         * request waiting for one. */
+        add(pl, s->fleet && p->concurrency ? &stage_slot_fleet_lanes : &stage_slot);
         add(pl, &stage_permit_lanes);
         if (s->fleet)
             add(pl, &stage_permit_fleet_lanes);
         add(pl, &stage_send_check);
         return;
     }
-    if (s->rate && s->shadow)
+    if (s->rate && s->shadow && (s->lanes || s->follow))
+        add(pl, &stage_permit_shadow_lanes);
+    else if (s->rate && s->shadow)
         add(pl, &stage_permit_shadow);
     else if (s->rate && s->fleet)
         add(pl, s->keyed ? &stage_permit_lease : &stage_permit_fleet);
@@ -91,12 +98,11 @@ void ex_plans_build(const struct sc_policy *p, bool store_shares,
 
     /* Lanes order this sidecar's waiters, of its bucket or the fleet's
      * (store_shares false: no fleet, this sidecar's bucket), and so does a
-     * followed quota; the config check refuses both in shadow mode. */
-    bool paced = s.rate && !s.shadow;
-
-    s.lanes = paced && p->n_lanes;
-    s.follow = paced && p->quota.enabled && p->quota.follow;
-    s.grants = s.lanes || s.follow;
+     * followed quota; in shadow mode nothing waits, and they only say what
+     * enforcing would have done. */
+    s.lanes = s.rate && p->n_lanes;
+    s.follow = s.rate && p->quota.enabled && p->quota.follow;
+    s.grants = (s.lanes || s.follow) && !s.shadow;
 
     build(&out->plain, p, &s);
     s.keyed = p->idem.enabled;

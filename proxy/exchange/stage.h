@@ -89,7 +89,7 @@ struct ex_stage {
     unsigned flags;
 };
 
-#define EX_PLAN_MAX 12
+#define EX_PLAN_MAX 14
 
 struct ex_plan {
     const struct ex_stage *row[EX_PLAN_MAX];
@@ -216,6 +216,10 @@ struct exchange {
     bool shared_slot;           /* holds a fleet-wide slot */
     bool slot_polling;          /* waits to ask the fleet for a slot again */
     char holder[40];            /* this request's name as a fleet slot holder */
+    bool turn_waiting;          /* with lanes: queued for the turn to ask
+                                   the fleet for a slot (slot.queued is the
+                                   lock's) */
+    bool has_turn;              /* ... and has it: asks, or polls */
     enum shadow_verdict shadow; /* mode: shadow: what enforce would have done */
     bool has_lane;              /* a policy with lanes: `lane` is chosen */
     uint32_t lane;              /* its index in pol->lanes */

@@ -156,3 +156,52 @@ const struct ex_stage stage_permit_lanes = {
     .drain = ex_drain_unsent,
     .flags = STAGE_WATCH,
 };
+
+/* ---- permit_shadow_lanes ----------------------------------------------------- */
+
+/* Shadow mode (contract §5): forwarded at once; what its lane would have
+ * done (policies/shadowlanes.h) is remembered for the count and the log:
+ * a wait in its lane is permit_wait, a wait beyond its lane's max_wait the
+ * rate_limited refusal, both at the effective rate (a followed quota's).
+ * It is counted in flight, so the quota row reads its answer and counts it
+ * out, as a granted permit's. */
+static enum ex_verdict shadow_lanes_run(struct exchange *ex, uint64_t now)
+{
+    uint64_t wait;
+
+    if (!ex_take_bucket(ex, now))
+        return EXV_ANSWER;
+    if (!ex->bucket->pm)
+        return EXV_NEXT; /* a reload gave it a bucket without lanes */
+    switch (bucket_shadow_reserve(ex->bucket, ex->has_lane ? ex->lane : 0, now,
+                                  ex->max_wait_ns, ex->ps->fleet_n, &wait)) {
+    case SL_REFUSED:
+        ex->shadow = SHADOW_RATE_LIMITED;
+        break;
+    case SL_WAIT:
+        ex->shadow = SHADOW_PERMIT_WAIT;
+        break;
+    default:
+        break;
+    }
+    permits_flying(ex->bucket->pm);
+    ex->pm_flight = true;
+    return EXV_NEXT;
+}
+
+static void shadow_lanes_release(struct exchange *ex, enum ex_release how)
+{
+    if (ex->pm_flight) {
+        permits_answered(ex->bucket->pm, NULL,
+                         ex->env->clock->mono_ns(ex->env->clock->arg), 0, NULL);
+        ex->pm_flight = false;
+    }
+    ex_bucket_release(ex, how);
+}
+
+const struct ex_stage stage_permit_shadow_lanes = {
+    .name = "permit_shadow_lanes",
+    .run = shadow_lanes_run,
+    .release = shadow_lanes_release,
+    .flags = STAGE_WATCH,
+};

@@ -26,6 +26,10 @@ extern const struct ex_stage stage_permit_fleet_lanes;
  * falls due, among the lanes that have requests waiting. */
 extern const struct ex_stage stage_lane, stage_permit_lanes;
 
+/* stage_lanes.c: a shadow policy with lanes or a followed quota: forwarded
+ * at once, what its lane would have done remembered (ex->shadow). */
+extern const struct ex_stage stage_permit_shadow_lanes;
+
 /* stage_quota.c: what an answer of a policy that follows its quota
  * advertises sets the rate its permits are granted at. */
 extern const struct ex_stage stage_quota;
@@ -39,8 +43,9 @@ void ex_bucket_release(struct exchange *ex, enum ex_release how);
 enum ex_verdict ex_refuse_rate(struct exchange *ex, uint64_t start_ns, uint64_t now);
 
 /* stage_slot.c: a concurrency slot (this sidecar's, or the fleet's), and
- * the count of requests in flight. */
-extern const struct ex_stage stage_slot, stage_slot_fleet;
+ * the count of requests in flight; for a fleet's lanes, the fleet's slot
+ * asked by the request the shares pick among this sidecar's waiters. */
+extern const struct ex_stage stage_slot, stage_slot_fleet, stage_slot_fleet_lanes;
 
 /* stage_upstream.c: the request sent, until its head or failure decides
  * the answer; then the body held (to store, or to send whole) or dropped. */

@@ -1379,6 +1379,55 @@ Test(config_quota_lanes, values_and_defaults)
     config_free(cfg);
 }
 
+/* Lanes and a followed quota with the fleet's slots, and in shadow mode:
+ * each loads, nothing refused (docs/contract.md §12, §13). */
+#define FLEET_HEAD \
+    "store: { backend: redis, url: \"redis://127.0.0.1:6379\" }\n" \
+    "upstreams: { partner: { url: \"http://127.0.0.1:9\" } }\n" \
+    "routes: [{ prefix: /, upstream: partner, policy: p }]\n"
+
+Test(config_quota_lanes, lanes_and_follow_load_with_the_fleets_slots)
+{
+    struct sc_config *cfg = load_ok(FLEET_HEAD
+        "policies:\n"
+        "  p:\n"
+        "    rate: 10/s\n"
+        "    shared: redis\n"
+        "    concurrency: 4\n"
+        "    quota: { follow: true }\n"
+        "    lanes: [{ name: interactive, share: 30% }, { name: batch, share: 70% }]\n");
+
+    cr_expect_eq(cfg->policies[0].shared, SC_SHARED_REDIS);
+    cr_expect_eq(cfg->policies[0].concurrency, 4);
+    cr_expect(cfg->policies[0].quota.follow);
+    cr_expect_eq(cfg->policies[0].n_lanes, 2);
+    config_free(cfg);
+    cfg = load_ok(FLEET_HEAD
+        "policies: { p: { rate: 10/s, shared: redis, concurrency: 2,\n"
+        "                 quota: { follow: true } } }\n");
+    cr_expect(cfg->policies[0].quota.follow);
+    cr_expect_eq(cfg->policies[0].n_lanes, 0);
+    config_free(cfg);
+}
+
+Test(config_quota_lanes, lanes_and_follow_load_in_shadow_mode)
+{
+    struct sc_config *cfg = load_ok(
+        "upstreams: { partner: { url: \"http://127.0.0.1:9\" } }\n"
+        "routes: [{ prefix: /, upstream: partner, policy: p }]\n"
+        "policies:\n"
+        "  p:\n"
+        "    rate: 10/s\n"
+        "    mode: shadow\n"
+        "    quota: { follow: true }\n"
+        "    lanes: [{ name: interactive, share: 30% }, { name: batch, share: 70% }]\n");
+
+    cr_expect_eq(cfg->policies[0].mode, SC_MODE_SHADOW);
+    cr_expect(cfg->policies[0].quota.follow);
+    cr_expect_eq(cfg->policies[0].n_lanes, 2);
+    config_free(cfg);
+}
+
 Test(config_quota_lanes, a_route_lane_is_resolved_or_defaulted)
 {
     struct sc_config *cfg = load_file_ok(QUOTA_LANES);

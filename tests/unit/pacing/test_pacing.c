@@ -537,6 +537,40 @@ Test(pacing_slots, slots_follow_the_lanes_shares)
     cr_expect_eq(pacing_inflight(ps), 0);
 }
 
+/* The turn to ask the fleet for a slot (a fleet's lanes): one holder at a
+ * time; it passes by the lanes' shares (interactive behind ten batch
+ * waiters has it first), in arrival order within a lane; a waiter that
+ * leaves gets nothing, one handed the turn meanwhile cannot cancel; the
+ * last give frees it, and the next asker has it at once. */
+Test(pacing_slots, the_fleets_turn_follows_the_lanes_shares)
+{
+    struct policy_state *ps = policy("laned");
+    struct slot_waiter w[13], first = {0};
+    int order[13] = {0};
+
+    grant_seq = 0;
+    cr_expect(pacing_turn_take(ps, &first), "nobody holds it: at once");
+    for (int i = 0; i < 13; i++) {
+        w[i] = (struct slot_waiter){.on_grant = note_grant, .arg = &order[i],
+                                    .lane = i < 10 ? 1 : 0};
+        cr_expect_not(pacing_turn_take(ps, &w[i]), "held: waiter %d queues", i);
+    }
+    cr_expect(pacing_turn_cancel(ps, &w[5]), "a batch waiter leaves its lane");
+    pacing_turn_give(ps);
+    cr_expect_eq(order[10], 1, "interactive has it first (%d)", order[10]);
+    cr_expect_not(pacing_turn_cancel(ps, &w[10]), "handed over: not cancelled");
+    for (int i = 0; i < 11; i++)
+        pacing_turn_give(ps);
+    cr_expect_leq(order[12], 8, "the third interactive had it %dth", order[12]);
+    for (int i = 1; i < 10; i++)
+        if (i != 5 && i - 1 != 5)
+            cr_expect_gt(order[i], order[i - 1], "batch in arrival order");
+    cr_expect_eq(order[5], 0, "the one that left got nothing");
+    pacing_turn_give(ps);
+    cr_expect(pacing_turn_take(ps, &first), "free again once the last gave it");
+    pacing_turn_give(ps);
+}
+
 Test(pacing_slots, cancel_before_and_after_grant)
 {
     struct policy_state *ps = policy("slots");

@@ -16,6 +16,14 @@ static const char yaml[] =
     "  quota: { rate: 10/s, quota: { follow: true } }\n"
     "  fleetlanes: { rate: 10/s, shared: redis, idempotency: {},\n"
     "                lanes: [{ name: a, share: 50% }, { name: b, share: 50% }] }\n"
+    "  fleetslots: { rate: 10/s, shared: redis, concurrency: 2, idempotency: {},\n"
+    "                quota: { follow: true },\n"
+    "                lanes: [{ name: a, share: 50% }, { name: b, share: 50% }] }\n"
+    "  followslots: { rate: 10/s, shared: redis, concurrency: 2, quota: { follow: true } }\n"
+    "  shadowlanes: { rate: 10/s, mode: shadow, concurrency: 2, idempotency: {},\n"
+    "                 quota: { follow: true },\n"
+    "                 lanes: [{ name: a, share: 50% }, { name: b, share: 50% }] }\n"
+    "  shadowfollow: { rate: 10/s, mode: shadow, shared: redis, quota: { follow: true } }\n"
     "routes: [{ prefix: /, upstream: up }]\n";
 
 static void up(void)
@@ -121,4 +129,41 @@ Test(plan, following_a_quota_grants_permits_and_reads_every_answer)
 
     ex_plans_build(policy("quota"), false, &ps);
     expect_rows(&ps.plain, "slot permit_lanes send_check upstream quota feedback upstream_body");
+}
+
+/* A fleet's slots with lanes or a followed quota: taken before the lane,
+ * as this sidecar's are, by the request the lanes pick among this
+ * sidecar's waiters for one; without the fleet's store, this sidecar's. */
+Test(plan, a_fleets_slots_with_lanes_come_before_the_lanes_permit)
+{
+    struct ex_plans ps;
+
+    ex_plans_build(policy("fleetslots"), true, &ps);
+    expect_rows(&ps.plain, "lane slot_fleet_lanes permit_lanes permit_fleet_lanes send_check "
+                           "upstream quota feedback_fleet upstream_body");
+    expect_rows(&ps.keyed, "lane key lookup slot_fleet_lanes permit_lanes permit_fleet_lanes "
+                           "send_check lease upstream quota feedback_fleet upstream_body commit");
+    ex_plans_build(policy("followslots"), true, &ps);
+    expect_rows(&ps.plain, "slot_fleet_lanes permit_lanes permit_fleet_lanes send_check "
+                           "upstream quota feedback_fleet upstream_body");
+    ex_plans_build(policy("fleetslots"), false, &ps);
+    expect_rows(&ps.plain, "lane slot permit_lanes send_check upstream quota feedback "
+                           "upstream_body");
+}
+
+/* Shadow mode with lanes or a followed quota: the lane is chosen and the
+ * quota read, so the shadow permit can say what they would have done; no
+ * row waits or checks at sending. */
+Test(plan, shadow_lanes_and_quota_keep_their_rows_and_wait_nowhere)
+{
+    struct ex_plans ps;
+
+    ex_plans_build(policy("shadowlanes"), false, &ps);
+    expect_rows(&ps.plain, "lane permit_shadow_lanes slot upstream quota feedback "
+                           "upstream_body");
+    expect_rows(&ps.keyed, "lane key lookup permit_shadow_lanes slot lease upstream quota "
+                           "feedback upstream_body commit");
+    ex_plans_build(policy("shadowfollow"), true, &ps);
+    expect_rows(&ps.plain, "permit_shadow_lanes slot upstream quota feedback_fleet "
+                           "upstream_body");
 }

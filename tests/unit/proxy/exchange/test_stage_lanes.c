@@ -121,3 +121,75 @@ Test(lanes, a_keeper_that_leaves_hands_the_timer_on)
     done(&a);
     done(&next);
 }
+
+/* ---- permit_shadow_lanes ----------------------------------------------------- */
+
+/* mode: shadow: the lane row, then the shadow row, never wait; what the
+ * lane would have done is ex.shadow (its wait, its lane's max_wait's
+ * refusal), and the request counts in flight until released. */
+static const char shadow_yaml[] =
+    "upstreams: { up: { url: http://127.0.0.1:9000 } }\n"
+    "policies:\n"
+    "  p:\n"
+    "    rate: 1/s\n"
+    "    mode: shadow\n"
+    "    max_wait: 10s\n"
+    "    lanes:\n"
+    "      - { name: interactive, share: 30%, max_wait: 1500ms }\n"
+    "      - { name: batch, share: 70% }\n"
+    "routes:\n"
+    "  - { prefix: /click, upstream: up, policy: p, lane: interactive }\n"
+    "  - { prefix: /sync, upstream: up, policy: p }\n";
+
+static void shadow_up(void)
+{
+    fixture_up(shadow_yaml);
+}
+
+TestSuite(shadow_lanes, .init = shadow_up, .fini = fixture_down);
+
+static const struct ex_stage *const shadow_rows[] = {&stage_lane, &stage_permit_shadow_lanes};
+
+static enum shadow_verdict shadow_arrive(struct exchange *ex, size_t route, uint64_t now)
+{
+    fake(ex, route);
+    cr_assert_eq(run(&stage_lane, ex, WOKE_FIRST, now), EXV_NEXT);
+    cr_assert_eq(run(&stage_permit_shadow_lanes, ex, WOKE_FIRST, now), EXV_NEXT,
+                 "a shadow request never waits");
+    return ex->shadow;
+}
+
+static void shadow_done(struct exchange *ex)
+{
+    release(ex, REL_ANSWER, shadow_rows, 2);
+    release(ex, REL_END, shadow_rows, 2);
+}
+
+Test(shadow_lanes, each_lane_says_what_enforcing_would_have_done)
+{
+    struct exchange b[12], i[3];
+    int refused = 0;
+
+    /* batch alone at 1/s, burst 1, 10 s: the first at once, 10 waits, the
+     * twelfth (11 s) refused */
+    for (int k = 0; k < 12; k++) {
+        enum shadow_verdict v = shadow_arrive(&b[k], 1, T0);
+
+        cr_expect_eq(v, k == 0 ? SHADOW_NONE : k <= 10 ? SHADOW_PERMIT_WAIT
+                                                       : SHADOW_RATE_LIMITED,
+                     "batch %d: %d", k, v);
+    }
+    /* interactive behind that backlog: its own lane's clock, at 30 %: the
+     * first at once, the second 3.3 s away (beyond its 1.5 s): refused */
+    cr_expect_eq(shadow_arrive(&i[0], 0, T0), SHADOW_NONE);
+    for (int k = 1; k < 3; k++)
+        refused += shadow_arrive(&i[k], 0, T0) == SHADOW_RATE_LIMITED;
+    cr_expect_eq(refused, 2);
+    cr_expect(i[0].pm_flight, "counted in flight for the quota row");
+    for (int k = 0; k < 12; k++)
+        shadow_done(&b[k]);
+    for (int k = 0; k < 3; k++)
+        shadow_done(&i[k]);
+    cr_expect_eq(pacing_policy(&fx.pacing, 0)->bucket.pm->flight, 0,
+                 "every release counted its request out");
+}
