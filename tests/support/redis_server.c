@@ -132,7 +132,7 @@ bool redis_server_cmd(const struct redis_server *rs, const char *cmd)
 static void exec_server(const struct redis_server *rs)
 {
     char port[16], primary[16], log[4096], cert[4096], key[4096], ca[4096];
-    const char *argv[32] = {"redis-server", "--bind", "127.0.0.1", "--port",
+    const char *argv[48] = {"redis-server", "--bind", "127.0.0.1", "--port",
                             port, "--save", "", "--appendonly", "no",
                             "--daemonize", "no", "--dir", rs->dir,
                             "--logfile", log};
@@ -165,6 +165,11 @@ static void exec_server(const struct redis_server *rs)
         argv[n++] = "--tls-key-file", argv[n++] = key;
         argv[n++] = "--tls-ca-cert-file", argv[n++] = ca;
         argv[n++] = "--tls-auth-clients", argv[n++] = rs->tls_auth_clients ? "yes" : "no";
+        if (rs->cluster) {
+            /* The bus and the replicas over TLS too: no plain port at all. */
+            argv[n++] = "--tls-cluster", argv[n++] = "yes";
+            argv[n++] = "--tls-replication", argv[n++] = "yes";
+        }
     }
     argv[n] = NULL;
     execvp("redis-server", (char *const *)argv);

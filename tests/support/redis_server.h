@@ -21,7 +21,8 @@ struct redis_server {
     bool tls_auth_clients;  /* with tls_dir: a client certificate required */
     bool cluster;           /* set before start: --cluster-enabled, its
                                nodes.conf in dir, node timeout 1 s, full
-                               coverage not required */
+                               coverage not required; with tls_dir, its
+                               bus and replication over TLS too */
 };
 
 /* Starts one and waits (at most 5 s) until it answers PING. port 0 picks a
