@@ -1,6 +1,6 @@
 /* Redis Cluster (docs/contract.md §10, `store.cluster` and `store.nodes`):
  * the slot map every connection routes by, kept current by one thread of
- * ours so that no event loop ever waits for CLUSTER SLOTS.
+ * ours so that no event loop ever waits for the slot map.
  *
  * Nodes are a table that only grows (the seeds first, then each primary a
  * map or a redirection names), so a node's index is stable and the loops
@@ -9,8 +9,9 @@
  * 0: unknown), read without a lock on every command and written by the
  * thread (a whole refresh) and by MOVED (one slot, at once).
  *
- * The thread reads CLUSTER SLOTS from the node that answered last, else
- * from each known node in turn, every POLL_MS and at once (at most every
+ * The thread reads the map (CLUSTER SHARDS, or CLUSTER SLOTS from a node
+ * that refuses SHARDS) from the node that answered last, else from each
+ * known node in turn, every POLL_MS and at once (at most every
  * REASK_GAP_MS) when a loop lost a primary or was redirected; then it PINGs
  * every primary of the map through connections of its own (AUTH and the
  * scripts included), so the store's health and its cause name the first
@@ -47,6 +48,7 @@ struct redis_cluster {
     char cause[256];
     unsigned first;              /* the node to ask first */
     struct redis_sync *ask[REDIS_NODES_MAX]; /* the thread's, per node */
+    bool slots_only[REDIS_NODES_MAX]; /* the thread's: refused CLUSTER SHARDS */
     pthread_t thread;
     bool running;
     int wake[2];
@@ -192,20 +194,41 @@ static int node_command(struct redis_cluster *cl, unsigned i, int argc,
     return s ? redis_sync_command(s, argc, argv, len, out, err) : -ENOTCONN;
 }
 
-/* CLUSTER SLOTS from node i, into the map. 0 or a negative code, err. */
-static int read_map(struct redis_cluster *cl, unsigned i, struct fresh *f,
-                    struct sc_error *err)
+/* The map as node i answers it, into f: CLUSTER SHARDS (Redis 7.0 on, where
+ * CLUSTER SLOTS is deprecated), else CLUSTER SLOTS (Redis 6, or a user not
+ * allowed SHARDS), which the node is asked from then on. 0 or a negative
+ * code, err. */
+static int ask_map(struct redis_cluster *cl, unsigned i, struct fresh *f,
+                   struct sc_error *err)
 {
-    const char *argv[] = {"CLUSTER", "SLOTS"};
-    size_t len[] = {7, 5};
+    const char *shards[] = {"CLUSTER", "SHARDS"}, *slots[] = {"CLUSTER", "SLOTS"};
+    size_t shards_len[] = {7, 6}, slots_len[] = {7, 5};
+    bool use_shards = !cl->slots_only[i];
     redisReply *r;
-    int rc = node_command(cl, i, 2, argv, len, &r, err);
+    int rc = node_command(cl, i, 2, use_shards ? shards : slots,
+                          use_shards ? shards_len : slots_len, &r, err);
 
     if (rc)
         return rc;
+    if (use_shards && redis_shards_unknown(r)) {
+        freeReplyObject(r);
+        cl->slots_only[i] = true;
+        return ask_map(cl, i, f, err);
+    }
     memset(f->owner, 0, sizeof f->owner);
-    rc = redis_slots_parse(r, cl->node[i].host, put_range, f, err);
+    rc = use_shards ? redis_shards_parse(r, cl->node[i].host, cl->st->tls != NULL,
+                                         put_range, f, err)
+                    : redis_slots_parse(r, cl->node[i].host, put_range, f, err);
     freeReplyObject(r);
+    return rc;
+}
+
+/* The map from node i, published. 0 or a negative code, err. */
+static int read_map(struct redis_cluster *cl, unsigned i, struct fresh *f,
+                    struct sc_error *err)
+{
+    int rc = ask_map(cl, i, f, err);
+
     if (rc)
         return rc;
     for (unsigned s = 0; s < REDIS_SLOTS; s++)
@@ -268,7 +291,7 @@ static void round_once(struct redis_cluster *cl, struct fresh *f)
     struct sc_error err;
 
     if (refresh(cl, f, &err) != 0)
-        set_health(cl, false, "redis cluster: no node answered CLUSTER SLOTS "
+        set_health(cl, false, "redis cluster: no node answered the slot map "
                    "(last: %s)", err.text);
     else
         check_primaries(cl, f);

@@ -1,7 +1,7 @@
 /* Redis Cluster's pure parts (docs/reference/fleet.md, "Redis Cluster"):
- * the slot of a key, the slot map as CLUSTER SLOTS answers it, and the
- * redirections MOVED and ASK. No I/O: unit-tested on their own. Internal to
- * store/. */
+ * the slot of a key, the slot map as CLUSTER SHARDS or CLUSTER SLOTS
+ * answer it, and the redirections MOVED and ASK. No I/O: unit-tested on
+ * their own. Internal to store/. */
 #ifndef SLUICE_STORE_REDIS_SLOT_H
 #define SLUICE_STORE_REDIS_SLOT_H
 
@@ -29,6 +29,20 @@ typedef int redis_slots_fn(void *arg, unsigned lo, unsigned hi,
  * non-zero return, or -EPROTO with err (a reply of another shape). */
 int redis_slots_parse(const redisReply *r, const char *asked_host,
                       redis_slots_fn *fn, void *arg, struct sc_error *err);
+
+/* Reads a CLUSTER SHARDS reply (Redis 7.0 on; RESP2: each map a flat
+ * array of name, value) as redis_slots_parse does: fn for each slot range
+ * of each shard's primary, at its endpoint (else its ip; "" or "?": the
+ * node asked) and its TLS port when tls (else its plain port), or the one
+ * port it lists. A shard without a primary or slots is skipped. 0, fn's
+ * first non-zero return, or -EPROTO with err. */
+int redis_shards_parse(const redisReply *r, const char *asked_host, bool tls,
+                       redis_slots_fn *fn, void *arg, struct sc_error *err);
+
+/* Whether r is how a node refuses CLUSTER SHARDS for good: Redis 6 does
+ * not know it ("ERR Unknown subcommand"), an ACL user may not run it
+ * (NOPERM). CLUSTER SLOTS answers there. */
+bool redis_shards_unknown(const redisReply *r);
 
 /* A redirection: "MOVED <slot> <host>:<port>" or "ASK ..." (host may be an
  * IPv6 literal: the port follows the last ':'). */

@@ -72,9 +72,10 @@ REDIS_PIDS=()
 REDIS_PORTS=()
 if [ "$CLUSTER" -gt 0 ]; then
     [ "${TLS:-0}" = 1 ] && die "CLUSTER and TLS together are not scripted here"
+    # Each node's cluster bus listens on its port + 10000: both bind-tested free.
+    read -r -a BUS_SAFE <<<"$(python3 "$HERE/ratestat.py" bus-ports "$CLUSTER" | tr '\n' ' ')"
     for i in $(seq "$CLUSTER"); do
-        # The cluster bus listens on port + 10000.
-        p=$((21000 + RANDOM % 20000))
+        p=${BUS_SAFE[$((i - 1))]}
         mkdir -p "$TMP/r$i"
         redis-server --bind 127.0.0.1 --port "$p" --save '' --appendonly no --dir "$TMP/r$i" \
             --cluster-enabled yes --cluster-config-file nodes.conf >"$TMP/r$i/redis.log" 2>&1 &

@@ -2,6 +2,8 @@
 """Helper for rate.sh (standard library only; not meant to be run alone).
 
   ratestat.py ports N                   N free loopback TCP ports, one a line
+  ratestat.py bus-ports N               N free loopback TCP ports p whose p + 10000 (a Redis
+                                        Cluster node's bus) is free too, none another's bus
   ratestat.py cells SCALE RATES CONCS   the rate-accuracy plan, "rate clients seconds" lines
   ratestat.py cell DIR RATE CLIENTS SECONDS BURST
                                         analyse DIR/arrivals.json (the stub's /_stub/arrivals),
@@ -32,6 +34,7 @@ captured (DIR/sent.json): those do not depend on when the stub's loop got to run
 import ctypes
 import json
 import math
+import random
 import re
 import signal
 import socket
@@ -51,6 +54,35 @@ def ports(n):
     for s in socks:
         print(s.getsockname()[1])
         s.close()
+
+
+def bus_ports(n):
+    """Each p in 20000..39999 (so p + 10000 < 65536), both bound here before it is chosen; all
+    are held until the last is found, so no two collide, nor one with another's bus."""
+    held, chosen = [], []
+    for _ in range(1000 * n):
+        if len(chosen) == n:
+            break
+        p = random.randrange(20000, 40000)
+        if any(p in (q, q + 10000, q - 10000) for q in chosen):
+            continue
+        socks = []
+        try:
+            for q in (p, p + 10000):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", q))
+        except OSError:
+            for s in socks:
+                s.close()
+            continue
+        held += socks
+        chosen.append(p)
+    for s in held:
+        s.close()
+    if len(chosen) < n:
+        sys.exit(f"bus-ports: only {len(chosen)} of {n} found")
+    print(*chosen, sep="\n")
 
 
 def cells(scale, rates, concs):
@@ -322,6 +354,8 @@ def main(argv):
     cmd, args = argv[1], argv[2:]
     if cmd == "ports":
         ports(int(args[0]))
+    elif cmd == "bus-ports":
+        bus_ports(int(args[0]))
     elif cmd == "cells":
         cells(float(args[0]), args[1], args[2])
     elif cmd == "cell":

@@ -9,7 +9,9 @@ container engine (neither runs on these machines).
   and liveness on /healthz at the admin port; that port, the store volume, the
   worker's SLUICE_URL, the reloader's webhook and terminationGracePeriodSeconds
   agree with the sluice config embedded in the ConfigMap, and that config passes
-  `sluice --check-config`.
+  `sluice --check-config`; in fleet mode the store is a managed Redis over TLS
+  (rediss://, a store.tls that verifies) with an ACL user and password from a
+  Secret through ${ENV:?}, and the config with `cluster: true` passes too.
 - deploy/Dockerfile: two Debian 12 stages; the builder installs the -dev
   packages of `scripts/deps.sh build`; every shared library that `ldd SLUICE_BINARY`
   lists comes from a package the runtime stage installs (or one they depend on).
@@ -251,6 +253,32 @@ def check_env(sluice, text, where):
     return names
 
 
+def check_managed_redis(sluice_bin, sluice, cfg, text, where):
+    """Fleet mode on a managed Redis: TLS (rediss:// and a store.tls block that verifies), an ACL
+    user whose name and password come from a Secret through ${ENV} (never written in the file),
+    and the config with `cluster: true` added (as the manifest's comment offers) passes too."""
+    store = cfg.get("store") or {}
+    url = str(store.get("url", ""))
+    check(url.startswith("rediss://"), "%s: the store url is rediss:// (TLS)" % where)
+    tls = store.get("tls")
+    check(isinstance(tls, dict) and tls.get("verify", True) is True,
+          "%s: store.tls is set and verifies the server's certificate" % where)
+    ref = r"\$\{([A-Za-z_][A-Za-z0-9_]*):\?[^}]*\}"
+    m = re.match(r"rediss?://%s:%s@" % (ref, ref), url)
+    if not check(m is not None,
+                 "%s: the url's user and password are ${ENV:?} references, not literals" % where):
+        return
+    env = {e["name"]: e for e in sluice.get("env") or []}
+    for what, name in zip(("user", "password"), m.groups()):
+        src = ((env.get(name) or {}).get("valueFrom") or {}).get("secretKeyRef")
+        check(src is not None and bool(src.get("name")) and bool(src.get("key")),
+              "%s: the Redis %s (${%s}) comes from a Secret" % (where, what, name))
+    clustered, n = re.subn(r"(\n(\s+)backend: redis[^\n]*\n)", r"\1\2cluster: true\n", text, count=1)
+    if check(n == 1, "%s: the store block takes `cluster: true`" % where):
+        names = re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", text)
+        check_config_passes(sluice_bin, clustered, names, where + " with cluster: true")
+
+
 def check_workload(sluice_bin, docs, workload, where):
     """Checks one Deployment / StatefulSet / Pod: (store kind, app label, admin port), or None."""
     tmpl = workload["spec"]["template"] if "template" in workload["spec"] else workload
@@ -271,6 +299,8 @@ def check_workload(sluice_bin, docs, workload, where):
     check(grace > drain, "%s: terminationGracePeriodSeconds %s > limits.drain_timeout %gs"
           % (where, grace, drain))
     kind = check_store(spec, workload, sluice, cfg, where)
+    if kind == "redis":
+        check_managed_redis(sluice_bin, sluice, cfg, text, where)
     check_reloader(spec, sluice, cmount, admin_port, where)
     listen = "http://%s:%d" % hostport(cfg.get("listen", "127.0.0.1:8080"))
     urls = [e.get("value") for c in spec.get("containers") or [] for e in c.get("env") or []

@@ -157,29 +157,6 @@ static bool replicate(const struct cluster_server *c)
     return true;
 }
 
-/* A node's cluster bus listens on its port + 10000: both must be free. */
-static unsigned bus_safe_port(void)
-{
-    for (int tries = 0; tries < 1000; tries++) {
-        unsigned p = 20000 + (unsigned)(rand() % 20000);
-        struct sockaddr_in a = {.sin_family = AF_INET};
-        int fd[2] = {socket(AF_INET, SOCK_STREAM, 0), socket(AF_INET, SOCK_STREAM, 0)};
-        bool ok = fd[0] >= 0 && fd[1] >= 0;
-
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        for (int k = 0; ok && k < 2; k++) {
-            a.sin_port = htons((uint16_t)(p + 10000 * (unsigned)k));
-            ok = bind(fd[k], (struct sockaddr *)&a, sizeof a) == 0;
-        }
-        for (int k = 0; k < 2; k++)
-            if (fd[k] >= 0)
-                close(fd[k]);
-        if (ok)
-            return p;
-    }
-    return 0;
-}
-
 int cluster_server_start(struct cluster_server *c, unsigned n, bool replicas)
 {
     unsigned total = n * (replicas ? 2 : 1);
@@ -187,12 +164,11 @@ int cluster_server_start(struct cluster_server *c, unsigned n, bool replicas)
 
     if (n == 0 || n > CLUSTER_PRIMARIES_MAX)
         return -1;
-    srand((unsigned)getpid() ^ (unsigned)time(NULL));
     c->n = n;
     c->replicas = replicas;
     for (unsigned i = 0; i < total; i++) {
         c->srv[i].cluster = true;
-        if (redis_server_start(&c->srv[i], bus_safe_port(), NULL) != 0)
+        if (redis_server_start(&c->srv[i], redis_server_bus_safe_port(), NULL) != 0)
             goto fail;
     }
     if (!slots_assign(c))

@@ -39,6 +39,35 @@ unsigned redis_server_free_port(void)
     return port;
 }
 
+/* A node's cluster bus listens on its port + 10000: both must be free. */
+unsigned redis_server_bus_safe_port(void)
+{
+    static bool seeded;
+
+    if (!seeded) {
+        srand((unsigned)getpid() ^ (unsigned)time(NULL));
+        seeded = true;
+    }
+    for (int tries = 0; tries < 1000; tries++) {
+        unsigned p = 20000 + (unsigned)(rand() % 20000);
+        struct sockaddr_in a = {.sin_family = AF_INET};
+        int fd[2] = {socket(AF_INET, SOCK_STREAM, 0), socket(AF_INET, SOCK_STREAM, 0)};
+        bool ok = fd[0] >= 0 && fd[1] >= 0;
+
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        for (int k = 0; ok && k < 2; k++) {
+            a.sin_port = htons((uint16_t)(p + 10000 * (unsigned)k));
+            ok = bind(fd[k], (struct sockaddr *)&a, sizeof a) == 0;
+        }
+        for (int k = 0; k < 2; k++)
+            if (fd[k] >= 0)
+                close(fd[k]);
+        if (ok)
+            return p;
+    }
+    return 0;
+}
+
 static redisContext *connect_to(const struct redis_server *rs)
 {
     struct timeval tv = {0, 200000};
@@ -103,7 +132,7 @@ bool redis_server_cmd(const struct redis_server *rs, const char *cmd)
 static void exec_server(const struct redis_server *rs)
 {
     char port[16], primary[16], log[4096], cert[4096], key[4096], ca[4096];
-    const char *argv[32] = {"redis-server", "--bind", "127.0.0.1", "--port",
+    const char *argv[48] = {"redis-server", "--bind", "127.0.0.1", "--port",
                             port, "--save", "", "--appendonly", "no",
                             "--daemonize", "no", "--dir", rs->dir,
                             "--logfile", log};
@@ -136,6 +165,11 @@ static void exec_server(const struct redis_server *rs)
         argv[n++] = "--tls-key-file", argv[n++] = key;
         argv[n++] = "--tls-ca-cert-file", argv[n++] = ca;
         argv[n++] = "--tls-auth-clients", argv[n++] = rs->tls_auth_clients ? "yes" : "no";
+        if (rs->cluster) {
+            /* The bus and the replicas over TLS too: no plain port at all. */
+            argv[n++] = "--tls-cluster", argv[n++] = "yes";
+            argv[n++] = "--tls-replication", argv[n++] = "yes";
+        }
     }
     argv[n] = NULL;
     execvp("redis-server", (char *const *)argv);
@@ -166,7 +200,8 @@ int redis_server_start(struct redis_server *rs, unsigned port,
         return -1;
     if (password)
         snprintf(rs->password, sizeof rs->password, "%s", password);
-    rs->port = port ? port : redis_server_free_port();
+    rs->port = port ? port : rs->cluster ? redis_server_bus_safe_port()
+                                         : redis_server_free_port();
     if (!rs->port)
         return -1;
     rs->pid = fork();

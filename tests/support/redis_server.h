@@ -21,11 +21,12 @@ struct redis_server {
     bool tls_auth_clients;  /* with tls_dir: a client certificate required */
     bool cluster;           /* set before start: --cluster-enabled, its
                                nodes.conf in dir, node timeout 1 s, full
-                               coverage not required */
+                               coverage not required; with tls_dir, its
+                               bus and replication over TLS too */
 };
 
 /* Starts one and waits (at most 5 s) until it answers PING. port 0 picks a
- * free one; a given port restarts a server on the same one. 0 or -1. */
+ * free one (for a cluster node, with its bus port free too); a given port restarts a server on the same one. 0 or -1. */
 int redis_server_start(struct redis_server *rs, unsigned port,
                        const char *password);
 
@@ -43,6 +44,10 @@ bool redis_server_wait_info(const struct redis_server *rs, const char *section,
 
 /* A free port on 127.0.0.1 (0 if none), for the sentinel's. */
 unsigned redis_server_free_port(void);
+
+/* A free port on 127.0.0.1 whose port + 10000 (a cluster node's bus) is
+ * free too (20000..39999; 0 if none found in 1000 tries). */
+unsigned redis_server_bus_safe_port(void);
 
 /* Stops it if running and removes its dir. */
 void redis_server_destroy(struct redis_server *rs);

@@ -1,14 +1,18 @@
 /* Redis Cluster's pure parts (store/redis_slot.c): the slot of a key with
  * the hash tag rule (against slots Redis itself gives, CLUSTER KEYSLOT),
- * the slot map read from a CLUSTER SLOTS reply, and MOVED / ASK. */
+ * the slot map read from a CLUSTER SLOTS or a CLUSTER SHARDS reply (built
+ * by hand, read by hiredis from replies redis-server 7.0 sent, recorded in
+ * resp/, and asked of a real redis-server here), and MOVED / ASK. */
 #include <criterion/criterion.h>
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "store/redis_slot.h"
+#include "support/redis_server.h"
 
 static unsigned slot(const char *k)
 {
@@ -82,15 +86,20 @@ static void rfree(redisReply *r)
     free(r);
 }
 
+#define SEEN_MAX 8
+
 struct seen {
-    unsigned n, lo[4], hi[4], port[4];
-    char host[4][32];
+    unsigned n, lo[SEEN_MAX], hi[SEEN_MAX], port[SEEN_MAX];
+    char host[SEEN_MAX][32];
 };
 
 static int record(void *arg, unsigned lo, unsigned hi, const char *host,
                   size_t hlen, unsigned port)
 {
     struct seen *s = arg;
+
+    cr_assert_lt(s->n, SEEN_MAX);
+    cr_assert_lt(hlen, sizeof s->host[0]);
 
     s->lo[s->n] = lo;
     s->hi[s->n] = hi;
@@ -187,4 +196,214 @@ Test(redis_slot, redirects)
     rfree(other);
     rfree(junk);
     rfree(busy);
+}
+
+/* ---- replies as hiredis reads them off the wire ---- */
+
+/* resp/NAME read by hiredis's reader: the one reply it holds. */
+static redisReply *resp_file(const char *name)
+{
+    char path[512], buf[8192];
+    FILE *f;
+    size_t n;
+    redisReader *rd = redisReaderCreate();
+    void *r = NULL;
+
+    snprintf(path, sizeof path, "%s/tests/unit/store/resp/%s", SLUICE_SOURCE_DIR, name);
+    cr_assert((f = fopen(path, "rb")), "cannot open %s", path);
+    n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    cr_assert(n > 0 && n < sizeof buf);
+    cr_assert_eq(redisReaderFeed(rd, buf, n), REDIS_OK);
+    cr_assert_eq(redisReaderGetReply(rd, &r), REDIS_OK);
+    cr_assert(r, "%s holds no complete reply", name);
+    redisReaderFree(rd);
+    return r;
+}
+
+/* The owner's port of every slot, by the ranges seen (0: none). */
+static void owners(const struct seen *s, unsigned *port_of)
+{
+    memset(port_of, 0, REDIS_SLOTS * sizeof *port_of);
+    for (unsigned i = 0; i < s->n; i++)
+        for (unsigned slot = s->lo[i]; slot <= s->hi[i]; slot++)
+            port_of[slot] = s->port[i];
+}
+
+/* A 3-primary cluster with a replica each (redis-cli --cluster create),
+ * as redis-server 7.0.15 answered: the same map both ways, the primaries
+ * only (each shard lists its replica after its primary). */
+Test(redis_slot, shards_and_slots_of_redis_7_agree)
+{
+    redisReply *shards = resp_file("shards-7.0.resp"), *slots = resp_file("slots-7.0.resp");
+    static unsigned a[REDIS_SLOTS], b[REDIS_SLOTS];
+    struct seen s1 = {0}, s2 = {0};
+    struct sc_error err = {0};
+
+    cr_assert_eq(redis_shards_parse(shards, "seed", false, record, &s1, &err), 0, "%s", err.text);
+    cr_assert_eq(redis_slots_parse(slots, "seed", record, &s2, &err), 0, "%s", err.text);
+    cr_expect_eq(s1.n, 3);
+    cr_expect_eq(s1.lo[0], 10923);
+    cr_expect_eq(s1.hi[0], 16383);
+    cr_expect_eq(s1.port[0], 23924); /* the primary, not 23487, its replica */
+    cr_expect_str_eq(s1.host[0], "127.0.0.1");
+    owners(&s1, a);
+    owners(&s2, b);
+    cr_expect_eq(memcmp(a, b, sizeof a), 0, "CLUSTER SHARDS and CLUSTER SLOTS differ");
+    for (unsigned slot = 0; slot < REDIS_SLOTS; slot++)
+        cr_assert_neq(a[slot], 0, "slot %u has no owner", slot);
+    freeReplyObject(shards);
+    freeReplyObject(slots);
+}
+
+/* --port 0 --tls-port --tls-cluster yes: a node lists only its tls-port,
+ * which sluice takes over TLS, and without TLS too (the only one). */
+Test(redis_slot, a_tls_only_cluster_lists_its_tls_ports)
+{
+    redisReply *r = resp_file("shards-7.0-tls.resp");
+    struct seen s = {0}, plain = {0};
+    struct sc_error err = {0};
+
+    cr_assert_eq(redis_shards_parse(r, "seed", true, record, &s, &err), 0, "%s", err.text);
+    cr_assert_eq(s.n, 3);
+    cr_expect_eq(s.port[0], 21639);
+    cr_expect_eq(s.port[1], 26894);
+    cr_expect_eq(s.port[2], 24624);
+    cr_expect_eq(s.lo[2], 0);
+    cr_expect_eq(s.hi[2], 5460);
+    cr_assert_eq(redis_shards_parse(r, "seed", false, record, &plain, &err), 0, "%s", err.text);
+    cr_expect_eq(plain.port[0], 21639);
+    freeReplyObject(r);
+}
+
+/* Both ports listed: the TLS one over TLS, the plain one otherwise; the
+ * endpoint (a hostname) over the ip, "?" meaning the node asked; a primary
+ * with two ranges; a shard with no primary (a failover under way) and one
+ * with no slots skipped. */
+Test(redis_slot, shards_port_by_connection_endpoint_and_gaps)
+{
+    redisReply *r = resp_file("shards-both-ports.resp");
+    struct seen t = {0}, p = {0};
+    struct sc_error err = {0};
+
+    cr_assert_eq(redis_shards_parse(r, "seed.local", true, record, &t, &err), 0, "%s", err.text);
+    cr_assert_eq(redis_shards_parse(r, "seed.local", false, record, &p, &err), 0, "%s", err.text);
+    cr_assert_eq(t.n, 3);
+    cr_expect_eq(t.lo[0], 0);
+    cr_expect_eq(t.hi[0], 99);
+    cr_expect_eq(t.lo[1], 200);
+    cr_expect_eq(t.hi[1], 8191);
+    cr_expect_str_eq(t.host[0], "redis-0.cache");
+    cr_expect_str_eq(t.host[1], "redis-0.cache");
+    cr_expect_eq(t.port[0], 6380);
+    cr_expect_eq(p.port[0], 6379);
+    cr_expect_eq(t.lo[2], 8192); /* slots 100..199 have no primary: not listed */
+    cr_expect_str_eq(t.host[2], "seed.local");
+    freeReplyObject(r);
+}
+
+/* Redis 6.2 does not know CLUSTER SHARDS: its error is one sluice asks
+ * CLUSTER SLOTS after, and its CLUSTER SLOTS (replicas listed) is read. */
+Test(redis_slot, redis_6_answers_cluster_slots_only)
+{
+    redisReply *no = resp_file("shards-6.2.resp"), *slots = resp_file("slots-6.2.resp");
+    redisReply *busy = mkerr("LOADING Redis is loading the dataset in memory");
+    redisReply *noperm = mkerr("NOPERM this user has no permissions to run the 'cluster|shards' command");
+    struct seen s = {0};
+    struct sc_error err = {0};
+
+    cr_expect(redis_shards_unknown(no));
+    cr_expect(redis_shards_unknown(noperm));
+    cr_expect(!redis_shards_unknown(busy), "a transient error is not a Redis 6");
+    cr_expect(!redis_shards_unknown(slots));
+    cr_expect_eq(redis_shards_parse(no, "x", false, record, &s, &err), -EPROTO);
+    cr_expect(strstr(err.text, "Unknown subcommand"), "%s", err.text);
+    cr_assert_eq(redis_slots_parse(slots, "x", record, &s, &err), 0, "%s", err.text);
+    cr_assert_eq(s.n, 2);
+    cr_expect_str_eq(s.host[0], "10.0.1.1");
+    cr_expect_str_eq(s.host[1], "10.0.1.2");
+    cr_expect_eq(s.hi[1], 16383);
+    freeReplyObject(no);
+    freeReplyObject(slots);
+    rfree(busy);
+    rfree(noperm);
+}
+
+Test(redis_slot, malformed_shards_refused)
+{
+    struct sc_error err = {0};
+    struct seen s = {0};
+    redisReply *node = mkarr(6, mkstr("port"), mkint(7000), mkstr("ip"), mkstr("h"),
+                             mkstr("role"), mkstr("master"));
+    redisReply *odd_slots = mkarr(1, mkarr(4, mkstr("slots"), mkarr(1, mkint(0)),
+                                           mkstr("nodes"), mkarr(1, node)));
+    redisReply *no_port = mkarr(1, mkarr(4, mkstr("slots"), mkarr(2, mkint(0), mkint(9)),
+                                         mkstr("nodes"),
+                                         mkarr(1, mkarr(4, mkstr("ip"), mkstr("h"),
+                                                        mkstr("role"), mkstr("master")))));
+    redisReply *backwards = mkarr(1, mkarr(4, mkstr("slots"), mkarr(2, mkint(9), mkint(3)),
+                                           mkstr("nodes"),
+                                           mkarr(1, mkarr(6, mkstr("port"), mkint(1),
+                                                          mkstr("ip"), mkstr("h"),
+                                                          mkstr("role"), mkstr("master")))));
+    redisReply *no_nodes = mkarr(1, mkarr(2, mkstr("slots"), mkarr(0)));
+    redisReply *not_array = mkint(3);
+
+    cr_expect_eq(redis_shards_parse(odd_slots, "x", false, record, &s, &err), -EPROTO);
+    cr_expect(strstr(err.text, "shard 0"), "%s", err.text);
+    cr_expect_eq(redis_shards_parse(no_port, "x", false, record, &s, &err), -EPROTO);
+    cr_expect_eq(redis_shards_parse(backwards, "x", false, record, &s, &err), -EPROTO);
+    cr_expect_eq(redis_shards_parse(no_nodes, "x", false, record, &s, &err), -EPROTO);
+    cr_expect_eq(redis_shards_parse(not_array, "x", false, record, &s, &err), -EPROTO);
+    cr_expect_eq(s.n, 0);
+    rfree(odd_slots);
+    rfree(no_port);
+    rfree(backwards);
+    rfree(no_nodes);
+    rfree(not_array);
+}
+
+/* ---- a real redis-server 7.0, asked here ---- */
+
+static redisReply *ask(const struct redis_server *rs, const char *cmd)
+{
+    redisContext *c = redisConnect("127.0.0.1", (int)rs->port);
+    redisReply *r;
+
+    cr_assert(c && !c->err, "cannot connect to redis-server");
+    r = redisCommand(c, cmd);
+    redisFree(c);
+    cr_assert(r, "no reply to %s", cmd);
+    return r;
+}
+
+/* A cluster node owning three ranges with gaps: its own CLUSTER SHARDS and
+ * CLUSTER SLOTS give the same map (the node, which does not know its own
+ * address before it meets another, as the node asked). */
+Test(redis_slot, a_real_nodes_shards_and_slots_agree)
+{
+    struct redis_server rs = {.cluster = true};
+    static unsigned a[REDIS_SLOTS], b[REDIS_SLOTS];
+    struct seen s1 = {0}, s2 = {0};
+    struct sc_error err = {0};
+    redisReply *shards, *slots;
+
+    cr_assert_eq(redis_server_start(&rs, 0, NULL), 0, "redis-server did not start");
+    cr_assert(redis_server_cmd(&rs, "CLUSTER ADDSLOTSRANGE 0 99 1000 4999 16000 16383"));
+    shards = ask(&rs, "CLUSTER SHARDS");
+    slots = ask(&rs, "CLUSTER SLOTS");
+    cr_assert_eq(redis_shards_parse(shards, "127.0.0.1", false, record, &s1, &err), 0, "%s", err.text);
+    cr_assert_eq(redis_slots_parse(slots, "127.0.0.1", record, &s2, &err), 0, "%s", err.text);
+    cr_expect_eq(s1.n, 3);
+    cr_expect_eq(s1.port[0], rs.port);
+    cr_expect_str_eq(s1.host[0], "127.0.0.1");
+    owners(&s1, a);
+    owners(&s2, b);
+    cr_expect_eq(memcmp(a, b, sizeof a), 0, "CLUSTER SHARDS and CLUSTER SLOTS differ");
+    cr_expect_eq(a[99], rs.port);
+    cr_expect_eq(a[100], 0);
+    cr_expect_eq(a[16383], rs.port);
+    freeReplyObject(shards);
+    freeReplyObject(slots);
+    redis_server_destroy(&rs);
 }
