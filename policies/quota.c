@@ -545,11 +545,48 @@ uint64_t quota_next_change(const struct quota *q, uint64_t t)
     return next;
 }
 
-uint64_t quota_accrue_ns(const void *arg, uint64_t from, uint64_t nano_tokens)
+bool quota_reset_tops_up(const struct quota *q, uint64_t m)
+{
+    for (uint32_t i = 0; i < q->n; i++) {
+        const struct quota_item *it = &q->items[i];
+
+        /* Another window still running with nothing left net of those in
+         * flight, or a limit of 0 from here on: the partner allows none. */
+        if (it->moment > m ? !(it->allow > 0) : it->has_q && it->q == 0)
+            return false;
+    }
+    return true;
+}
+
+/* A top-up at a reset, for a prediction in which waiters take each whole
+ * token as it comes: the bucket then holds only a fraction there, which
+ * becomes one token, so the need falls to the whole tokens below it. */
+static double topped_up(double need)
+{
+    double whole = ceil(need / (double)TB_ONE - 1e-6);
+
+    return whole > 1 ? (whole - 1) * (double)TB_ONE : 0;
+}
+
+static bool is_moment(const struct quota *q, uint64_t t)
+{
+    for (uint32_t i = 0; i < q->n; i++)
+        if (q->items[i].moment == t)
+            return true;
+    return false;
+}
+
+uint64_t quota_accrue_ns(const void *arg, uint64_t from, bool pause_end,
+                         uint64_t nano_tokens)
 {
     const struct quota *q = arg;
     uint64_t t = from;
     double need = (double)nano_tokens;
+
+    /* A pause that ends at a reset (an r = 0 until it): its top-up is
+     * still to come. Otherwise the bucket was synced up to from. */
+    if (pause_end && is_moment(q, from) && quota_reset_tops_up(q, from))
+        need = topped_up(need);
 
     /* At most one segment per item, then the rate holds for good. */
     for (uint32_t i = 0; i <= QUOTA_ITEMS_MAX; i++) {
@@ -565,8 +602,10 @@ uint64_t quota_accrue_ns(const void *arg, uint64_t from, uint64_t nano_tokens)
                        : t - from + in_seg;
         need -= rate * (double)(next - t);   /* nano-tokens in the segment */
         t = next;
+        if (quota_reset_tops_up(q, t))
+            need = topped_up(need);
     }
-    return UINT64_MAX;
+    return need <= 0 ? t - from : UINT64_MAX;
 }
 
 static void apply_at(const struct quota *q, struct tbucket *b, uint64_t t)
@@ -581,6 +620,8 @@ void quota_bucket_sync(const struct quota *q, struct tbucket *b, uint64_t now)
 
     while ((m = quota_next_change(q, t)) <= now) {
         apply_at(q, b, m);
+        if (quota_reset_tops_up(q, m))
+            tbucket_top_up(b, m);
         t = m;
     }
     apply_at(q, b, now);

@@ -24,7 +24,21 @@
  * evenly; after m, q / w when both are known, else the configured rate. The
  * effective rate is min(rate, max(min_rate, the smallest allowance)); the
  * capacity min(burst, the smallest r before its moment, q after it when
- * known), at least 1. Times are nanoseconds of a monotonic clock. */
+ * known), at least 1.
+ *
+ * A reset tops the bucket up: at an item's moment m the bucket is raised
+ * to one whole token (tbucket_top_up) when it holds less, no pause runs
+ * past m, and the partner allows one there: every item whose moment is
+ * later still has r - f > 0, and no item past its moment has a limit q of
+ * 0. Accrual alone would pay for that token one interval after m, so a
+ * window spent out (an r = 0 pause until m) would lose its first permit,
+ * one per window. One token, never a full bucket: with q and w known,
+ * permits at m, m + w/q, ... make at most q in [m, m + w), what the partner
+ * says it allows then, where a full bucket (burst) plus accrual at q / w
+ * would allow burst - 1 more before any answer says otherwise. So the
+ * bound is: in any interval, at most the capacity at its start, plus the
+ * effective rate integrated over it, plus one per reset moment within it
+ * (after its start). Times are nanoseconds of a monotonic clock. */
 #ifndef SLUICE_POLICIES_QUOTA_H
 #define SLUICE_POLICIES_QUOTA_H
 
@@ -116,14 +130,20 @@ bool quota_limits(const struct quota *q, uint64_t t);
  * item's reset); UINT64_MAX when none is coming. */
 uint64_t quota_next_change(const struct quota *q, uint64_t t);
 
-/* ns from `from` in which nano_tokens accrue at the effective rate, its
- * changes at coming resets included; a tbucket_accrue_fn for
- * tbucket_wait_ns, arg a const struct quota *. */
-uint64_t quota_accrue_ns(const void *q, uint64_t from, uint64_t nano_tokens);
+/* True when the bucket may be topped up to one token at the reset moment
+ * m (the rule above): no item after m is spent, none past it has q = 0. */
+bool quota_reset_tops_up(const struct quota *q, uint64_t m);
+
+/* ns from `from` (no pause running after it) in which nano_tokens come to
+ * waiters that take each whole token as it comes: accrual at the effective
+ * rate, its changes at coming resets included, and each reset's top-up; a
+ * tbucket_accrue_fn for tbucket_wait_ns, arg a const struct quota *. */
+uint64_t quota_accrue_ns(const void *q, uint64_t from, bool pause_end,
+                         uint64_t nano_tokens);
 
 /* Brings b's rate and capacity to the quota's up to now, changing them at
- * each reset passed since b was last settled, so that b accrued exactly the
- * effective rate in between. */
+ * each reset passed since b was last settled, and topping b up there as the
+ * rule above says, so that b accrued exactly the effective rate in between. */
 void quota_bucket_sync(const struct quota *q, struct tbucket *b, uint64_t now);
 
 #endif

@@ -383,3 +383,29 @@ Test(permits, an_advertised_zero_asks_for_a_pause_until_the_reset)
     cr_expect_eq(s->pm.flight, 0);
     sim_free(s);
 }
+
+/* A window spent out: the waiter keeping time is told to look again at the
+ * reset, and is granted there, not one interval (w / q) later. */
+Test(permits, after_an_advertised_zero_the_first_permit_is_at_the_reset)
+{
+    static struct sc_lane one[] = {{.name = "", .share = 100, .max_wait_ms = 60000}};
+    struct sim *s = sim_new(one, 1, 100, 10);
+    struct quota_headers h = {.policy = "\"w\";q=20;w=2", .ratelimit = "\"w\";r=0;t=1"};
+    struct quota_result res = {0};
+    enum permit_ask r;
+    int a;
+
+    permits_follow(&s->pm, 1);
+    ask(s, 0, NOW0, SEC, &r);
+    cr_assert_eq(r, PERMIT_GO);
+    permits_answered(&s->pm, &h, NOW0, 1767225600000ull, &res);
+    cr_assert_eq(res.pause_until, NOW0 + SEC);
+    permits_pause(&s->pm, NOW0, res.pause_until);
+    a = ask(s, 0, NOW0 + 10 * MS, 5 * SEC, &r);
+    cr_assert_eq(r, PERMIT_WAIT);
+    cr_expect(s->w[a].keeper);
+    cr_expect_eq(s->at[a], NOW0 + SEC, "look again at the reset");
+    cr_expect_eq(run_until(s, NOW0 + SEC), 2, "granted at the reset");
+    cr_expect_eq(s->granted_at[a], NOW0 + SEC);
+    sim_free(s);
+}
