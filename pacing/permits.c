@@ -322,10 +322,13 @@ void permits_answered(struct permits *pm, const struct quota_headers *h,
     if (pm->follow && h) {
         /* The bucket accrued at the old numbers until now. */
         sync_quota(pm, now);
+        if (!res)
+            res = &none;
         quota_update(&pm->quota, h, now, wall_ms,
-                     pm->flight * (pm->flight_scale ? pm->flight_scale : 1),
-                     res ? res : &none);
+                     pm->flight * (pm->flight_scale ? pm->flight_scale : 1), res);
         sync_quota(pm, now);
+        if (res->top_up)
+            tbucket_top_up(&pm->tb, now);
         wake_keeper(pm);
     }
     pthread_mutex_unlock(&pm->mu);

@@ -461,6 +461,22 @@ static double allowance(const struct quota_item *it, uint64_t now,
     return (double)left * 1e9 / (double)(it->moment - now);
 }
 
+/* The window's last permit is left (rule in quota.h): the smallest r - f
+ * among the items still running is 1, and the partner allows it. */
+static bool last_permit(const struct quota *q, uint64_t now, uint32_t inflight)
+{
+    uint64_t least = UINT64_MAX;
+
+    for (uint32_t i = 0; i < q->n; i++) {
+        const struct quota_item *it = &q->items[i];
+        uint64_t left = it->r > inflight ? it->r - inflight : 0;
+
+        if (it->moment > now && left < least)
+            least = left;
+    }
+    return least == 1 && quota_reset_tops_up(q, now);
+}
+
 void quota_update(struct quota *q, const struct quota_headers *h, uint64_t now,
                   uint64_t now_wall_ms, uint32_t inflight,
                   struct quota_result *res)
@@ -473,6 +489,7 @@ void quota_update(struct quota *q, const struct quota_headers *h, uint64_t now,
     res->items = p.n;
     res->ignored = p.ignored;
     res->pause_until = 0;
+    res->top_up = false;
     if (p.n == 0)
         return;
     for (uint32_t i = 0; i < p.n; i++) {
@@ -487,6 +504,7 @@ void quota_update(struct quota *q, const struct quota_headers *h, uint64_t now,
     q->n = p.n;
     q->at = now;
     q->at_wall_ms = now_wall_ms;
+    res->top_up = last_permit(q, now, inflight);
 }
 
 /* ---- queries --------------------------------------------------------- */

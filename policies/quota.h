@@ -26,19 +26,29 @@
  * capacity min(burst, the smallest r before its moment, q after it when
  * known), at least 1.
  *
- * A reset tops the bucket up: at an item's moment m the bucket is raised
- * to one whole token (tbucket_top_up) when it holds less, no pause runs
- * past m, and the partner allows one there: every item whose moment is
- * later still has r - f > 0, and no item past its moment has a limit q of
- * 0. Accrual alone would pay for that token one interval after m, so a
- * window spent out (an r = 0 pause until m) would lose its first permit,
- * one per window. One token, never a full bucket: with q and w known,
- * permits at m, m + w/q, ... make at most q in [m, m + w), what the partner
- * says it allows then, where a full bucket (burst) plus accrual at q / w
- * would allow burst - 1 more before any answer says otherwise. So the
- * bound is: in any interval, at most the capacity at its start, plus the
- * effective rate integrated over it, plus one per reset moment within it
- * (after its start). Times are nanoseconds of a monotonic clock. */
+ * Top-ups: the bucket is raised to one whole token (tbucket_top_up), when
+ * it holds less and no pause runs past that moment, and when the partner
+ * allows one there (every item whose moment is later still has r - f > 0,
+ * and no item past its moment has a limit q of 0), at two moments of a
+ * partner's window:
+ *   - at an item's reset moment m: accrual alone would pay for the window's
+ *     first token one interval after m, so a window spent out (an r = 0
+ *     pause until m) would lose its first permit;
+ *   - at an answer that leaves one permit (the smallest r - f of the items
+ *     still running is 1): spent evenly until m, the last permit would come
+ *     at m itself, and m, counted from the answer's arrival, is after the
+ *     partner's reset by the answer's way back at least (by up to 1 s more
+ *     with whole seconds), so that permit would fall into the next window
+ *     and the window would lose it. It goes at once instead; its own answer
+ *     says r = 0 (or r - f reaches 0), so this happens once per window.
+ * One token, never a full bucket: after an answer, 1 + (r - f) minus a
+ * fraction accrues before m, so at most r - f whole permits start before
+ * it, what the partner said remains; at a reset with q and w known, at most
+ * q start in [m, m + w). A full bucket (burst) would allow burst - 1 more
+ * before any answer says otherwise. So the bound is: in any interval, at
+ * most the capacity at its start, plus the effective rate integrated over
+ * it, plus one per top-up within it (after its start). Times are
+ * nanoseconds of a monotonic clock. */
 #ifndef SLUICE_POLICIES_QUOTA_H
 #define SLUICE_POLICIES_QUOTA_H
 
@@ -100,6 +110,8 @@ struct quota_result {
     uint64_t pause_until;     /* an item with r = 0: pause the policy until
                                  then, ns (the caller caps it by max_delay);
                                  0 = no pause */
+    bool top_up;              /* one permit left: top the bucket up to one
+                                 token now (tbucket_top_up, rule above) */
 };
 
 /* Nothing advertised: the rate is rate. min_rate <= rate, burst >= 1. */

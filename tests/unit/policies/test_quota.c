@@ -524,14 +524,33 @@ Test(quota, a_reset_tops_up_only_what_the_partner_allows)
     cr_expect_not(quota_reset_tops_up(&q, NOW0 + SEC));
 }
 
+/* The answer that leaves one permit (the smallest r - f) tops up: that
+ * permit goes now, not at the moment, past the partner's reset. */
+Test(quota, an_answer_leaving_one_permit_tops_up)
+{
+    struct quota_result res;
+
+    res = feed(NOW0, DRAFT("a;q=20;w=2", "a;r=1;t=1"), 0);
+    cr_expect(res.top_up);
+    res = feed(NOW0, DRAFT("a;q=20;w=2", "a;r=3;t=1"), 2);
+    cr_expect(res.top_up, "r - f = 1");
+    res = feed(NOW0, DRAFT("a;q=20;w=2", "a;r=2;t=1"), 0);
+    cr_expect_not(res.top_up, "two left: spent evenly");
+    res = feed(NOW0, DRAFT(NULL, "a;r=1;t=1, day;r=0;t=60"), 0);
+    cr_expect_not(res.top_up, "another item has none left");
+    res = feed(NOW0, DRAFT(NULL, "a;r=1;t=1, day;r=900;t=60"), 0);
+    cr_expect(res.top_up, "the smallest counts");
+    res = feed(NOW0, XRL("20", "1", "1"), 0);
+    cr_expect(res.top_up, "every style");
+}
+
 /* A partner with fixed windows of Q per W s (not aligned to the sidecar's
  * clock), its reset in whole seconds rounded up, answering every request
  * LAT after it is sent; the sidecar takes every token as it comes, counts
- * those in flight, pauses at r = 0. The partner never refuses (each window
- * gets at most Q), and from the second window on each gets Q or Q - 1: what
- * remains is spent evenly until the moment, which is after the partner's
- * reset by the answer's way back, so a window's last permit may fall just
- * past it, into the next (docs/design-choices.md). */
+ * those in flight, tops up as an answer says, pauses at r = 0. The partner
+ * never refuses (each window gets at most Q), and from the second window on
+ * each gets Q: the window's last permit is not pushed past the reset (the
+ * moment is after it by the answer's way back), nor its first one late. */
 #define PW_Q 20
 #define PW_W 2
 #define PW_WINDOWS 12
@@ -562,6 +581,8 @@ Test(quota, each_window_gets_the_advertised_limit_and_no_more)
                      (unsigned long long)sent[head].t);
             res = feed(now, DRAFT("a;q=20;w=2", rl), (uint32_t)(tail - head - 1));
             quota_bucket_sync(&q, &b, now);
+            if (res.top_up)
+                tbucket_top_up(&b, now);
             if (res.pause_until > now)
                 tbucket_pause_until(&b, now, res.pause_until);
         }
@@ -582,8 +603,8 @@ Test(quota, each_window_gets_the_advertised_limit_and_no_more)
     }
     cr_expect_eq(refused, 0, "the partner refused none");
     for (int k = 2; k <= PW_WINDOWS; k++)
-        cr_expect(used[k] >= PW_Q - 1 && used[k] <= PW_Q, "window %d: %llu of %d", k,
-                  (unsigned long long)used[k], PW_Q);
+        cr_expect_eq(used[k], PW_Q, "window %d: %llu of %d", k,
+                     (unsigned long long)used[k], PW_Q);
 }
 
 /* ---- a bucket that follows --------------------------------------------------- */
@@ -645,7 +666,7 @@ static uint64_t below(uint64_t *s, uint64_t n)
 struct grants {
     double at_int[MAX_GRANTS];   /* the effective rate integrated up to it */
     double cap[MAX_GRANTS];      /* the capacity in force at it */
-    uint64_t at_resets[MAX_GRANTS]; /* reset moments passed up to it */
+    uint64_t at_resets[MAX_GRANTS]; /* top-ups possible up to it */
     size_t n;
     double integral;
     uint64_t resets;
@@ -666,7 +687,7 @@ static void integrate(struct grants *g, uint64_t to)
     }
 }
 
-static void random_response(uint64_t *seed, uint64_t now)
+static struct quota_result random_response(uint64_t *seed, uint64_t now)
 {
     char pol[128], rl[128];
     uint64_t r = below(seed, 40), t = below(seed, 15), qq = 1 + below(seed, 200);
@@ -677,7 +698,7 @@ static void random_response(uint64_t *seed, uint64_t now)
     snprintf(rl, sizeof rl, "a;r=%llu;t=%llu, b;r=%llu;t=%llu",
              (unsigned long long)r, (unsigned long long)t,
              (unsigned long long)below(seed, 80), (unsigned long long)below(seed, 30));
-    feed(now, DRAFT(below(seed, 2) ? pol : NULL, rl), (uint32_t)below(seed, 5));
+    return feed(now, DRAFT(below(seed, 2) ? pol : NULL, rl), (uint32_t)below(seed, 5));
 }
 
 Test(quota, the_bound_holds_with_the_effective_rate)
@@ -701,8 +722,13 @@ Test(quota, the_bound_holds_with_the_effective_rate)
             integrate(&g, now);
             quota_bucket_sync(&q, &b, now);
             if (below(&seed, 3) == 0) {
-                random_response(&seed, now);
+                struct quota_result res = random_response(&seed, now);
+
                 quota_bucket_sync(&q, &b, now);
+                if (res.top_up) {
+                    tbucket_top_up(&b, now);
+                    g.resets++;   /* counted as a reset's */
+                }
             }
             while (g.n < MAX_GRANTS && tbucket_take(&b, now)) {
                 g.at_int[g.n] = g.integral;
@@ -711,8 +737,8 @@ Test(quota, the_bound_holds_with_the_effective_rate)
                 g.n++;
             }
         }
-        /* Capacity at the first, the rate integrated between, and one top-up
-         * per reset moment after the first (quota.h). */
+        /* Capacity at the first, the rate integrated between, and one per
+         * top-up after the first (quota.h). */
         for (size_t i = 0; i < g.n; i++)
             for (size_t j = i; j < g.n; j++) {
                 double bound = g.cap[i] + g.at_int[j] - g.at_int[i] +
