@@ -303,12 +303,23 @@ int permits_hand_over(struct permits *pm, struct permits *to, uint64_t now)
         sync_quota(to, now);
     }
     to->flight = pm->flight;
+    to->held = pm->held;
     tbucket_carry(&to->tb, &pm->tb, now);
     waiters_hand_over(pm, to, now);
     pm->next = to;
     pthread_mutex_unlock(&to->mu);
     pthread_mutex_unlock(&pm->mu);
     return 0;
+}
+
+void permits_hold(struct permits *pm, bool hold)
+{
+    pm = lock_live(pm, NULL);
+    if (hold)
+        pm->held++;
+    else if (pm->held)
+        pm->held--;
+    pthread_mutex_unlock(&pm->mu);
 }
 
 void permits_answered(struct permits *pm, const struct quota_headers *h,
@@ -325,7 +336,8 @@ void permits_answered(struct permits *pm, const struct quota_headers *h,
         if (!res)
             res = &none;
         quota_update(&pm->quota, h, now, wall_ms,
-                     pm->flight * (pm->flight_scale ? pm->flight_scale : 1), res);
+                     (pm->flight > pm->held ? pm->flight - pm->held : 0) *
+                         (pm->flight_scale ? pm->flight_scale : 1), res);
         sync_quota(pm, now);
         if (res->top_up)
             tbucket_top_up(&pm->tb, now);

@@ -563,6 +563,20 @@ uint64_t quota_next_change(const struct quota *q, uint64_t t)
     return next;
 }
 
+uint64_t quota_news_wall_ms(const struct quota *q, uint64_t now)
+{
+    uint64_t news = q->at_wall_ms;
+
+    for (uint32_t i = 0; i < q->n; i++) {
+        uint64_t m = q->items[i].moment;
+        uint64_t at = q->at_wall_ms + (m - q->at) / 1000000ull;
+
+        if (m > q->at && m <= now && at > news)
+            news = at;
+    }
+    return news;
+}
+
 bool quota_reset_tops_up(const struct quota *q, uint64_t m)
 {
     for (uint32_t i = 0; i < q->n; i++) {

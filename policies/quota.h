@@ -142,6 +142,12 @@ bool quota_limits(const struct quota *q, uint64_t t);
  * item's reset); UINT64_MAX when none is coming. */
 uint64_t quota_next_change(const struct quota *q, uint64_t t);
 
+/* The Unix ms of the newest news in q at now: its latest response with
+ * items, or a reset moment passed since (which changes the numbers as an
+ * answer does); 0 while nothing was advertised. A fleet's bucket keeps the
+ * numbers of the newest news any sidecar had. */
+uint64_t quota_news_wall_ms(const struct quota *q, uint64_t now);
+
 /* True when the bucket may be topped up to one token at the reset moment
  * m (the rule above): no item after m is spent, none past it has q = 0. */
 bool quota_reset_tops_up(const struct quota *q, uint64_t m);
