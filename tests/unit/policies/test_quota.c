@@ -752,3 +752,14 @@ Test(quota, the_bound_holds_with_the_effective_rate)
     }
     cr_expect_gt(total, RUNS * 100, "real traffic");
 }
+
+/* A fleet's bucket keeps the newest numbers: a reset passed is news, as an
+ * answer is. */
+Test(quota, a_reset_passed_is_news)
+{
+    cr_expect_eq(quota_news_wall_ms(&q, NOW0), 0, "nothing advertised");
+    feed(NOW0, DRAFT("a;q=20;w=2", "a;r=5;t=2, b;r=50;t=7"), 0);
+    cr_expect_eq(quota_news_wall_ms(&q, NOW0 + SEC), WALL0, "the answer's time");
+    cr_expect_eq(quota_news_wall_ms(&q, NOW0 + 3 * SEC), WALL0 + 2000, "a's reset");
+    cr_expect_eq(quota_news_wall_ms(&q, NOW0 + 9 * SEC), WALL0 + 7000, "b's, the latest");
+}
