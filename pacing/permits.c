@@ -303,6 +303,7 @@ int permits_hand_over(struct permits *pm, struct permits *to, uint64_t now)
         sync_quota(to, now);
     }
     to->flight = pm->flight;
+    to->held = pm->held;
     tbucket_carry(&to->tb, &pm->tb, now);
     waiters_hand_over(pm, to, now);
     pm->next = to;
@@ -318,6 +319,16 @@ void permits_flying(struct permits *pm)
     pthread_mutex_unlock(&pm->mu);
 }
 
+void permits_hold(struct permits *pm, bool hold)
+{
+    pm = lock_live(pm, NULL);
+    if (hold)
+        pm->held++;
+    else if (pm->held)
+        pm->held--;
+    pthread_mutex_unlock(&pm->mu);
+}
+
 void permits_answered(struct permits *pm, const struct quota_headers *h,
                       uint64_t now, uint64_t wall_ms, struct quota_result *res)
 {
@@ -329,10 +340,14 @@ void permits_answered(struct permits *pm, const struct quota_headers *h,
     if (pm->follow && h) {
         /* The bucket accrued at the old numbers until now. */
         sync_quota(pm, now);
+        if (!res)
+            res = &none;
         quota_update(&pm->quota, h, now, wall_ms,
-                     pm->flight * (pm->flight_scale ? pm->flight_scale : 1),
-                     res ? res : &none);
+                     (pm->flight > pm->held ? pm->flight - pm->held : 0) *
+                         (pm->flight_scale ? pm->flight_scale : 1), res);
         sync_quota(pm, now);
+        if (res->top_up)
+            tbucket_top_up(&pm->tb, now);
         wake_keeper(pm);
     }
     pthread_mutex_unlock(&pm->mu);

@@ -60,6 +60,9 @@ struct permits {
     bool follow;                /* the rate follows `quota` */
     struct quota quota;
     uint32_t flight;            /* granted and not answered yet */
+    uint32_t held;              /* of those, waiting for a start the fleet's
+                                   bucket reserved: not sent upstream yet, so
+                                   not among the f of the quota's rule */
     uint32_t flight_scale;      /* a fleet's (0 or 1: this sidecar's): the
                                    fleet's requests in flight are counted as
                                    this sidecar's times the fleet's size,
@@ -100,6 +103,11 @@ void permits_flying(struct permits *pm);
  * time) into the rate; res (may be NULL) says what they did. */
 void permits_answered(struct permits *pm, const struct quota_headers *h,
                       uint64_t now, uint64_t wall_ms, struct quota_result *res);
+
+/* A granted request waits (hold) for the start the fleet's bucket
+ * reserved, or that wait ended (!hold): sent upstream or leaving. Call
+ * each once per request, the end before permits_answered. */
+void permits_hold(struct permits *pm, bool hold);
 
 /* The bucket's effective numbers and what was advertised, at now. */
 void permits_view(struct permits *pm, uint64_t now, struct permits_view *v);

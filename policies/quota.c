@@ -461,6 +461,22 @@ static double allowance(const struct quota_item *it, uint64_t now,
     return (double)left * 1e9 / (double)(it->moment - now);
 }
 
+/* The window's last permit is left (rule in quota.h): the smallest r - f
+ * among the items still running is 1, and the partner allows it. */
+static bool last_permit(const struct quota *q, uint64_t now, uint32_t inflight)
+{
+    uint64_t least = UINT64_MAX;
+
+    for (uint32_t i = 0; i < q->n; i++) {
+        const struct quota_item *it = &q->items[i];
+        uint64_t left = it->r > inflight ? it->r - inflight : 0;
+
+        if (it->moment > now && left < least)
+            least = left;
+    }
+    return least == 1 && quota_reset_tops_up(q, now);
+}
+
 void quota_update(struct quota *q, const struct quota_headers *h, uint64_t now,
                   uint64_t now_wall_ms, uint32_t inflight,
                   struct quota_result *res)
@@ -473,6 +489,7 @@ void quota_update(struct quota *q, const struct quota_headers *h, uint64_t now,
     res->items = p.n;
     res->ignored = p.ignored;
     res->pause_until = 0;
+    res->top_up = false;
     if (p.n == 0)
         return;
     for (uint32_t i = 0; i < p.n; i++) {
@@ -487,6 +504,7 @@ void quota_update(struct quota *q, const struct quota_headers *h, uint64_t now,
     q->n = p.n;
     q->at = now;
     q->at_wall_ms = now_wall_ms;
+    res->top_up = last_permit(q, now, inflight);
 }
 
 /* ---- queries --------------------------------------------------------- */
@@ -545,11 +563,62 @@ uint64_t quota_next_change(const struct quota *q, uint64_t t)
     return next;
 }
 
-uint64_t quota_accrue_ns(const void *arg, uint64_t from, uint64_t nano_tokens)
+uint64_t quota_news_wall_ms(const struct quota *q, uint64_t now)
+{
+    uint64_t news = q->at_wall_ms;
+
+    for (uint32_t i = 0; i < q->n; i++) {
+        uint64_t m = q->items[i].moment;
+        uint64_t at = q->at_wall_ms + (m - q->at) / 1000000ull;
+
+        if (m > q->at && m <= now && at > news)
+            news = at;
+    }
+    return news;
+}
+
+bool quota_reset_tops_up(const struct quota *q, uint64_t m)
+{
+    for (uint32_t i = 0; i < q->n; i++) {
+        const struct quota_item *it = &q->items[i];
+
+        /* Another window still running with nothing left net of those in
+         * flight, or a limit of 0 from here on: the partner allows none. */
+        if (it->moment > m ? !(it->allow > 0) : it->has_q && it->q == 0)
+            return false;
+    }
+    return true;
+}
+
+/* A top-up at a reset, for a prediction in which waiters take each whole
+ * token as it comes: the bucket then holds only a fraction there, which
+ * becomes one token, so the need falls to the whole tokens below it. */
+static double topped_up(double need)
+{
+    double whole = ceil(need / (double)TB_ONE - 1e-6);
+
+    return whole > 1 ? (whole - 1) * (double)TB_ONE : 0;
+}
+
+static bool is_moment(const struct quota *q, uint64_t t)
+{
+    for (uint32_t i = 0; i < q->n; i++)
+        if (q->items[i].moment == t)
+            return true;
+    return false;
+}
+
+uint64_t quota_accrue_ns(const void *arg, uint64_t from, bool pause_end,
+                         uint64_t nano_tokens)
 {
     const struct quota *q = arg;
     uint64_t t = from;
     double need = (double)nano_tokens;
+
+    /* A pause that ends at a reset (an r = 0 until it): its top-up is
+     * still to come. Otherwise the bucket was synced up to from. */
+    if (pause_end && is_moment(q, from) && quota_reset_tops_up(q, from))
+        need = topped_up(need);
 
     /* At most one segment per item, then the rate holds for good. */
     for (uint32_t i = 0; i <= QUOTA_ITEMS_MAX; i++) {
@@ -565,8 +634,10 @@ uint64_t quota_accrue_ns(const void *arg, uint64_t from, uint64_t nano_tokens)
                        : t - from + in_seg;
         need -= rate * (double)(next - t);   /* nano-tokens in the segment */
         t = next;
+        if (quota_reset_tops_up(q, t))
+            need = topped_up(need);
     }
-    return UINT64_MAX;
+    return need <= 0 ? t - from : UINT64_MAX;
 }
 
 static void apply_at(const struct quota *q, struct tbucket *b, uint64_t t)
@@ -581,6 +652,8 @@ void quota_bucket_sync(const struct quota *q, struct tbucket *b, uint64_t now)
 
     while ((m = quota_next_change(q, t)) <= now) {
         apply_at(q, b, m);
+        if (quota_reset_tops_up(q, m))
+            tbucket_top_up(b, m);
         t = m;
     }
     apply_at(q, b, now);

@@ -24,7 +24,31 @@
  * evenly; after m, q / w when both are known, else the configured rate. The
  * effective rate is min(rate, max(min_rate, the smallest allowance)); the
  * capacity min(burst, the smallest r before its moment, q after it when
- * known), at least 1. Times are nanoseconds of a monotonic clock. */
+ * known), at least 1.
+ *
+ * Top-ups: the bucket is raised to one whole token (tbucket_top_up), when
+ * it holds less and no pause runs past that moment, and when the partner
+ * allows one there (every item whose moment is later still has r - f > 0,
+ * and no item past its moment has a limit q of 0), at two moments of a
+ * partner's window:
+ *   - at an item's reset moment m: accrual alone would pay for the window's
+ *     first token one interval after m, so a window spent out (an r = 0
+ *     pause until m) would lose its first permit;
+ *   - at an answer that leaves one permit (the smallest r - f of the items
+ *     still running is 1): spent evenly until m, the last permit would come
+ *     at m itself, and m, counted from the answer's arrival, is after the
+ *     partner's reset by the answer's way back at least (by up to 1 s more
+ *     with whole seconds), so that permit would fall into the next window
+ *     and the window would lose it. It goes at once instead; its own answer
+ *     says r = 0 (or r - f reaches 0), so this happens once per window.
+ * One token, never a full bucket: after an answer, 1 + (r - f) minus a
+ * fraction accrues before m, so at most r - f whole permits start before
+ * it, what the partner said remains; at a reset with q and w known, at most
+ * q start in [m, m + w). A full bucket (burst) would allow burst - 1 more
+ * before any answer says otherwise. So the bound is: in any interval, at
+ * most the capacity at its start, plus the effective rate integrated over
+ * it, plus one per top-up within it (after its start). Times are
+ * nanoseconds of a monotonic clock. */
 #ifndef SLUICE_POLICIES_QUOTA_H
 #define SLUICE_POLICIES_QUOTA_H
 
@@ -86,6 +110,8 @@ struct quota_result {
     uint64_t pause_until;     /* an item with r = 0: pause the policy until
                                  then, ns (the caller caps it by max_delay);
                                  0 = no pause */
+    bool top_up;              /* one permit left: top the bucket up to one
+                                 token now (tbucket_top_up, rule above) */
 };
 
 /* Nothing advertised: the rate is rate. min_rate <= rate, burst >= 1. */
@@ -116,14 +142,26 @@ bool quota_limits(const struct quota *q, uint64_t t);
  * item's reset); UINT64_MAX when none is coming. */
 uint64_t quota_next_change(const struct quota *q, uint64_t t);
 
-/* ns from `from` in which nano_tokens accrue at the effective rate, its
- * changes at coming resets included; a tbucket_accrue_fn for
- * tbucket_wait_ns, arg a const struct quota *. */
-uint64_t quota_accrue_ns(const void *q, uint64_t from, uint64_t nano_tokens);
+/* The Unix ms of the newest news in q at now: its latest response with
+ * items, or a reset moment passed since (which changes the numbers as an
+ * answer does); 0 while nothing was advertised. A fleet's bucket keeps the
+ * numbers of the newest news any sidecar had. */
+uint64_t quota_news_wall_ms(const struct quota *q, uint64_t now);
+
+/* True when the bucket may be topped up to one token at the reset moment
+ * m (the rule above): no item after m is spent, none past it has q = 0. */
+bool quota_reset_tops_up(const struct quota *q, uint64_t m);
+
+/* ns from `from` (no pause running after it) in which nano_tokens come to
+ * waiters that take each whole token as it comes: accrual at the effective
+ * rate, its changes at coming resets included, and each reset's top-up; a
+ * tbucket_accrue_fn for tbucket_wait_ns, arg a const struct quota *. */
+uint64_t quota_accrue_ns(const void *q, uint64_t from, bool pause_end,
+                         uint64_t nano_tokens);
 
 /* Brings b's rate and capacity to the quota's up to now, changing them at
- * each reset passed since b was last settled, so that b accrued exactly the
- * effective rate in between. */
+ * each reset passed since b was last settled, and topping b up there as the
+ * rule above says, so that b accrued exactly the effective rate in between. */
 void quota_bucket_sync(const struct quota *q, struct tbucket *b, uint64_t now);
 
 #endif

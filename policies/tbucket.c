@@ -180,7 +180,7 @@ uint64_t tbucket_wait_ns(const struct tbucket *b, uint64_t now, uint64_t n,
     if (s.tokens >= n * TB_ONE)
         return 0;
     need = n * TB_ONE - s.tokens;
-    wait = fn ? fn(arg, from, need) : accrue_q(b->rate_q, need, s.frac);
+    wait = fn ? fn(arg, from, from > at, need) : accrue_q(b->rate_q, need, s.frac);
     return add_sat(from - now, wait);
 }
 
@@ -201,6 +201,16 @@ void tbucket_pause_until(struct tbucket *b, uint64_t now, uint64_t until)
     tbucket_empty(b, now);
     if (until > b->paused_until)
         b->paused_until = until;
+}
+
+void tbucket_top_up(struct tbucket *b, uint64_t now)
+{
+    settle(b, now);
+    if (b->paused_until > b->last || b->tokens >= TB_ONE)
+        return;
+    /* The capacity is never below one token. */
+    b->tokens = TB_ONE;
+    b->frac = 0;
 }
 
 void tbucket_resume(struct tbucket *b, uint64_t now)

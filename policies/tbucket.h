@@ -10,8 +10,10 @@
  * nano-tokens, and its rate in Q32.32 nano-tokens per nanosecond rounded
  * down, carrying the remainder of every accrual: in any interval the
  * permits taken number at most the capacity at its start plus the rate
- * integrated over it, exactly (tokens never exceed the capacity, nothing but
- * accrual adds them, and accrual never outruns the rate).
+ * integrated over it, plus one per top-up within it (a followed partner's
+ * reset, tbucket_top_up), exactly: tokens never exceed the capacity, nothing
+ * but accrual and top-ups adds them, accrual never outruns the rate, and a
+ * top-up adds one token at most.
  *
  * Pure and unsynchronised: the caller holds the policy's lock. Times are
  * nanoseconds of a monotonic clock; a `now` older than the last one the
@@ -76,13 +78,21 @@ void tbucket_empty(struct tbucket *b, uint64_t now);
  * pause's replaces it, an earlier one does not. */
 void tbucket_pause_until(struct tbucket *b, uint64_t now, uint64_t until);
 
+/* A partner's window starts again at now (policies/quota.h): the bucket
+ * holds at least one whole token, unless a pause runs beyond now. Tokens
+ * it already held are kept, never more added: the top-up is the reset's
+ * first permit, which accrual would have paid for one interval later. */
+void tbucket_top_up(struct tbucket *b, uint64_t now);
+
 /* Ends a running pause at now (an operator's override); still empty. */
 void tbucket_resume(struct tbucket *b, uint64_t now);
 
 /* The time (ns, from `from`) in which nano_tokens accrue when the rate may
- * change, e.g. at a partner's coming reset (quota_accrue_ns). */
+ * change, e.g. at a partner's coming reset (quota_accrue_ns). pause_end:
+ * from is the end of a pause, later than the bucket was last settled, so
+ * what happens at from itself (a reset's top-up) is still to come. */
 typedef uint64_t (*tbucket_accrue_fn)(const void *arg, uint64_t from,
-                                      uint64_t nano_tokens);
+                                      bool pause_end, uint64_t nano_tokens);
 
 /* ns from now until n permits (n >= 1) could have been granted, if no
  * other is taken meanwhile: what the bucket holds now, then accrual (after

@@ -235,7 +235,9 @@ expect_field reason upstream_cooldown
 expect_no_field upstream_status
 expect_header RateLimit-Policy '"demo";q=4;w=1'
 if checking; then
-    expect_between "delay_ms" "$(jnum delay_ms "$(body)")" 20000 30000
+    # What is left of the pause, then the first permit (granted permits, as a
+    # policy that follows its quota has, resume empty: 1 / rate = 0.5 s later).
+    expect_between "delay_ms" "$(jnum delay_ms "$(body)")" 20000 30500
 fi
 expect_upstream_calls 0
 run "curl -s http://127.0.0.1:9901/cooldowns"
@@ -316,6 +318,23 @@ note "expect: {\"state\":\"completed\",\"attempt\":1,\"status\":200,...}: the re
 expect_field state completed
 expect_field attempt 1
 expect_field status 200
+
+step 9 "The partner advertises its quota: the demo policy follows it (quota: {follow: true})"
+run "curl -s http://127.0.0.1:9901/policies"
+note "expect: {\"policies\":{\"demo\":{\"rate\":2,\"effective_rate\":2,...,\"source\":\"config\",...}}}"
+expect_field source config
+run "curl -s -o /dev/null -X POST http://127.0.0.1:8080/demo/sync -H 'X-Stub-Set-Header: RateLimit-Policy: \"demo\";q=120;w=60' -H 'X-Stub-Set-Header: RateLimit: \"demo\";r=30;t=60'"
+note "expect: nothing printed; the demo upstream's answer said: 30 requests left in the next"
+note "        60 s, then 120 a minute (the stub sets those headers when asked to)"
+expect_upstream_calls 1
+run "curl -s http://127.0.0.1:9901/policies"
+note "expect: {...\"effective_rate\":0.5,...,\"source\":\"partner\",...,\"advertised\":{...\"remaining\":30,...}}:"
+note "        30 spread over 60 s; at the reset the rate comes back to 2/s (120 a minute)"
+expect_field source partner
+if checking; then
+    is "effective_rate" "$(body | sed -n 's/.*"effective_rate":\([0-9.]*\).*/\1/p')" 0.5
+fi
+expect_field remaining 30
 passed
 
 if checking; then

@@ -227,6 +227,8 @@ struct exchange {
     struct event *permit_ev;    /* the grant (or the keeper's role), on this loop */
     bool permit_waiting;        /* pwait is queued (or granted unseen) */
     bool pm_flight;             /* granted by bucket->pm, not answered yet */
+    bool pm_held;               /* and waiting for the fleet's start
+                                   (permits_hold) */
 
     /* the upstream */
     struct up_request ureq;

@@ -136,6 +136,10 @@ static void permit_lanes_release(struct exchange *ex, enum ex_release how)
                       ex->env->clock->mono_ns(ex->env->clock->arg), NULL);
         stop_waiting(ex);
     }
+    if (ex->pm_held) {
+        permits_hold(ex->bucket->pm, false);
+        ex->pm_held = false;
+    }
     if (ex->pm_flight) {
         /* Never sent, or answered without a quota row: out of flight. */
         permits_answered(ex->bucket->pm, NULL,

@@ -239,8 +239,10 @@ const struct ex_stage stage_permit_fleet = {
  * reserved in Redis and the order stays in its lanes: a request joining an
  * urgent lane waits for the head before it, not for a queue in Redis. */
 /* A followed quota (contract §12): this sidecar's numbers, as its permits
- * follow what it read, and when that was advertised; the fleet's bucket
- * paces to the newest any sidecar saw. */
+ * follow what it read, and when that was advertised, or when a reset it
+ * knows of passed since (then its numbers are the window's after it, newer
+ * than any answer of the window before); the fleet's bucket paces to the
+ * newest any sidecar saw. */
 static int start_permit_follow(struct exchange *ex)
 {
     struct permits_view v;
@@ -254,15 +256,27 @@ static int start_permit_follow(struct exchange *ex)
     return store_permit_follow_async(ex->env->store, ex->scall, ex->pol->name,
                                      partition_of(ex), t,
                                      (uint64_t)(v.capacity ? v.capacity - 1 : 0) * t,
-                                     ex->max_wait_ns, v.quota.at_wall_ms);
+                                     ex->max_wait_ns, quota_news_wall_ms(&v.quota, now));
+}
+
+/* Until its start comes, a granted request is not sent: not in flight
+ * for a followed quota (its f counts requests sent upstream). */
+static void fleet_hold(struct exchange *ex, bool hold)
+{
+    if (ex->pm_held == hold || !ex->bucket || !ex->bucket->pm)
+        return;
+    ex->pm_held = hold;
+    permits_hold(ex->bucket->pm, hold);
 }
 
 static enum ex_verdict fleet_lanes_answered(struct exchange *ex, uint64_t now)
 {
     enum ex_verdict v = fleet_answered(ex, now);
 
-    if (v == EXV_WAIT && ex->shared_permit && ex->bucket->pm)
+    if (v == EXV_WAIT && ex->shared_permit && ex->bucket->pm) {
         permits_pause(ex->bucket->pm, now, ex->permit_at);
+        fleet_hold(ex, true);
+    }
     return v;
 }
 
@@ -274,8 +288,12 @@ static enum ex_verdict fleet_lanes_run(struct exchange *ex, uint64_t now)
         ex->max_wait_ns = ex->wait_deadline_ns > now ? ex->wait_deadline_ns - now : 0;
         ex->asking = true;
     }
-    if (!ex->asking)
-        return permit_due(ex, now);
+    if (!ex->asking) {
+        v = permit_due(ex, now);
+        if (v != EXV_WAIT)
+            fleet_hold(ex, false);
+        return v;
+    }
     v = ex_store_wait(ex, now, ex->ps->follow ? start_permit_follow : start_permit,
                       ex->woke == WOKE_FIRST, ST_PERMIT);
     if (v != EXV_NEXT)

@@ -1550,7 +1550,8 @@ static int ctl_stats(struct conn *c, struct evbuffer *out)
                         "\"arrivals\":%zu,\"max_calls_per_key\":%u,\"window_hits\":%llu,"
                         "\"dedup_hits\":%llu,\"dedup_replays\":%llu,\"dedup_conflicts\":%llu,"
                         "\"lookups\":%llu,\"lookups_found\":%llu,\"lookups_absent\":%llu,"
-                        "\"lookup_script_pending\":%zu,\"quota_refused\":%llu}",
+                        "\"lookup_script_pending\":%zu,\"quota_refused\":%llu,"
+                        "\"quota_window\":%llu,\"quota_used\":%llu}",
                         (unsigned long long)st->n.requests, (unsigned long long)st->n.accepted,
                         (unsigned long long)st->n.rejected, (unsigned long long)st->n.side_effects,
                         st->keys.used, st->keys.max_count, (unsigned long long)st->keys.duplicates,
@@ -1561,7 +1562,9 @@ static int ctl_stats(struct conn *c, struct evbuffer *out)
                         (unsigned long long)st->dedup_conflicts,
                         (unsigned long long)st->lookups, (unsigned long long)st->lookups_found,
                         (unsigned long long)st->lookups_absent, st->lookup_script.len,
-                        (unsigned long long)st->quota_refused);
+                        (unsigned long long)st->quota_refused,
+                        (unsigned long long)st->quota_window,
+                        (unsigned long long)st->quota_used);
     pthread_mutex_unlock(&st->lock);
     return 200;
 }

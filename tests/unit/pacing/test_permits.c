@@ -383,3 +383,57 @@ Test(permits, an_advertised_zero_asks_for_a_pause_until_the_reset)
     cr_expect_eq(s->pm.flight, 0);
     sim_free(s);
 }
+
+/* A window spent out: the waiter keeping time is told to look again at the
+ * reset, and is granted there, not one interval (w / q) later. */
+Test(permits, after_an_advertised_zero_the_first_permit_is_at_the_reset)
+{
+    static struct sc_lane one[] = {{.name = "", .share = 100, .max_wait_ms = 60000}};
+    struct sim *s = sim_new(one, 1, 100, 10);
+    struct quota_headers h = {.policy = "\"w\";q=20;w=2", .ratelimit = "\"w\";r=0;t=1"};
+    struct quota_result res = {0};
+    enum permit_ask r;
+    int a;
+
+    permits_follow(&s->pm, 1);
+    ask(s, 0, NOW0, SEC, &r);
+    cr_assert_eq(r, PERMIT_GO);
+    permits_answered(&s->pm, &h, NOW0, 1767225600000ull, &res);
+    cr_assert_eq(res.pause_until, NOW0 + SEC);
+    permits_pause(&s->pm, NOW0, res.pause_until);
+    a = ask(s, 0, NOW0 + 10 * MS, 5 * SEC, &r);
+    cr_assert_eq(r, PERMIT_WAIT);
+    cr_expect(s->w[a].keeper);
+    cr_expect_eq(s->at[a], NOW0 + SEC, "look again at the reset");
+    cr_expect_eq(run_until(s, NOW0 + SEC), 2, "granted at the reset");
+    cr_expect_eq(s->granted_at[a], NOW0 + SEC);
+    sim_free(s);
+}
+
+/* A fleet's granted request waiting for its reserved start is not sent yet:
+ * not among the f of the rule (times the fleet's size). */
+Test(permits, a_held_permit_is_not_in_flight_for_the_quota)
+{
+    static struct sc_lane one[] = {{.name = "", .share = 100, .max_wait_ms = 60000}};
+    struct sim *s = sim_new(one, 1, 100, 10);
+    struct quota_headers h = {.x_limit = "100", .x_remaining = "9", .x_reset = "10"};
+    struct quota_result res = {0};
+    struct permits_view v;
+    enum permit_ask r;
+
+    permits_follow(&s->pm, 0.1);
+    s->pm.flight_scale = 2;
+    for (int i = 0; i < 3; i++)
+        ask(s, 0, NOW0, SEC, &r);
+    permits_hold(&s->pm, true);   /* one of them waits for the fleet */
+    /* One answered: 2 in flight, 1 of them held: f = 1 x 2; (9 - 2) / 10 s. */
+    permits_answered(&s->pm, &h, NOW0, 1767225600000ull, &res);
+    permits_view(&s->pm, NOW0, &v);
+    cr_expect_float_eq(v.rate, 0.7, 1e-9, "rate %g", v.rate);
+    permits_hold(&s->pm, false);
+    permits_answered(&s->pm, &h, NOW0, 1767225600000ull, &res);
+    permits_view(&s->pm, NOW0, &v);
+    cr_expect_float_eq(v.rate, 0.7, 1e-9, "1 in flight x 2: (9 - 2) / 10 s");
+    cr_expect_eq(s->pm.held, 0);
+    sim_free(s);
+}

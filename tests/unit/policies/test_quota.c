@@ -439,11 +439,12 @@ Test(quota, accrual_counts_the_rise_at_a_coming_reset)
 {
     feed(NOW0, DRAFT("a;q=600;w=60", "a;r=20;t=10"), 0);
     /* 2/s for 10 s, then 10/s. */
-    cr_expect_eq(quota_accrue_ns(&q, NOW0, 10 * TB_ONE), 5 * SEC);
-    cr_expect_eq(quota_accrue_ns(&q, NOW0, 20 * TB_ONE), 10 * SEC);
-    cr_expect_eq(quota_accrue_ns(&q, NOW0, 30 * TB_ONE), 11 * SEC);
-    cr_expect_eq(quota_accrue_ns(&q, NOW0 + 8 * SEC, 14 * TB_ONE), 3 * SEC);
-    cr_expect_eq(quota_accrue_ns(&q, NOW0, 0), 0);
+    cr_expect_eq(quota_accrue_ns(&q, NOW0, false, 10 * TB_ONE), 5 * SEC);
+    cr_expect_eq(quota_accrue_ns(&q, NOW0, false, 20 * TB_ONE), 10 * SEC);
+    /* The 21st is the reset's top-up, at 10 s: then 9 at 10/s. */
+    cr_expect_eq(quota_accrue_ns(&q, NOW0, false, 30 * TB_ONE), 10 * SEC + 900 * MS);
+    cr_expect_eq(quota_accrue_ns(&q, NOW0 + 8 * SEC, false, 14 * TB_ONE), 2900 * MS);
+    cr_expect_eq(quota_accrue_ns(&q, NOW0, false, 0), 0);
 }
 
 Test(quota, a_bucket_predicts_with_the_quota)
@@ -454,12 +455,156 @@ Test(quota, a_bucket_predicts_with_the_quota)
     tbucket_init(&b, 100, 50, NOW0);
     quota_bucket_sync(&q, &b, NOW0);
     cr_expect_float_eq(tbucket_tokens(&b, NOW0), 20.0, 1e-9, "capacity: r");
-    /* 20 held, then 2/s until the reset, then 10/s. */
+    /* 20 held, then 2/s until the reset, its top-up, then 10/s. */
     cr_expect_eq(tbucket_wait_ns(&b, NOW0, 40, quota_accrue_ns, &q), 10 * SEC);
-    cr_expect_eq(tbucket_wait_ns(&b, NOW0, 50, quota_accrue_ns, &q), 11 * SEC);
+    cr_expect_eq(tbucket_wait_ns(&b, NOW0, 41, quota_accrue_ns, &q), 10 * SEC);
+    cr_expect_eq(tbucket_wait_ns(&b, NOW0, 50, quota_accrue_ns, &q), 10 * SEC + 900 * MS);
     cr_expect_eq(tbucket_wait_ns(&b, NOW0, 40, NULL, NULL), 10 * SEC,
                  "the bucket's own rate (2/s) sees no rise");
     cr_expect_eq(tbucket_wait_ns(&b, NOW0, 50, NULL, NULL), 15 * SEC);
+}
+
+/* ---- a reset's first token ----------------------------------------------------- */
+
+/* A window spent out (r = 0) pauses the bucket until its reset; the reset's
+ * first permit is there at the reset, not one interval (w / q) after it, and
+ * the keeper's prediction says so. */
+Test(quota, the_first_token_after_a_reset_is_not_late)
+{
+    struct quota_result res;
+    struct tbucket b;
+
+    quota_init(&q, 100, 1, 10);
+    tbucket_init(&b, 100, 10, NOW0);
+    res = feed(NOW0, DRAFT("a;q=20;w=2", "a;r=0;t=1"), 0);
+    quota_bucket_sync(&q, &b, NOW0);
+    cr_assert_eq(res.pause_until, NOW0 + SEC);
+    tbucket_pause_until(&b, NOW0, res.pause_until);
+    cr_expect_eq(tbucket_wait_ns(&b, NOW0, 1, quota_accrue_ns, &q), SEC);
+    cr_expect_eq(tbucket_wait_ns(&b, NOW0, 3, quota_accrue_ns, &q), SEC + 200 * MS,
+                 "then q / w = 10/s");
+    quota_bucket_sync(&q, &b, NOW0 + SEC - 1);
+    cr_expect_not(tbucket_take(&b, NOW0 + SEC - 1));
+    quota_bucket_sync(&q, &b, NOW0 + SEC);
+    cr_expect(tbucket_take(&b, NOW0 + SEC), "the reset's first permit at the reset");
+    cr_expect_not(tbucket_take(&b, NOW0 + SEC), "one token, not a full bucket");
+    quota_bucket_sync(&q, &b, NOW0 + SEC + 100 * MS - 1);
+    cr_expect_not(tbucket_take(&b, NOW0 + SEC + 100 * MS - 1));
+    quota_bucket_sync(&q, &b, NOW0 + SEC + 100 * MS);
+    cr_expect(tbucket_take(&b, NOW0 + SEC + 100 * MS));
+}
+
+/* No top-up where the partner allows nothing, nor inside another pause. */
+Test(quota, a_reset_tops_up_only_what_the_partner_allows)
+{
+    struct tbucket b;
+
+    quota_init(&q, 100, 1, 10);
+    tbucket_init(&b, 100, 10, NOW0);
+    /* The day's quota is spent until 5 s: its pause capped (max_delay) at 1 s. */
+    feed(NOW0, DRAFT("a;q=20;w=2", "a;r=0;t=1, day;r=0;t=5"), 0);
+    quota_bucket_sync(&q, &b, NOW0);
+    tbucket_pause_until(&b, NOW0, NOW0 + SEC);
+    cr_expect_not(quota_reset_tops_up(&q, NOW0 + SEC));
+    quota_bucket_sync(&q, &b, NOW0 + SEC);
+    cr_expect_not(tbucket_take(&b, NOW0 + SEC), "day has none left");
+    cr_expect_eq(tbucket_wait_ns(&b, NOW0 + SEC, 1, quota_accrue_ns, &q), SEC,
+                 "min_rate until day's reset");
+    /* A 429's pause beyond the reset: the bucket resumes empty at its end. */
+    tbucket_init(&b, 100, 10, NOW0);
+    feed(NOW0, DRAFT("a;q=20;w=2", "a;r=0;t=1"), 0);
+    quota_bucket_sync(&q, &b, NOW0);
+    cr_expect(quota_reset_tops_up(&q, NOW0 + SEC));
+    tbucket_pause_until(&b, NOW0, NOW0 + 1500 * MS);
+    quota_bucket_sync(&q, &b, NOW0 + 1500 * MS);
+    cr_expect_not(tbucket_take(&b, NOW0 + 1500 * MS));
+    cr_expect_eq(tbucket_wait_ns(&b, NOW0 + 1500 * MS, 1, quota_accrue_ns, &q), 100 * MS);
+    /* A limit of 0 from the reset on. */
+    feed(NOW0, DRAFT("a;q=0;w=2", "a;r=0;t=1"), 0);
+    cr_expect_not(quota_reset_tops_up(&q, NOW0 + SEC));
+}
+
+/* The answer that leaves one permit (the smallest r - f) tops up: that
+ * permit goes now, not at the moment, past the partner's reset. */
+Test(quota, an_answer_leaving_one_permit_tops_up)
+{
+    struct quota_result res;
+
+    res = feed(NOW0, DRAFT("a;q=20;w=2", "a;r=1;t=1"), 0);
+    cr_expect(res.top_up);
+    res = feed(NOW0, DRAFT("a;q=20;w=2", "a;r=3;t=1"), 2);
+    cr_expect(res.top_up, "r - f = 1");
+    res = feed(NOW0, DRAFT("a;q=20;w=2", "a;r=2;t=1"), 0);
+    cr_expect_not(res.top_up, "two left: spent evenly");
+    res = feed(NOW0, DRAFT(NULL, "a;r=1;t=1, day;r=0;t=60"), 0);
+    cr_expect_not(res.top_up, "another item has none left");
+    res = feed(NOW0, DRAFT(NULL, "a;r=1;t=1, day;r=900;t=60"), 0);
+    cr_expect(res.top_up, "the smallest counts");
+    res = feed(NOW0, XRL("20", "1", "1"), 0);
+    cr_expect(res.top_up, "every style");
+}
+
+/* A partner with fixed windows of Q per W s (not aligned to the sidecar's
+ * clock), its reset in whole seconds rounded up, answering every request
+ * LAT after it is sent; the sidecar takes every token as it comes, counts
+ * those in flight, tops up as an answer says, pauses at r = 0. The partner
+ * never refuses (each window gets at most Q), and from the second window on
+ * each gets Q: the window's last permit is not pushed past the reset (the
+ * moment is after it by the answer's way back), nor its first one late. */
+#define PW_Q 20
+#define PW_W 2
+#define PW_WINDOWS 12
+#define PW_LAT (3 * MS)
+#define PW_EPOCH (NOW0 + 370 * MS)
+
+struct pw_sent {
+    uint64_t answer_at;
+    uint64_t r, t;
+};
+
+Test(quota, each_window_gets_the_advertised_limit_and_no_more)
+{
+    static struct pw_sent sent[PW_Q * PW_WINDOWS * 2];
+    uint64_t used[PW_WINDOWS + 1] = {0}, refused = 0, head = 0, tail = 0;
+    uint64_t end_all = PW_EPOCH + PW_WINDOWS * PW_W * SEC;
+    struct tbucket b;
+    char rl[64];
+
+    quota_init(&q, 100, 1, 10);
+    tbucket_init(&b, 100, 10, NOW0);
+    for (uint64_t now = NOW0; now < end_all; now += MS / 4) {
+        quota_bucket_sync(&q, &b, now);
+        for (; head < tail && sent[head].answer_at <= now; head++) {
+            struct quota_result res;
+
+            snprintf(rl, sizeof rl, "a;r=%llu;t=%llu", (unsigned long long)sent[head].r,
+                     (unsigned long long)sent[head].t);
+            res = feed(now, DRAFT("a;q=20;w=2", rl), (uint32_t)(tail - head - 1));
+            quota_bucket_sync(&q, &b, now);
+            if (res.top_up)
+                tbucket_top_up(&b, now);
+            if (res.pause_until > now)
+                tbucket_pause_until(&b, now, res.pause_until);
+        }
+        while (tbucket_take(&b, now)) {
+            uint64_t k = now < PW_EPOCH ? 0 : (now - PW_EPOCH) / (PW_W * SEC) + 1;
+            uint64_t wend = PW_EPOCH + k * PW_W * SEC;
+
+            cr_assert_lt(tail, sizeof sent / sizeof sent[0]);
+            if (used[k] >= PW_Q)
+                refused++;
+            else
+                used[k]++;
+            sent[tail].answer_at = now + PW_LAT;
+            sent[tail].r = PW_Q - used[k];
+            sent[tail].t = (wend - now + SEC - 1) / SEC;
+            tail++;
+        }
+    }
+    cr_expect_eq(refused, 0, "the partner refused none");
+    for (int k = 2; k <= PW_WINDOWS; k++)
+        cr_expect_eq(used[k], PW_Q, "window %d: %llu of %d", k,
+                     (unsigned long long)used[k], PW_Q);
 }
 
 /* ---- a bucket that follows --------------------------------------------------- */
@@ -521,13 +666,15 @@ static uint64_t below(uint64_t *s, uint64_t n)
 struct grants {
     double at_int[MAX_GRANTS];   /* the effective rate integrated up to it */
     double cap[MAX_GRANTS];      /* the capacity in force at it */
+    uint64_t at_resets[MAX_GRANTS]; /* top-ups possible up to it */
     size_t n;
     double integral;
+    uint64_t resets;
     uint64_t t;
 };
 
 /* The effective rate integrated from g->t to `to`, piece by piece between
- * the resets the state knows. */
+ * the resets the state knows, and those resets counted. */
 static void integrate(struct grants *g, uint64_t to)
 {
     while (g->t < to) {
@@ -535,11 +682,12 @@ static void integrate(struct grants *g, uint64_t to)
         uint64_t end = next < to ? next : to;
 
         g->integral += quota_rate(&q, g->t) * (double)(end - g->t) / 1e9;
+        g->resets += next <= to;
         g->t = end;
     }
 }
 
-static void random_response(uint64_t *seed, uint64_t now)
+static struct quota_result random_response(uint64_t *seed, uint64_t now)
 {
     char pol[128], rl[128];
     uint64_t r = below(seed, 40), t = below(seed, 15), qq = 1 + below(seed, 200);
@@ -550,7 +698,7 @@ static void random_response(uint64_t *seed, uint64_t now)
     snprintf(rl, sizeof rl, "a;r=%llu;t=%llu, b;r=%llu;t=%llu",
              (unsigned long long)r, (unsigned long long)t,
              (unsigned long long)below(seed, 80), (unsigned long long)below(seed, 30));
-    feed(now, DRAFT(below(seed, 2) ? pol : NULL, rl), (uint32_t)below(seed, 5));
+    return feed(now, DRAFT(below(seed, 2) ? pol : NULL, rl), (uint32_t)below(seed, 5));
 }
 
 Test(quota, the_bound_holds_with_the_effective_rate)
@@ -565,6 +713,7 @@ Test(quota, the_bound_holds_with_the_effective_rate)
         quota_init(&q, 20 + (double)below(&seed, 100), 0.5, 1 + (uint32_t)below(&seed, 30));
         g.n = 0;
         g.integral = 0;
+        g.resets = 0;
         g.t = NOW0;
         tbucket_init(&b, q.rate, q.burst, NOW0);
         for (int s = 0; s < STEPS && g.n < MAX_GRANTS; s++) {
@@ -573,22 +722,44 @@ Test(quota, the_bound_holds_with_the_effective_rate)
             integrate(&g, now);
             quota_bucket_sync(&q, &b, now);
             if (below(&seed, 3) == 0) {
-                random_response(&seed, now);
+                struct quota_result res = random_response(&seed, now);
+
                 quota_bucket_sync(&q, &b, now);
+                if (res.top_up) {
+                    tbucket_top_up(&b, now);
+                    g.resets++;   /* counted as a reset's */
+                }
             }
             while (g.n < MAX_GRANTS && tbucket_take(&b, now)) {
                 g.at_int[g.n] = g.integral;
                 g.cap[g.n] = quota_capacity(&q, now);
+                g.at_resets[g.n] = g.resets;
                 g.n++;
             }
         }
+        /* Capacity at the first, the rate integrated between, and one per
+         * top-up after the first (quota.h). */
         for (size_t i = 0; i < g.n; i++)
-            for (size_t j = i; j < g.n; j++)
-                if ((double)(j - i + 1) > g.cap[i] + g.at_int[j] - g.at_int[i] + 1e-6)
+            for (size_t j = i; j < g.n; j++) {
+                double bound = g.cap[i] + g.at_int[j] - g.at_int[i] +
+                               (double)(g.at_resets[j] - g.at_resets[i]);
+
+                if ((double)(j - i + 1) > bound + 1e-6)
                     cr_assert_fail("run %llu: grants %zu..%zu: %zu > %.9f",
-                                   (unsigned long long)run, i, j, j - i + 1,
-                                   g.cap[i] + g.at_int[j] - g.at_int[i]);
+                                   (unsigned long long)run, i, j, j - i + 1, bound);
+            }
         total += g.n;
     }
     cr_expect_gt(total, RUNS * 100, "real traffic");
+}
+
+/* A fleet's bucket keeps the newest numbers: a reset passed is news, as an
+ * answer is. */
+Test(quota, a_reset_passed_is_news)
+{
+    cr_expect_eq(quota_news_wall_ms(&q, NOW0), 0, "nothing advertised");
+    feed(NOW0, DRAFT("a;q=20;w=2", "a;r=5;t=2, b;r=50;t=7"), 0);
+    cr_expect_eq(quota_news_wall_ms(&q, NOW0 + SEC), WALL0, "the answer's time");
+    cr_expect_eq(quota_news_wall_ms(&q, NOW0 + 3 * SEC), WALL0 + 2000, "a's reset");
+    cr_expect_eq(quota_news_wall_ms(&q, NOW0 + 9 * SEC), WALL0 + 7000, "b's, the latest");
 }

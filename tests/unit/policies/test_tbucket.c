@@ -164,8 +164,19 @@ Test(tbucket, a_clock_older_than_the_last_seen_changes_nothing)
     cr_expect(tbucket_take(&b, t + 1100 * MS));
 }
 
-static uint64_t double_rate(const void *arg, uint64_t from, uint64_t nano)
+static uint64_t says_pause_end(const void *arg, uint64_t from, bool pause_end,
+                               uint64_t nano)
 {
+    (void)arg;
+    (void)from;
+    (void)nano;
+    return pause_end ? 1 : 2;
+}
+
+static uint64_t double_rate(const void *arg, uint64_t from, bool pause_end,
+                            uint64_t nano)
+{
+    (void)pause_end;
     /* 10/s until the moment in *arg, then 20/s. */
     uint64_t m = *(const uint64_t *)arg;
     uint64_t before = m > from ? (m - from) * 10 : 0;   /* nano-tokens */
@@ -194,6 +205,10 @@ Test(tbucket, wait_counts_held_tokens_pauses_and_the_outlook)
     cr_expect_eq(tbucket_accrue_at(10, 3 * TB_ONE), 300 * MS);
     cr_expect_eq(tbucket_accrue_at(0, TB_ONE), UINT64_MAX);
     cr_expect_eq(tbucket_wait_ns(&b, t, UINT64_MAX / 2, NULL, NULL), UINT64_MAX);
+    /* The fn is told when accrual starts at a pause's end still to come (a
+     * reset's top-up there has not happened). */
+    cr_expect_eq(tbucket_wait_ns(&b, t, 1, says_pause_end, NULL), 3 * SEC + 1);
+    cr_expect_eq(tbucket_wait_ns(&b, t + 3 * SEC, 1, says_pause_end, NULL), 2);
 }
 
 Test(tbucket, absurd_rates_are_clamped_not_undefined)
