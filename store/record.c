@@ -7,8 +7,14 @@
 
 #define FLAG_BODY_OMITTED 0x01u
 #define FLAG_VERIFIED 0x02u     /* v4 only */
-#define FLAGS_V3 FLAG_BODY_OMITTED
-#define FLAGS_V4 (FLAG_BODY_OMITTED | FLAG_VERIFIED)
+/* A duplicate waits for the lease to end (set by a Redis fleet's watch
+ * script, record.h): publish the key's end, on the sharded channel with
+ * the second bit. Only Redis writes them; every version may carry them. */
+#define FLAG_WAITED 0x04u
+#define FLAG_WAITED_SHARDED 0x08u
+#define FLAGS_WAITED (FLAG_WAITED | FLAG_WAITED_SHARDED)
+#define FLAGS_V3 (FLAG_BODY_OMITTED | FLAGS_WAITED)
+#define FLAGS_V4 (FLAG_BODY_OMITTED | FLAG_VERIFIED | FLAGS_WAITED)
 
 /* Sizes of the parts of a v3 value (see record.h); v4 adds the mark and
  * its deadline. */

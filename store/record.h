@@ -9,7 +9,8 @@
  *   u8   state (1 in progress,         u8   state
  *             2 completed)
  *   u8   flags (bit 0 body_omitted;    u8   flags (v1: none, body_omitted
- *             others must be 0)                   false)
+ *             2, 3 a duplicate waits,             false; v2: bits 2, 3
+ *             others must be 0)                   as v3)
  *   u32  attempt                       u32  attempt
  *   u64  expires_ms                    u64  expires_ms
  *   u64  created_ms                    u64  created_ms
@@ -30,6 +31,12 @@
  *        4 failed)
  *   u64  verify_deadline_ms (pending: when the verification ends at the
  *        latest, wall clock)
+ * In every version with a flags byte, bits 2 and 3 say that a duplicate
+ * waits for the lease to end (a Redis fleet, docs/reference/fleet.md,
+ * "Waiting duplicates"): the script that ends it publishes the key, on
+ * the policy's sharded channel when bit 3 is set, else on its plain one.
+ * Only the Redis scripts set them (SETRANGE on the flags byte, which keeps
+ * the TTL); C never writes them and reads past them.
  * A record without a mark is still written as v3 (record_encode picks the
  * oldest version that holds it), so earlier releases read every such
  * record; only a marked one is v4 (a Redis fleet's scripts read both:

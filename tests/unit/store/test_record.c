@@ -338,6 +338,26 @@ Test(record, corrupt_fields_are_refused)
     expect_bad_at(n_headers + 4 + 3, 0x10, "truncated header");
 }
 
+/* Bits 2 and 3 (a duplicate waits: publish the key's end) are set by a
+ * Redis fleet's scripts on any record with a flags byte; C reads past
+ * them, and 0x10 and up stay refused. */
+Test(record, waited_flags_are_read_past)
+{
+    struct store_record in = sample(), out;
+    size_t len;
+    uint8_t *buf = encode(&in, &len);
+
+    for (uint8_t f = 0x04; f <= 0x0c; f += 0x04) {
+        buf[2] = f;
+        cr_expect_eq(decode(buf, len, &out), 0, "flags 0x%02x: %s", f, err.text);
+        cr_expect_eq(out.status, in.status);
+        cr_expect_not(out.body_omitted);
+        store_record_clear(&out);
+    }
+    free(buf);
+    expect_bad_at(2, 0x10, "unknown flags");
+}
+
 Test(record, omitted_flag_with_a_body_is_refused)
 {
     expect_bad_at(2, 0x01, "marked omitted");
@@ -498,7 +518,7 @@ Test(record, v4_refusals)
     cr_expect_eq(decode(buf, len, &out), -EBADMSG);
     cr_expect(strstr(err.text, "verification mark"), "%s", err.text);
     buf[1 + 1 + 1 + 4 + 32 + STORE_FP_LEN + 8] = 4;
-    buf[2] |= 0x04; /* an unknown flag */
+    buf[2] |= 0x10; /* an unknown flag (0x04, 0x08: a duplicate waits) */
     cr_expect_eq(decode(buf, len, &out), -EBADMSG);
     buf[2] = 0x02;  /* verified in a v3 value: unknown there */
     buf[0] = 3;
