@@ -217,6 +217,19 @@ static void build_release(struct rcmd *cmd, const struct store_args *a,
     redis_arg(cmd, cmd->kept_attempt, 4);
 }
 
+/* The mark a waiting duplicate sets (record.h's flags, bits 2 and 3): on a
+ * Cluster the end is announced on the sharded channel (SPUBLISH), else on
+ * the plain one (a Redis 6 has no sharded pub/sub). */
+#define WAITED_PLAIN "4"
+#define WAITED_SHARDED "12"
+
+static void build_watch(const struct redis_store *st, struct rcmd *cmd)
+{
+    redis_evalsha(cmd, SCRIPT_WATCH);
+    redis_arg(cmd, cmd->now, 8);
+    redis_arg_str(cmd, st->cluster ? WAITED_SHARDED : WAITED_PLAIN);
+}
+
 static void build_pause_set(struct rcmd *cmd, const struct store_args *a)
 {
     snprintf(cmd->now_dec, sizeof cmd->now_dec, "%llu",
@@ -253,6 +266,9 @@ int rcmd_build(struct redis_store *st, enum store_op op,
     case STORE_OP_GET:
         redis_arg_str(cmd, "GET");
         redis_arg_str(cmd, cmd->key);
+        return 0;
+    case STORE_OP_WATCH:
+        build_watch(st, cmd);
         return 0;
     case STORE_OP_ACQUIRE:
         return build_acquire(st, cmd, SCRIPT_ACQUIRE, a, err);
@@ -522,6 +538,7 @@ int rcmd_result(const struct redis_store *st, const struct rcmd_info *info,
     }
     switch (info->op) {
     case STORE_OP_GET:
+    case STORE_OP_WATCH: /* the value as GET gives it, or nil */
         return get_result(st, info, r, rec, err);
     case STORE_OP_PAUSE_SET:
         return r->type == REDIS_REPLY_INTEGER ? 0 : redis_unexpected(st, info, err);

@@ -64,6 +64,24 @@
     "end\n"                                                                  \
     "if cur and le_cmp(cur:sub(8, 15), ARGV[1]) <= 0 then cur = false end\n"
 
+/* Waiting duplicates (contract §6, fleet mode): a script that ends cur's
+ * lease (a completion, a release, a verification's result) publishes the
+ * key when a duplicate's WATCH marked the record (flags bits 2 and 3,
+ * record.h), on its policy's channel <prefix>{<scope>}:done, sharded with
+ * bit 3 (a Cluster: the channel's hash tag is the record's, so its slot
+ * too). Unmarked, the common case, it costs one byte's test. KEYS[1] is
+ * <prefix>{<scope>}:k:<key>, and a prefix holds no brace. */
+#define NOTIFY_DONE                                                          \
+    "local function notify_done()\n"                                        \
+    "  local f = cur:byte(3)\n"                                             \
+    "  if bit.band(f, 12) == 0 then return end\n"                           \
+    "  local p = KEYS[1]:find('}:k:', 1, true)\n"                           \
+    "  if not p then return end\n"                                          \
+    "  local ch, k = KEYS[1]:sub(1, p) .. ':done', KEYS[1]:sub(p + 4)\n"    \
+    "  if bit.band(f, 8) ~= 0 then redis.call('SPUBLISH', ch, k)\n"         \
+    "  else redis.call('PUBLISH', ch, k) end\n"                             \
+    "end\n"
+
 /* Holders (contract §11). The last key, <prefix>{<scope>}:h:<key>, names
  * the process responsible for the record's lease (the one that took it,
  * or the one verifying it); the last three ARGV are the new lease's end
@@ -195,8 +213,10 @@ static const char COMPLETE[] =
     "if cur:byte(2) == 2 then return {'E'} end\n"
     "local d = ARGV[2]\n"
     "if fence(cur) ~= d:sub(72, 79) then return {'S', cur} end\n"
+    NOTIFY_DONE
     "save(d:sub(1, 3) .. cur:sub(4, 7) .. d:sub(8, 15) .. cur:sub(16, 23) ..\n"
     "     d:sub(24, 39) .. cur:sub(40, 71) .. d:sub(72), ARGV[3])\n"
+    "notify_done()\n"
     "return {'O'}\n";
 
 /* ARGV: now, the releasing lease's fence (8 bytes), the new expires_ms (8
@@ -208,8 +228,10 @@ static const char RELEASE[] =
     "if not cur then return {'N'} end\n"
     "if cur:byte(2) == 2 then return {'E'} end\n"
     "if fence(cur) ~= ARGV[2] then return {'S', cur} end\n"
+    NOTIFY_DONE
     "save(cur:sub(1, 3) .. ARGV[5] .. ARGV[3] .. cur:sub(16, 23) .. ARGV[1] ..\n"
     "     cur:sub(32), ARGV[4])\n"
+    "notify_done()\n"
     "return {'O'}\n";
 
 /* KEYS[1] the pause; ARGV: now, until (decimal ms, as stored, so an operator
@@ -324,10 +346,12 @@ static const char VERIFY_CLAIM[] =
 static const char VERIFY_FOUND[] =
     PRELUDE
     VERIFY_CHECKS
+    NOTIFY_DONE
     "if mark(cur) ~= 1 then return {'K'} end\n"
     "local d = ARGV[3]\n"
     "save(d:sub(1, 3) .. cur:sub(4, 7) .. d:sub(8, 15) .. cur:sub(16, 23) ..\n"
     "     d:sub(24, 39) .. cur:sub(40, 71) .. d:sub(72), ARGV[4])\n"
+    "notify_done()\n"
     "return {'O'}\n";
 
 /* ARGV: now, fence, the new expires_ms (8 bytes), PEXPIREAT ms. As
@@ -336,9 +360,11 @@ static const char VERIFY_ABSENT[] =
     PRELUDE
     VERIFY_CHECKS
     "if mark(cur) ~= 1 then return {'K'} end\n"
+    NOTIFY_DONE
     "local r = with_mark(cur, 3, cur:sub(81, 88))\n"
     "save(r:sub(1, 7) .. ARGV[3] .. r:sub(16, 23) .. ARGV[1] .. r:sub(32),\n"
     "     ARGV[4])\n"
+    "notify_done()\n"
     "return {'O'}\n";
 
 /* ARGV: now, fence. PENDING -> FAILED; the lease and its expiry kept. */
@@ -348,6 +374,29 @@ static const char VERIFY_FAILED[] =
     "if mark(cur) ~= 1 then return {'K'} end\n"
     "save_keep(with_mark(cur, 4, cur:sub(81, 88)))\n"
     "return {'O'}\n";
+
+/* A waiting duplicate's look at its key (contract §6, fleet mode):
+ * KEYS[1] the record; ARGV: now, the mark (4, or 12 for the sharded
+ * channel: record.h). Answers the value as GET does (nil: none); while the
+ * record's lease is live its flags byte gets the mark first, by SETRANGE,
+ * which keeps the TTL, so that the script ending the lease publishes the
+ * key (NOTIFY_DONE). A takeover's new record carries no mark. */
+static const char WATCH[] =
+    "local cur = redis.call('GET', KEYS[1])\n"
+    "if not cur or #cur < 31 or cur:byte(1) < 2 or cur:byte(2) ~= 1 then\n"
+    "  return cur\n"
+    "end\n"
+    "local live = false\n"
+    "for i = 31, 24, -1 do\n"
+    "  local x, y = cur:byte(i), ARGV[1]:byte(i - 23)\n"
+    "  if x ~= y then live = x > y break end\n"
+    "end\n"
+    "if not live then return cur end\n"
+    "local f = cur:byte(3)\n"
+    "local m = bit.bor(f, tonumber(ARGV[2]))\n"
+    "if m == f then return cur end\n"
+    "redis.call('SETRANGE', KEYS[1], 2, string.char(m))\n"
+    "return cur:sub(1, 2) .. string.char(m) .. cur:sub(4)\n";
 
 static const char *const BODIES[SCRIPT_COUNT] = {
     [SCRIPT_ACQUIRE] = ACQUIRE,
@@ -362,6 +411,7 @@ static const char *const BODIES[SCRIPT_COUNT] = {
     [SCRIPT_VERIFY_FOUND] = VERIFY_FOUND,
     [SCRIPT_VERIFY_ABSENT] = VERIFY_ABSENT,
     [SCRIPT_VERIFY_FAILED] = VERIFY_FAILED,
+    [SCRIPT_WATCH] = WATCH,
 };
 
 static char shas[SCRIPT_COUNT][SCRIPT_SHA_LEN + 1];

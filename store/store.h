@@ -348,6 +348,37 @@ int store_pause_set_async(struct store_loop *sl, struct store_call *c,
                           const char *scope, uint64_t now_ms,
                           uint64_t until_ms);
 
+/* ---- the end of a lease, announced (duplicates: wait in fleet mode) ------- */
+
+/* A duplicate's look at a key it waits for (contract §6): as
+ * store_get_async, and, while the record's lease is live, marked so that
+ * whoever ends that lease (a completion, a release, a verification's
+ * result) announces it. A backend without announcements reads only. */
+int store_watch_async(struct store_loop *sl, struct store_call *c,
+                      const char *scope, const char *key, uint64_t now_ms);
+
+/* A lease of (scope, key) that a watch marked has ended. From the store's
+ * own thread: it must only hand the news on. */
+typedef void store_done_fn(void *arg, const char *scope, const char *key);
+
+/* Listens for the announcements of the given scopes (n of them, copied),
+ * replacing the set listened to before (n = 0: none), and calls done for
+ * each; the listening follows reconnects, failovers and, on a Redis
+ * Cluster, the slots' moves. Nothing on a backend without announcements.
+ * done and arg must be the same on every call. 0 or -ENOMEM with err. */
+int store_notify_set(struct store *st, const char *const *scopes, size_t n,
+                     store_done_fn *done, void *arg, struct sc_error *err);
+
+/* Whether the end of scope's leases is announced now (the listening is up
+ * and confirmed for it): a waiter may then rely on the announcement, with
+ * a slow poll as the fallback for a lost one. Any thread. */
+bool store_notified(struct store *st, const char *scope);
+/* The same, from a loop's store handle. */
+bool store_loop_notified(const struct store_loop *sl, const char *scope);
+
+/* Announcements received so far (every scope), for the metrics. */
+uint64_t store_notices(struct store *st);
+
 /* ---- shared buckets and slots: `shared: redis` (contract §10) ----------- */
 
 /* Whether the backend can share buckets and slots between sidecars (Redis

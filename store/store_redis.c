@@ -661,6 +661,7 @@ static void redis_close(struct store *base)
 
     if (!st)
         return;
+    redis_notify_stop(st); /* it reads the primary and the slot map */
     redis_sentinel_stop(st);
     redis_cluster_stop(st);
     for (unsigned i = 0; i < REDIS_NODES_MAX; i++)
@@ -788,6 +789,23 @@ static void redis_cause(struct store *base, char *buf, size_t len)
     pthread_mutex_unlock(&st->lock);
 }
 
+static int redis_notify_set_op(struct store *base, const char *const *scopes,
+                               size_t n, store_done_fn *done, void *arg,
+                               struct sc_error *err)
+{
+    return redis_notify_set(rs(base), scopes, n, done, arg, err);
+}
+
+static bool redis_notified_op(struct store *base, const char *scope)
+{
+    return redis_notified(rs(base), scope);
+}
+
+static uint64_t redis_notices_op(struct store *base)
+{
+    return redis_notices(rs(base));
+}
+
 static const struct store_ops redis_ops = {
     .name = "redis",
     .close = redis_close,
@@ -805,6 +823,9 @@ static const struct store_ops redis_ops = {
     .count = redis_count,
     .verify = redis_verify,
     .live = redis_live,
+    .notify_set = redis_notify_set_op,
+    .notified = redis_notified_op,
+    .notices = redis_notices_op,
     .loop_new = redis_loop_new,
     .loop_free = redis_loop_free,
     .start = redis_start,

@@ -375,7 +375,8 @@ static void fill(struct req *q, struct store_call *c, const redisReply *r)
     if (r)
         c->rc = rcmd_result(cn->st, info, r,
                             &(struct rcmd_out){
-                                .rec = info->op == STORE_OP_GET ? &c->rec : NULL,
+                                .rec = info->op == STORE_OP_GET ||
+                                       info->op == STORE_OP_WATCH ? &c->rec : NULL,
                                 .acq = info->op == STORE_OP_ACQUIRE ||
                                        info->op == STORE_OP_PERMIT_LEASE
                                            ? &c->acq : NULL,

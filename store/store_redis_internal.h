@@ -29,6 +29,7 @@
 
 struct redis_sentinel;
 struct redis_cluster;
+struct redis_notify;
 
 struct redis_store {
     struct store base;           /* first: the interface (store_backend.h) */
@@ -38,6 +39,7 @@ struct redis_store {
     atomic_uint primary_gen;     /* bumped when host:port change */
     struct redis_sentinel *sentinel; /* NULL: no sentinels */
     struct redis_cluster *cluster; /* NULL: not a Redis Cluster */
+    struct redis_notify *notify; /* NULL: no channel listened to yet */
     struct redis_sync *node_sync[REDIS_NODES_MAX]; /* cluster: the blocking
                                     connection per node, under lock */
     unsigned replicas_ack;       /* WAIT for them after a completion */
@@ -235,6 +237,18 @@ void redis_cluster_reask(struct redis_store *st);
 /* Whether every primary of the map answered its last PING; else the cause
  * (no secret) into cause. */
 bool redis_cluster_healthy(struct redis_store *st, char *cause, size_t len);
+
+/* ---- the end of a lease, announced (redis_notify.c) ---- */
+
+/* Listens to the channels of scopes from now on (store_notify_set),
+ * starting the thread on the first call with any. */
+int redis_notify_set(struct redis_store *st, const char *const *scopes, size_t n,
+                     store_done_fn *done, void *arg, struct sc_error *err);
+/* Whether scope's channel is confirmed on a live connection. Any thread. */
+bool redis_notified(struct redis_store *st, const char *scope);
+uint64_t redis_notices(struct redis_store *st);
+/* Stops the thread and closes its connections. */
+void redis_notify_stop(struct redis_store *st);
 
 /* The asynchronous side's entries (store_redis_async.c). */
 int redis_loop_new(struct store *st, struct event_base *base,
