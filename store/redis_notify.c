@@ -167,17 +167,22 @@ static void on_subscription(struct sub *s, const redisReply *ch, bool on)
 }
 
 /* An error to a subscription: on a cluster a MOVED names the slot's
- * owner (the map learns it) and every channel of s is planned again. */
+ * owner (the map learns it) and every channel of s is planned again; any
+ * other (an ACL without the channel, a Redis too old for SSUBSCRIBE) ends
+ * the connection, made again after the backoff, never in a spin. */
 static void on_refused(struct sub *s, const redisReply *r)
 {
     struct redis_redirect rd;
+    struct redis_conn *c = s->c;
+    int node;
 
-    if (sharded(s->n) && redis_redirect_parse(r, &rd) && !rd.ask) {
-        int node = redis_cluster_node(s->n->st, rd.host, rd.hlen, rd.port);
-
-        if (node >= 0)
-            redis_cluster_moved(s->n->st, rd.slot, node);
+    if (!sharded(s->n) || !redis_redirect_parse(r, &rd) || rd.ask) {
+        sub_down(s);
+        redis_conn_close(c);
+        return;
     }
+    if ((node = redis_cluster_node(s->n->st, rd.host, rd.hlen, rd.port)) >= 0)
+        redis_cluster_moved(s->n->st, rd.slot, node);
     pthread_mutex_lock(&s->n->lock);
     for (size_t i = 0; i < s->n->n_chans; i++)
         if (s->n->chans[i].node == s->node && !s->n->chans[i].confirmed)
