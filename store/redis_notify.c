@@ -373,6 +373,7 @@ static void *follow(void *arg)
 {
     struct redis_notify *n = arg;
 
+    tick_subs(n); /* subscribed at once, not a tick after start-up */
     event_base_loop(n->base, EVLOOP_NO_EXIT_ON_EMPTY);
     return NULL;
 }
