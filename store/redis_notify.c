@@ -441,6 +441,20 @@ static struct chan *chans_of(const struct redis_store *st, const char *const *sc
     return c;
 }
 
+/* Whether the channels listened to are those of scopes already (a reload
+ * that leaves them: nothing to subscribe again). */
+static bool same_set(struct redis_notify *n, const char *const *scopes, size_t k)
+{
+    bool same;
+
+    pthread_mutex_lock(&n->lock);
+    same = n->n_chans == k;
+    for (size_t i = 0; same && i < k; i++)
+        same = !strcmp(n->chans[i].scope, scopes[i]);
+    pthread_mutex_unlock(&n->lock);
+    return same;
+}
+
 int redis_notify_set(struct redis_store *st, const char *const *scopes, size_t k,
                      store_done_fn *done, void *arg, struct sc_error *err)
 {
@@ -454,6 +468,8 @@ int redis_notify_set(struct redis_store *st, const char *const *scopes, size_t k
         return 0;
     if (!st->notify && (rc = notify_new(st, done, arg, err)) != 0)
         return rc;
+    if (same_set(st->notify, scopes, k))
+        return 0;
     if (!(c = chans_of(st, scopes, k))) {
         sc_error_set(err, "store: out of memory");
         return -ENOMEM;
