@@ -25,6 +25,7 @@
 #include "util/error.h"
 
 #define STORE_FP_LEN 32 /* SHA-256 */
+#define STORE_HOLDER_LEN 32 /* a holder id: 32 hex digits (policies/verify.h) */
 
 enum store_state {
     STORE_IN_PROGRESS = 1, /* lease_expires_ms in the future: held */
@@ -59,6 +60,11 @@ struct store_record {
     uint8_t verify;             /* enum verify_state (policies/verify.h) */
     uint64_t verify_deadline_ms;/* pending: its end at the latest (wall) */
     bool verified;              /* completed from a lookup's answer */
+    /* fleet mode (contract §11): the process responsible for the lease in
+     * progress (its holder, or the verifier that claimed it), as its id;
+     * "" when not known (RocksDB, whose leases are all this process's, and
+     * records of an earlier version) */
+    char holder[STORE_HOLDER_LEN + 1];
     void *block;                /* set by a decode: headers, their strings and
                                  * the body in this one allocation (else each
                                  * is allocated on its own) */

@@ -38,6 +38,8 @@ struct store_args {
     uint64_t now_ms, lease_ms, ttl_ms, until_ms;
     uint32_t attempt;
     uint64_t lease;         /* complete, release: the lease's fence */
+    uint64_t created_ms;    /* complete: the lease's record's, when fp is
+                               set (the backend knows the lease it took) */
     int status;
     const struct store_header *headers;
     size_t n_headers;

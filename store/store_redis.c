@@ -10,9 +10,10 @@
  * Clocks: times are the callers' (now_ms), as for RocksDB, so the hosts of a
  * fleet need synchronised clocks: a sidecar whose clock runs d ms behind
  * another's sees that one's leases last d ms longer (and the reverse).
- * Expiry is Redis's own: each write sets PEXPIREAT at the record's
- * expires_ms, so Redis drops what has expired by its clock (sweep has
- * nothing to do), while reads still judge liveness by the caller's now_ms.
+ * Expiry is Redis's own: each write sets the key's expiry (PXAT) at the
+ * record's expires_ms, so Redis drops what has expired by its clock (sweep
+ * has nothing to do), while reads still judge liveness by the caller's
+ * now_ms. The scripts use SET's PXAT, GET and KEEPTTL: Redis 6.2 or later.
  *
  * Durability: a script's reply means Redis has applied the write; that it
  * survives a crash of Redis is Redis's persistence (AOF) and replication,
@@ -528,7 +529,7 @@ static int redis_pause_get(struct store *base, const char *scope,
     return rc;
 }
 
-/* Redis expires records itself (PEXPIREAT on every write). */
+/* Redis expires records itself (PXAT on every write). */
 static int redis_sweep(struct store *base, uint64_t now_ms, size_t max,
                        size_t *removed, struct sc_error *err)
 {
@@ -536,9 +537,9 @@ static int redis_sweep(struct store *base, uint64_t now_ms, size_t max,
     return 0;
 }
 
-/* An estimate: DBSIZE of the selected database, so it counts pauses, the
- * holder key of each lease in progress and the liveness keys,
- * records Redis has not reclaimed yet, and any other keys in that database
+/* An estimate: DBSIZE of the selected database, so it counts pauses,
+ * buckets, slots and the liveness keys, records Redis has not reclaimed
+ * yet, and any other keys in that database
  * (another prefix, other applications). 0 when Redis cannot answer. */
 static uint64_t dbsize(struct redis_store *st, int node)
 {
