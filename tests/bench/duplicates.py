@@ -80,7 +80,10 @@ def start_sluice(duplicates, i, args, procs, d, stub, run):
     cfg = os.path.join(d, f"{duplicates}-{run['tag']}-{i}.yaml")
     port, admin = ex.free_port(), ex.free_port()
     if args.redis_port:
-        store = '{backend: redis, url: "redis://127.0.0.1:%d/0", timeout: 1000ms}' % args.redis_port
+        # A key prefix per run: two builds never share a bucket or a record (an older
+        # release may not read the newer one's).
+        store = ('{backend: redis, url: "redis://127.0.0.1:%d/0", timeout: 1000ms, '
+                 'key_prefix: "dups-%s"}' % (args.redis_port, run["tag"]))
         shared = "    rate: 100000/s\n    shared: redis\n"
     else:
         store, shared = "{path: %s}" % os.path.join(d, duplicates), ""
