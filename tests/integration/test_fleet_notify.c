@@ -6,9 +6,9 @@
  * 25 ms look; with B's subscription killed (CLIENT KILL TYPE pubsub) the
  * duplicates still end (the fallback's polling) and the subscription comes
  * back; a known failure of A (its 500 releases the key) wakes the waiter,
- * which goes first. Both the fleet's keyed plan (permit_lease, shared:
- * redis) and the lookup-and-lease plan on the Redis store (no shared
- * bucket) are driven. */
+ * which goes first; a reload subscribes to a new policy's channel. Both
+ * the fleet's keyed plan (permit_lease, shared: redis) and the
+ * lookup-and-lease plan on the Redis store (no shared bucket) are driven. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -28,7 +28,7 @@ static struct redis_server rs;
 static struct h_stub stub;
 static struct h_sluice sl[FLEET];
 
-#define CONFIG                                                                 \
+#define CONFIG_HEAD                                                            \
     "store: {backend: redis, url: \"redis://127.0.0.1:%u/0\", timeout: 500ms,\n" \
     "        fleet_size: 2}\n"                                                  \
     "upstreams: {slow: {url: http://127.0.0.1:%d, timeout: 5s}}\n"             \
@@ -36,10 +36,19 @@ static struct h_sluice sl[FLEET];
     "  w: {rate: 500/s, burst: 50, shared: redis, max_wait: 3s,\n"            \
     "      idempotency: {lease: 30s, duplicates: wait}}\n"                    \
     "  l: {rate: 500/s, burst: 50, max_wait: 3s,\n"                           \
-    "      idempotency: {lease: 30s, duplicates: wait}}\n"                    \
+    "      idempotency: {lease: 30s, duplicates: wait}}\n"
+#define CONFIG_ROUTES                                                          \
     "routes:\n"                                                               \
     "  - {prefix: /w, upstream: slow, policy: w}\n"                           \
     "  - {prefix: /l, upstream: slow, policy: l}\n"
+#define CONFIG CONFIG_HEAD CONFIG_ROUTES
+/* ... and a third policy that waits, for a reload. */
+#define CONFIG_N                                                               \
+    CONFIG_HEAD                                                                \
+    "  n: {rate: 500/s, max_wait: 3s,\n"                                      \
+    "      idempotency: {lease: 30s, duplicates: wait}}\n"                    \
+    CONFIG_ROUTES                                                              \
+    "  - {prefix: /n, upstream: slow, policy: n}\n"
 
 static void stop(void)
 {
@@ -248,6 +257,27 @@ Test(fleet_notify, a_known_failure_wakes_the_waiter_which_goes_first)
                 b.done_ms - a.done_ms);
     h_resp_free(&a.r);
     h_resp_free(&b.r);
+}
+
+/* A reload that adds a policy with duplicates: wait subscribes to its
+ * channel too, and to the others still. */
+Test(fleet_notify, a_reload_subscribes_to_the_new_set)
+{
+    char *cfg;
+    struct h_resp r = {0};
+
+    cr_assert_eq(subscribers("n"), 0);
+    cr_assert(asprintf(&cfg, CONFIG_N, rs.port, stub.port) > 0);
+    cr_assert_eq(h_sluice_rewrite(&sl[1], cfg), 0);
+    free(cfg);
+    cr_assert_eq(h_http(sl[1].admin_port, "POST", "/reload", NULL, "", 0, &r), 0);
+    cr_expect_eq(r.status, 200, "%s", r.body);
+    h_resp_free(&r);
+    for (int i = 0; i < 100 && subscribers("n") != 1; i++)
+        usleep(50 * 1000);
+    cr_expect_eq(subscribers("n"), 1, "sidecar 1 listens for the new policy");
+    cr_expect_eq(subscribers("w"), FLEET, "and still for the others");
+    cr_expect_eq(subscribers("l"), FLEET);
 }
 
 Test(fleet_notify, with_the_subscriber_killed_waiters_poll_and_it_comes_back)
