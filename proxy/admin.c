@@ -281,6 +281,13 @@ static char *gauges(struct app *app)
     fprintf(f, "sluice_leases_active %ld\n", atomic_load(&app->leases_active));
     gauge_head(f, "sluice_store_up", "1 while the idempotency store answers and accepts writes.");
     fprintf(f, "sluice_store_up %d\n", store_up ? 1 : 0);
+    /* Read from the store's subscriber, as a gauge is: a counter all the
+     * same (it only grows). */
+    fprintf(f, "# HELP sluice_store_notifications_total Ends of leases the fleet's "
+               "store announced to this process (duplicates: wait).\n"
+               "# TYPE sluice_store_notifications_total counter\n"
+               "sluice_store_notifications_total %llu\n",
+            (unsigned long long)store_notices(app->store));
     gauge_head(f, "sluice_store_records", "Records in the idempotency store (estimate).");
     fprintf(f, "sluice_store_records %llu\n", (unsigned long long)store_count(app->store));
     gauge_head(f, "sluice_connections", "Open worker connections.");

@@ -12,6 +12,7 @@
 #include <event2/thread.h>
 
 #include "proxy/admin.h"
+#include "proxy/dup_notice.h"
 #include "proxy/holder_live.h"
 #include "proxy/server/mhd_request.h"
 #include "proxy/server/verification.h"
@@ -460,6 +461,7 @@ static int reload_locked(struct app *app, FILE *out)
             rt->cfg->file, rt->cfg->n_upstreams, rt->cfg->n_policies,
             rt->cfg->n_routes);
     swap_in(app, rt);
+    dup_notice_follow(app, rt->cfg);
     return 0;
 }
 
@@ -584,6 +586,7 @@ int app_start(struct app *app, struct sc_config *cfg, struct sc_error *err)
     /* And before they serve: the leases they take name a live holder. */
     if ((rc = holder_live_start(app, err)) != 0)
         return rc;
+    dup_notice_follow(app, app->rt->cfg);
     if ((rc = loops_start(app, err)) != 0)
         return rc;
     if ((rc = admin_start(app, &app->admin, err)) != 0)
@@ -620,6 +623,7 @@ static void free_event(struct event *ev)
 void app_free(struct app *app)
 {
     admin_stop(app->admin);
+    dup_notice_stop(app); /* the store's thread wakes the loops' waiters */
     /* Loops first, so nothing uses a runtime; from here runtimes are freed
      * in place by whoever drops the last reference. */
     for (unsigned i = 0; app->loops && i < app->n_loops; i++)

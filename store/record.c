@@ -7,13 +7,20 @@
 
 #define FLAG_BODY_OMITTED 0x01u
 #define FLAG_VERIFIED 0x02u     /* v4 only */
-#define FLAGS_V3 FLAG_BODY_OMITTED
-#define FLAGS_V4 (FLAG_BODY_OMITTED | FLAG_VERIFIED)
+/* A duplicate waits for the lease to end (set by a Redis fleet's watch
+ * script, record.h): publish the key's end, on the sharded channel with
+ * the second bit. Only Redis writes them; every version may carry them. */
+#define FLAG_WAITED 0x04u
+#define FLAG_WAITED_SHARDED 0x08u
+#define FLAGS_WAITED (FLAG_WAITED | FLAG_WAITED_SHARDED)
+#define FLAGS_V3 (FLAG_BODY_OMITTED | FLAGS_WAITED)
+#define FLAGS_V4 (FLAG_BODY_OMITTED | FLAG_VERIFIED | FLAGS_WAITED)
 
 /* Sizes of the parts of a v3 value (see record.h); v4 adds the mark and
- * its deadline. */
+ * its deadline, v5 the holder. */
 #define FIXED_V3 (1 + 1 + 1 + 4 + 8 * 4 + STORE_FP_LEN + 8 + 2 + 4)
 #define MARK_V4 (1 + 8)
+#define HOLDER_V5 STORE_HOLDER_LEN
 #define HEADER_MIN 8 /* two u32 lengths */
 #define STATUS_MAX 999
 
@@ -122,17 +129,25 @@ static uint8_t *put_blob(uint8_t *p, const void *b, size_t n)
 }
 
 /* The version a record is written in: the oldest that holds it. A record
- * without a verification mark is written as v3, which a Redis fleet's
- * scripts (they read v3's fixed offsets) and earlier releases read. */
+ * without a verification mark or a holder is written as v3, which earlier
+ * releases read. */
 static unsigned version_of(const struct store_record *rec)
 {
+    if (rec->holder[0])
+        return 5;
     return rec->verify != 0 || rec->verified ? 4 : 3;
+}
+
+static size_t fixed_size(unsigned version)
+{
+    return FIXED_V3 + (version >= 4 ? MARK_V4 : 0) +
+           (version >= 5 ? HOLDER_V5 : 0);
 }
 
 /* The encoded size, or 0 when a field does not fit the layout. */
 static size_t encoded_size(const struct store_record *rec, const char **why)
 {
-    size_t size = FIXED_V3 + 4 + (version_of(rec) == 4 ? MARK_V4 : 0);
+    size_t size = fixed_size(version_of(rec)) + 4;
     size_t body = rec->body_omitted ? 0 : rec->body_len;
 
     if (rec->n_headers > UINT32_MAX || body > UINT32_MAX) {
@@ -170,6 +185,8 @@ static int check_encodable(const struct store_record *rec, const char **why)
         *why = "body missing";
     else if (rec->verify > RECORD_VERIFY_MAX)
         *why = "verification mark out of range";
+    else if (memchr(rec->holder, '\0', sizeof rec->holder) == NULL)
+        *why = "holder id not terminated";
     else
         return 0;
     return -EINVAL;
@@ -192,9 +209,15 @@ static void write_value(uint8_t *p, const struct store_record *rec)
     memcpy(p, rec->fingerprint, STORE_FP_LEN);
     p += STORE_FP_LEN;
     p = put_le(p, rec->lease, 8);
-    if (version == 4) {
+    if (version >= 4) {
         p = put_u8(p, rec->verify);
         p = put_le(p, rec->verify_deadline_ms, 8);
+    }
+    if (version >= 5) {
+        /* the id, NUL-padded to its field */
+        memset(p, 0, HOLDER_V5);
+        memcpy(p, rec->holder, strlen(rec->holder));
+        p += HOLDER_V5;
     }
     p = put_le(p, (uint64_t)rec->status, 2);
     p = put_le(p, rec->n_headers, 4);
@@ -207,20 +230,35 @@ static void write_value(uint8_t *p, const struct store_record *rec)
     put_blob(p, rec->body, body_len);
 }
 
-int record_encode(const struct store_record *rec, uint8_t **out,
-                  size_t *out_len, struct sc_error *err)
+int record_encode_to(const struct store_record *rec, uint8_t *buf, size_t cap,
+                     size_t *out_len, struct sc_error *err)
 {
     const char *why = NULL;
     size_t size = 0;
-    uint8_t *buf;
 
-    *out = NULL;
     *out_len = 0;
     if (check_encodable(rec, &why) != 0 ||
         (size = encoded_size(rec, &why)) == 0) {
         sc_error_set(err, "store: cannot encode record: %s", why);
         return -EINVAL;
     }
+    *out_len = size;
+    if (size <= cap)
+        write_value(buf, rec);
+    return 0;
+}
+
+int record_encode(const struct store_record *rec, uint8_t **out,
+                  size_t *out_len, struct sc_error *err)
+{
+    uint8_t *buf;
+    size_t size;
+    int rc = record_encode_to(rec, NULL, 0, &size, err);
+
+    *out = NULL;
+    *out_len = 0;
+    if (rc)
+        return rc;
     buf = malloc(size);
     if (!buf) {
         sc_error_set(err, "store: out of memory encoding a record");
@@ -293,14 +331,37 @@ static bool read_mark(struct rd *r, unsigned version, struct store_record *rec)
     return true;
 }
 
+/* v5's holder: printable up to its NUL padding, NUL to the end of the
+ * field; none before. */
+static int read_holder(struct rd *r, unsigned version, struct store_record *rec,
+                       struct sc_error *err)
+{
+    const uint8_t *h;
+    size_t n = 0;
+
+    if (version < 5)
+        return 0;
+    if (!get_bytes(r, HOLDER_V5, &h))
+        return bad(err, "truncated");
+    while (n < HOLDER_V5 && h[n] > 0x20 && h[n] < 0x7f)
+        n++;
+    for (size_t i = n; i < HOLDER_V5; i++)
+        if (h[i] != 0)
+            return bad(err, "holder id not printable");
+    memcpy(rec->holder, h, n);
+    rec->holder[n] = '\0';
+    return 0;
+}
+
 /* Everything before the headers; v1 lacks the flags byte, v1 and v2 the
  * lease's fence (read as 0: no fence), v1 to v3 the verification mark
- * (none). */
+ * (none), v1 to v4 the holder (not known). */
 static int read_fixed(struct rd *r, unsigned version, struct store_record *rec,
                       struct sc_error *err)
 {
     uint64_t state, flags = 0, attempt, status;
     const uint8_t *fp;
+    int rc;
 
     if (!get_le(r, 1, &state) || (version >= 2 && !get_le(r, 1, &flags)) ||
         !get_le(r, 4, &attempt) || !get_le(r, 8, &rec->expires_ms) ||
@@ -309,7 +370,11 @@ static int read_fixed(struct rd *r, unsigned version, struct store_record *rec,
         !get_le(r, 8, &rec->completed_ms) ||
         !get_bytes(r, STORE_FP_LEN, &fp) ||
         (version >= 3 && !get_le(r, 8, &rec->lease)) ||
-        !read_mark(r, version, rec) || !get_le(r, 2, &status))
+        !read_mark(r, version, rec))
+        return bad(err, "truncated");
+    if ((rc = read_holder(r, version, rec, err)) != 0)
+        return rc;
+    if (!get_le(r, 2, &status))
         return bad(err, "truncated");
     if (state != STORE_IN_PROGRESS && state != STORE_COMPLETED)
         return bad(err, "unknown state");

@@ -9,7 +9,8 @@
  *   u8   state (1 in progress,         u8   state
  *             2 completed)
  *   u8   flags (bit 0 body_omitted;    u8   flags (v1: none, body_omitted
- *             others must be 0)                   false)
+ *             2, 3 a duplicate waits,             false; v2: bits 2, 3
+ *             others must be 0)                   as v3)
  *   u32  attempt                       u32  attempt
  *   u64  expires_ms                    u64  expires_ms
  *   u64  created_ms                    u64  created_ms
@@ -30,10 +31,21 @@
  *        4 failed)
  *   u64  verify_deadline_ms (pending: when the verification ends at the
  *        latest, wall clock)
- * A record without a mark is still written as v3 (record_encode picks the
- * oldest version that holds it), so earlier releases read every such
- * record; only a marked one is v4 (a Redis fleet's scripts read both:
- * redis_scripts.c).
+ * v5 is v4 with the process responsible for the lease in fleet mode (its
+ * holder, or the verifier that claimed it; contract §11) right after the
+ * deadline, so a lease is one Redis key and one write:
+ *   u8[32] holder (ASCII, NUL-padded; all NUL: not known)
+ * record_encode picks the oldest version that holds a record: one without
+ * a holder or a mark is still v3, so earlier releases read every such
+ * record (RocksDB's and every completed one among them); a marked one is
+ * v4, a lease named by its holder v5 (a Redis fleet's scripts read all of
+ * them: redis_scripts.c).
+ * In every version with a flags byte, bits 2 and 3 say that a duplicate
+ * waits for the lease to end (a Redis fleet, docs/reference/fleet.md,
+ * "Waiting duplicates"): the script that ends it publishes the key, on
+ * the policy's sharded channel when bit 3 is set, else on its plain one.
+ * Only the Redis scripts set them (SETRANGE on the flags byte, which keeps
+ * the TTL); C never writes them and reads past them.
  *
  * expires_ms sits at a fixed offset right after the small fields so the
  * compaction filter and the sweeper read it without decoding the rest. The
@@ -45,7 +57,7 @@
 
 #include "store/store.h"
 
-#define RECORD_VERSION 4
+#define RECORD_VERSION 5
 #define RECORD_VERIFY_MAX 4  /* VERIFY_FAILED (policies/verify.h) */
 #define RECORD_SCOPE_MAX 64  /* policy names (load_engine.c valid_name) */
 #define RECORD_KEY_MAX 255   /* docs/contract.md §6, policies/idemkey.h */
@@ -63,11 +75,17 @@ struct record_key {
 int record_key_make(struct record_key *k, const char *scope, const char *key,
                     struct sc_error *err);
 
-/* Encodes rec in the oldest version that holds it (v3 unless it carries a
- * verification mark, then v4) into a malloc'ed buffer (*out, free()).
- * 0, -EINVAL (a field out of range, with err) or -ENOMEM. */
+/* Encodes rec in the oldest version that holds it (v3; v4 with a
+ * verification mark; v5 with a holder) into a malloc'ed buffer (*out,
+ * free()). 0, -EINVAL (a field out of range, with err) or -ENOMEM. */
 int record_encode(const struct store_record *rec, uint8_t **out,
                   size_t *out_len, struct sc_error *err);
+
+/* The same into buf when it holds cap bytes, without allocating: *out_len
+ * gets the size in any case (more than cap: nothing written, call again
+ * with a larger buffer). 0 or -EINVAL with err. */
+int record_encode_to(const struct store_record *rec, uint8_t *buf, size_t cap,
+                     size_t *out_len, struct sc_error *err);
 
 /* Decodes any known version into rec (owned by the caller: clear it).
  * 0; -EPROTO for an unknown version, -EBADMSG for a truncated or corrupt

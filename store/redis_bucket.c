@@ -2,18 +2,21 @@
  * commands that call their scripts (whose sources are with the others, in
  * redis_scripts.c) and the reading of their replies.
  *
- * A bucket is one hash per (policy, partition), `<prefix>{<policy>}:b` or
- * `<prefix>{<policy>}:b:<partition>`, with the GCRA's theoretical arrival
- * time `tat` and the end of a pause `pu`, both in microseconds of Redis's
- * own clock (TIME), so sidecars whose clocks disagree still share one
- * timeline. Microseconds since the epoch (~1.8e15) are exact in Lua's
- * doubles, nanoseconds would not be; they are written with %.0f, never
- * tostring (which rounds to 14 digits). An absent hash is a full bucket, so
- * each expires once its bucket would be full again and its pause over.
- * A policy that follows its partner's quota keeps there too the numbers
- * the newest advertised quota gives (`qt`, `qtau`, µs) and when that was
- * advertised (`qa`, Unix ms): each permit carries its sidecar's, and the
- * script keeps the newer.
+ * A bucket is one string per (policy, partition), `<prefix>{<policy>}:b` or
+ * `<prefix>{<policy>}:b:<partition>`: "tat:pu", the GCRA's theoretical
+ * arrival time and the end of a pause, both in microseconds of Redis's own
+ * clock (TIME), so sidecars whose clocks disagree still share one
+ * timeline; one GET and one SET (its expiry with it) per permit.
+ * Microseconds since the epoch (~1.8e15) are exact in Lua's doubles,
+ * nanoseconds would not be; they are written with %.0f, never tostring
+ * (which rounds to 14 digits). An absent key is a full bucket, so each
+ * expires once its bucket would be full again and its pause over. A policy
+ * that follows its partner's quota keeps there too the numbers the newest
+ * advertised quota gives (qt, qtau, µs) and when that was advertised (qa,
+ * Unix ms), as "tat:pu:qt:qtau:qa": each permit carries its sidecar's, and
+ * the script keeps the newer. An earlier release kept the same fields in a
+ * hash: the scripts read one and replace it by the string at their next
+ * write.
  *
  * The fleet's slots of a policy are one sorted set, `<prefix>{<policy>}:s`,
  * of holders scored by when their hold runs out (ms of Redis's clock): a

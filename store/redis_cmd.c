@@ -9,8 +9,9 @@
 
 #include "store/store_redis_internal.h"
 
-/* Beyond this PEXPIREAT would overflow Redis's arithmetic: such a record
- * (a saturated expiry) is kept without a TTL. */
+/* Beyond this PXAT would overflow Redis's arithmetic: such a record (a
+ * saturated expiry) is kept without a TTL (COMPLETE's put-back in
+ * redis_scripts.c knows the same bound). */
 #define PEXPIREAT_MAX ((uint64_t)1 << 62)
 
 static uint64_t add_sat(uint64_t a, uint64_t b)
@@ -77,12 +78,6 @@ int redis_pause_key(const struct redis_store *st, const char *scope,
     return 0;
 }
 
-void redis_holder_key(const struct redis_store *st, const char *scope,
-                      const char *key, char out[REDIS_KEY_MAX])
-{
-    snprintf(out, REDIS_KEY_MAX, "%s{%s}:h:%s", st->prefix, scope, key);
-}
-
 void redis_live_prefix(const struct redis_store *st, const char *scope,
                        char live[REDIS_KEY_MAX])
 {
@@ -103,22 +98,32 @@ void redis_evalsha(struct rcmd *cmd, enum redis_script s)
         redis_arg_str(cmd, cmd->key3);
 }
 
-static int encode(struct rcmd *cmd, const struct store_record *rec,
-                  struct sc_error *err)
+/* Encoded in the command's own buffer, allocated only when it does not
+ * fit (a completion with a large body): a lease and a small result cost
+ * no allocation. */
+int redis_arg_record(struct rcmd *cmd, const struct store_record *rec,
+                     struct sc_error *err)
 {
     size_t len;
-    int rc = record_encode(rec, &cmd->blob, &len, err);
+    int rc = record_encode_to(rec, cmd->blob_inline, sizeof cmd->blob_inline,
+                              &len, err);
 
-    if (rc == 0)
+    if (rc)
+        return rc;
+    if (len <= sizeof cmd->blob_inline) {
+        redis_arg(cmd, cmd->blob_inline, len);
+        return 0;
+    }
+    if ((rc = record_encode(rec, &cmd->blob, &len, err)) == 0)
         redis_arg(cmd, cmd->blob, len);
     return rc;
 }
 
-/* The record a new key gets; a takeover's script keeps the stored
- * created_ms and counts on from the stored attempt. The holder's key (the
- * script's last) and, last in ARGV, the lease's end, this process's id
- * and the prefix of liveness keys: the script names this process the new
- * lease's holder, and tells whether a held lease's holder is gone. */
+/* The record a new key gets, naming this process its holder; a
+ * takeover's script keeps the stored created_ms and counts on from the
+ * stored attempt. Last in ARGV, this process's id and the prefix of
+ * liveness keys: the script tells whether a held lease's holder is
+ * gone. */
 static int build_acquire(struct redis_store *st, struct rcmd *cmd,
                          enum redis_script script, const struct store_args *a,
                          struct sc_error *err)
@@ -133,21 +138,19 @@ static int build_acquire(struct redis_store *st, struct rcmd *cmd,
     int rc;
 
     memcpy(fresh.fingerprint, a->fp, STORE_FP_LEN);
+    memcpy(fresh.holder, st->holder, sizeof fresh.holder);
     /* The attempt count outlives the lease by ttl. */
     fresh.expires_ms = add_sat(fresh.lease_expires_ms, a->ttl_ms);
-    redis_holder_key(st, a->scope, a->key, cmd->key2[0] ? cmd->key3 : cmd->key2);
     redis_live_prefix(st, a->scope, cmd->live);
     redis_evalsha(cmd, script);
     redis_arg(cmd, cmd->now, 8);
     redis_arg(cmd, a->fp, STORE_FP_LEN);
-    if ((rc = encode(cmd, &fresh, err)) != 0)
+    if ((rc = redis_arg_record(cmd, &fresh, err)) != 0)
         return rc;
     fmt_at(cmd->at, fresh.expires_ms);
     redis_arg_str(cmd, cmd->at);
     if (script == SCRIPT_PERMIT_LEASE)
         redis_bucket_args(cmd, a->t_ns, a->tau_ns, a->max_wait_ns);
-    fmt_at(cmd->lease_at, fresh.lease_expires_ms);
-    redis_arg_str(cmd, cmd->lease_at);
     redis_arg_str(cmd, st->holder);
     redis_arg_str(cmd, cmd->live);
     return 0;
@@ -165,8 +168,10 @@ static int build_permit_lease(struct redis_store *st, struct rcmd *cmd,
     return build_acquire(st, cmd, SCRIPT_PERMIT_LEASE, &covered, err);
 }
 
-/* attempt, created_ms and fingerprint are left 0: the script puts the
- * stored record's in; the lease is the fence the script checks. */
+/* attempt, created_ms and fingerprint as the lease was taken when the
+ * caller knows them (a->fp set), else 0: the script checks them against
+ * the stored record's and writes those in when they differ; the lease is
+ * the fence the script checks. */
 static int build_complete(struct rcmd *cmd, const struct store_args *a,
                           struct sc_error *err)
 {
@@ -187,9 +192,14 @@ static int build_complete(struct rcmd *cmd, const struct store_args *a,
     };
     int rc;
 
+    if (a->fp) {
+        done.attempt = a->attempt;
+        done.created_ms = a->created_ms;
+        memcpy(done.fingerprint, a->fp, STORE_FP_LEN);
+    }
     redis_evalsha(cmd, SCRIPT_COMPLETE);
     redis_arg(cmd, cmd->now, 8);
-    if ((rc = encode(cmd, &done, err)) != 0)
+    if ((rc = redis_arg_record(cmd, &done, err)) != 0)
         return rc;
     fmt_at(cmd->at, done.expires_ms);
     redis_arg_str(cmd, cmd->at);
@@ -215,6 +225,19 @@ static void build_release(struct rcmd *cmd, const struct store_args *a,
     redis_arg(cmd, cmd->expires, 8);
     redis_arg_str(cmd, cmd->at);
     redis_arg(cmd, cmd->kept_attempt, 4);
+}
+
+/* The mark a waiting duplicate sets (record.h's flags, bits 2 and 3): on a
+ * Cluster the end is announced on the sharded channel (SPUBLISH), else on
+ * the plain one (a Redis 6 has no sharded pub/sub). */
+#define WAITED_PLAIN "4"
+#define WAITED_SHARDED "12"
+
+static void build_watch(const struct redis_store *st, struct rcmd *cmd)
+{
+    redis_evalsha(cmd, SCRIPT_WATCH);
+    redis_arg(cmd, cmd->now, 8);
+    redis_arg_str(cmd, st->cluster ? WAITED_SHARDED : WAITED_PLAIN);
 }
 
 static void build_pause_set(struct rcmd *cmd, const struct store_args *a)
@@ -254,6 +277,9 @@ int rcmd_build(struct redis_store *st, enum store_op op,
         redis_arg_str(cmd, "GET");
         redis_arg_str(cmd, cmd->key);
         return 0;
+    case STORE_OP_WATCH:
+        build_watch(st, cmd);
+        return 0;
     case STORE_OP_ACQUIRE:
         return build_acquire(st, cmd, SCRIPT_ACQUIRE, a, err);
     case STORE_OP_PERMIT_LEASE:
@@ -276,7 +302,7 @@ int rcmd_build(struct redis_store *st, enum store_op op,
 
 void rcmd_free(struct rcmd *cmd)
 {
-    free(cmd->blob);
+    free(cmd->blob); /* NULL unless a record did not fit blob_inline */
     cmd->blob = NULL;
 }
 
@@ -330,7 +356,7 @@ static int unreadable(const struct rcmd_info *info, const redisReply *v,
         return rc;
     store_record_clear(&rec);
     sc_error_set(err, "store: %s: a record version the redis backend does "
-                 "not read (it reads versions 2 to 4)", info->name);
+                 "not read (it reads versions 2 to 5)", info->name);
     return -EPROTO;
 }
 
@@ -365,9 +391,21 @@ static bool holder_gone(const redisReply *r)
     return r && redis_int_at(r, 2, &gone) && gone == 1;
 }
 
+static void lease_hint(const struct store_record *rec,
+                       struct redis_lease_hint *hint)
+{
+    if (!hint)
+        return;
+    hint->lease = rec->lease;
+    hint->attempt = rec->attempt;
+    hint->created_ms = rec->created_ms;
+    memcpy(hint->fp, rec->fingerprint, STORE_FP_LEN);
+}
+
 static int acquire_result(const struct rcmd_info *info, char verdict,
                           const redisReply *r, const redisReply *v,
-                          struct store_acquire_out *out, struct sc_error *err)
+                          struct store_acquire_out *out,
+                          struct redis_lease_hint *hint, struct sc_error *err)
 {
     struct store_record rec;
     int rc;
@@ -382,6 +420,7 @@ static int acquire_result(const struct rcmd_info *info, char verdict,
         out->claim = STORE_ACQUIRED;
         out->attempt = rec.attempt;
         out->lease = rec.lease;
+        lease_hint(&rec, hint);
     } else if (verdict == 'H') {
         out->claim = STORE_HELD;
         out->remaining_ms = rec.lease_expires_ms > info->now_ms
@@ -429,7 +468,7 @@ static int permit_lease_result(const struct redis_store *st,
     long long wait_us = 0, paused = 0;
 
     if (verdict == 'M' || (v && memchr("HD", verdict, 2)))
-        return acquire_result(info, verdict, r, v, out->acq, err);
+        return acquire_result(info, verdict, r, v, out->acq, NULL, err);
     if (!v || !memchr("AR", verdict, 2) || !redis_int_at(r, 2, &wait_us) ||
         wait_us < 0 || (verdict == 'R' && !redis_int_at(r, 3, &paused)))
         return redis_unexpected(st, info, err);
@@ -437,7 +476,7 @@ static int permit_lease_result(const struct redis_store *st,
     out->permit->paused = paused == 1;
     out->permit->wait_ns = (uint64_t)wait_us * 1000;
     if (verdict == 'A')
-        return acquire_result(info, verdict, r, v, out->acq, err);
+        return acquire_result(info, verdict, r, v, out->acq, out->hint, err);
     return free_result(info, v, out->acq, err);
 }
 
@@ -498,7 +537,8 @@ static int script_result(const struct redis_store *st,
         return permit_lease_result(st, info, verdict, r, out, err);
     if (info->op == STORE_OP_ACQUIRE && out->acq) {
         if (verdict == 'M' || (v && memchr("AHD", verdict, 3)))
-            return acquire_result(info, verdict, r, v, out->acq, err);
+            return acquire_result(info, verdict, r, v, out->acq, out->hint,
+                                  err);
     } else if (info->op != STORE_OP_ACQUIRE) if (memchr("ONE", verdict, 3) || (verdict == 'S' && v))
         return write_result(info, verdict, v, err);
     return redis_unexpected(st, info, err);
@@ -522,6 +562,7 @@ int rcmd_result(const struct redis_store *st, const struct rcmd_info *info,
     }
     switch (info->op) {
     case STORE_OP_GET:
+    case STORE_OP_WATCH: /* the value as GET gives it, or nil */
         return get_result(st, info, r, rec, err);
     case STORE_OP_PAUSE_SET:
         return r->type == REDIS_REPLY_INTEGER ? 0 : redis_unexpected(st, info, err);

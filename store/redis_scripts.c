@@ -1,21 +1,31 @@
 /* The Lua scripts of the Redis backend. A record is stored as record.h's
  * binary value (the same bytes as in RocksDB), so the scripts work on its
- * fixed fields by offset (1-based, version 3; version 2 lacks the lease,
- * its status starting at 72; version 4 adds the verification mark):
+ * fixed fields by offset (1-based, version 5; version 2 lacks the lease,
+ * its status starting at 72; version 3 ends its fixed part with the
+ * lease, version 4 with the verification mark):
  *
  *   1 version   2 state   3 flags   4..7 attempt   8..15 expires_ms
  *   16..23 created_ms   24..31 lease_expires_ms   32..39 completed_ms
  *   40..71 fingerprint   72..79 lease (the fence)   80.. status, headers,
- *   body (v3); v4: 80 the mark (enum verify_state), 81..88 its deadline,
- *   89.. status, headers, body
+ *   body (v3); v4, v5: 80 the mark (enum verify_state), 81..88 its
+ *   deadline, then (v4) 89.. status, headers, body; v5: 89..120 the
+ *   holder's id (NUL-padded; all NUL: not known), 121.. status, headers,
+ *   body
  *
- * A record of any of them is read; the scripts write v3 (C encodes a
- * record without a mark so) except where a mark is set (the VERIFY_*
- * scripts write v4, as RocksDB does).
+ * A record of any of them is read. A lease is written as v5 (C encodes it
+ * with this process as its holder, and a verification's claim names its
+ * verifier there), so a lease is one key and one write; a completed record
+ * as C encodes it (v3, or v4 when a lookup completed it), so earlier
+ * releases read every replay.
  *
  * Records of version 2 (written by an earlier release) are read, taken
  * over and replayed; they have no fence, so no lease of this release
  * matches one: a holder of this release never holds a version 2 lease.
+ *
+ * Every write sets the key's expiry in the same command (SET's PXAT and
+ * PX, KEEPTTL: Redis 6.2 or later), and a record's expiry is always its
+ * expires_ms, so a script that must put a value back knows the expiry it
+ * had from the value itself.
  *
  * Times travel as 8 little-endian bytes and are compared byte by byte, never
  * as Lua numbers (doubles) nor with Lua's string '<' (strcoll: Redis sets
@@ -35,8 +45,8 @@
 
 #include <openssl/evp.h>
 
-/* Shared by every record script. KEYS[1] is the record; ARGV[1] is now. */
-#define PRELUDE                                                              \
+/* Functions of every record script. KEYS[1] is the record. */
+#define RECORD_FNS                                                           \
     "local function le_cmp(a, b)\n"                                          \
     "  for i = 8, 1, -1 do\n"                                                \
     "    local x, y = a:byte(i), b:byte(i)\n"                                \
@@ -44,40 +54,63 @@
     "  end\n"                                                                \
     "  return 0\n"                                                           \
     "end\n"                                                                  \
+    /* One command: the value and its expiry (PXAT ms; '0': none). */       \
     "local function save(v, at)\n"                                           \
-    "  redis.call('SET', KEYS[1], v)\n"                                      \
-    "  if at ~= '0' then redis.call('PEXPIREAT', KEYS[1], at) end\n"        \
+    "  if at ~= '0' then redis.call('SET', KEYS[1], v, 'PXAT', at)\n"        \
+    "  else redis.call('SET', KEYS[1], v) end\n"                             \
     "end\n"                                                                  \
-    /* The live record; false when absent or expired at now. */             \
-    "local cur = redis.call('GET', KEYS[1])\n"                               \
-    "if cur then\n"                                                          \
-    "  local v = cur:byte(1)\n"                                              \
-    "  if not ((v == 4 and #cur >= 98) or (v == 3 and #cur >= 89) or\n"     \
-    "          (v == 2 and #cur >= 81)) then\n"                              \
-    "    return {'X', cur}\n"                                                \
-    "  end\n"                                                                \
+    "local function readable(r)\n"                                           \
+    "  local v = r:byte(1)\n"                                                \
+    "  return (v == 5 and #r >= 130) or (v == 4 and #r >= 98) or\n"         \
+    "         (v == 3 and #r >= 89) or (v == 2 and #r >= 81)\n"              \
     "end\n"                                                                  \
-    /* The fence of cur's lease: '' for version 2, matching none. */       \
+    /* The fence of r's lease: '' for version 2, matching none. */         \
     "local function fence(r)\n"                                             \
     "  if r:byte(1) >= 3 then return r:sub(72, 79) end\n"                   \
     "  return ''\n"                                                          \
-    "end\n"                                                                  \
+    "end\n"
+
+/* ARGV[1] is now. cur: the live record; false when absent or expired at
+ * now. */
+#define PRELUDE                                                              \
+    RECORD_FNS                                                               \
+    "local cur = redis.call('GET', KEYS[1])\n"                               \
+    "if cur and not readable(cur) then return {'X', cur} end\n"              \
     "if cur and le_cmp(cur:sub(8, 15), ARGV[1]) <= 0 then cur = false end\n"
 
-/* Holders (contract §11). The last key, <prefix>{<scope>}:h:<key>, names
- * the process responsible for the record's lease (the one that took it,
- * or the one verifying it); the last three ARGV are the new lease's end
- * (PEXPIREAT ms), this process's id and the prefix of the scope's liveness
- * keys (<prefix>{<scope>}:live:<id>, refreshed by each live sidecar). A
- * lease with no holder key (taken by an earlier release) counts as held by
- * a live process: nothing is inferred from what is not known; nor is this
+/* Waiting duplicates (contract §6, fleet mode): a script that ends the
+ * lease of r, the record as it was (a completion, a release, a
+ * verification's result), publishes the
+ * key when a duplicate's WATCH marked the record (flags bits 2 and 3,
+ * record.h), on its policy's channel <prefix>{<scope>}:done, sharded with
+ * bit 3 (a Cluster: the channel's hash tag is the record's, so its slot
+ * too). Unmarked, the common case, it costs one byte's test. KEYS[1] is
+ * <prefix>{<scope>}:k:<key>, and a prefix holds no brace. */
+#define NOTIFY_DONE                                                          \
+    "local function notify_done(r)\n"                                       \
+    "  local f = r:byte(3)\n"                                               \
+    "  if bit.band(f, 12) == 0 then return end\n"                           \
+    "  local p = KEYS[1]:find('}:k:', 1, true)\n"                           \
+    "  if not p then return end\n"                                          \
+    "  local ch, k = KEYS[1]:sub(1, p) .. ':done', KEYS[1]:sub(p + 4)\n"    \
+    "  if bit.band(f, 8) ~= 0 then redis.call('SPUBLISH', ch, k)\n"         \
+    "  else redis.call('PUBLISH', ch, k) end\n"                             \
+    "end\n"
+
+/* Holders (contract §11). A v5 lease names the process responsible for it
+ * (the one that took it, or the one verifying it); the last two ARGV are
+ * this process's id and the prefix of the scope's liveness keys
+ * (<prefix>{<scope>}:live:<id>, refreshed by each live sidecar). A lease
+ * that names none (taken by an earlier release) counts as held by a live
+ * process: nothing is inferred from what is not known; nor is this
  * process ever gone to itself (its own key may lapse while Redis is
  * unreachable, but it knows its requests are still out). */
 #define HOLDERS                                                              \
-    "local hk, na = KEYS[#KEYS], #ARGV\n"                                    \
+    "local na = #ARGV\n"                                                     \
     "local function holder_gone()\n"                                        \
-    "  local h = redis.call('GET', hk)\n"                                    \
-    "  if h and h ~= ARGV[na - 1] and\n"                                    \
+    "  if cur:byte(1) ~= 5 then return 0 end\n"                              \
+    "  local h = (cur:sub(89, 120):gsub('%z+$', ''))\n"                      \
+    "  if h ~= '' and h ~= ARGV[na - 1] and\n"                              \
     "     redis.call('EXISTS', ARGV[na] .. h) == 0 then return 1 end\n"      \
     "  return 0\n"                                                           \
     "end\n"
@@ -96,9 +129,10 @@
     "end\n"
 
 /* Writes the lease as `new`: ARGV[3] the record a new key gets (attempt 1,
- * created now, its lease and expiry set), ARGV[4] its PEXPIREAT ms ('0':
- * none). A takeover keeps the record's created_ms and counts one more
- * attempt. */
+ * created now, its lease and expiry set, this process its holder),
+ * ARGV[4] its PXAT ms ('0': none). A takeover keeps the record's
+ * created_ms and counts one more attempt. The holder is in the record, so
+ * it lasts exactly as long as the lease it names. */
 #define TAKE_LEASE                                                           \
     "local new = ARGV[3]\n"                                                  \
     "if cur then\n"                                                          \
@@ -107,36 +141,62 @@
     "  new = new:sub(1, 3) .. struct.pack('<I4', n) .. new:sub(8, 15) ..\n"  \
     "        cur:sub(16, 23) .. new:sub(24)\n"                               \
     "end\n"                                                                  \
-    "save(new, ARGV[4])\n"                                                   \
-    /* This process holds the lease until its end, never longer. */         \
-    "redis.call('SET', hk, ARGV[na - 1])\n"                                  \
-    "if ARGV[na - 2] ~= '0' then redis.call('PEXPIREAT', hk, ARGV[na - 2]) end\n"
+    "save(new, ARGV[4])\n"
 
-/* The GCRA of a shared bucket bk (redis_bucket.c has its keys): reserves
- * the start max(now, tat - tau) and moves tat to max(tat, now) + T, or
- * refuses without reserving when the start is beyond maxw. Answers
- * (reserved, wait, paused), times in microseconds of Redis's clock. The
- * rules are policies/gcra.h's. */
-#define RESERVE                                                              \
-    "local function reserve(bk, T, tau, maxw)\n"                             \
+/* The GCRA of a shared bucket (redis_bucket.c has its keys and its value):
+ * the theoretical arrival time tat and the pause's end pu, and for a
+ * policy that follows its partner's quota the newest advertised numbers
+ * qt, qtau and when they were advertised qa, as one string
+ * "tat:pu[:qt:qtau:qa]" (decimals), read with one GET and written with one
+ * SET that sets its expiry too. An absent key is a full bucket. A hash
+ * there is the form of an earlier release: read the same (its fields have
+ * these names), and replaced by the string at the next write, so a fleet
+ * that upgrades carries its buckets over instead of starting them full.
+ * Times in microseconds of Redis's clock; the rules are policies/gcra.h's. */
+#define BUCKET                                                               \
+    "local function redis_now()\n"                                           \
     "  local t = redis.call('TIME')\n"                                       \
-    "  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"              \
-    "  local h = redis.call('HMGET', bk, 'tat', 'pu')\n"                     \
-    "  local tat, pu = tonumber(h[1]) or 0, tonumber(h[2]) or 0\n"           \
-    "  local start = math.max(now, tat - tau)\n"                             \
+    "  return tonumber(t[1]) * 1000000 + tonumber(t[2])\n"                   \
+    "end\n"                                                                  \
+    "local function bucket_get(bk)\n"                                        \
+    "  local s, f = redis.pcall('GET', bk), {}\n"                            \
+    "  if type(s) == 'table' and s.err then\n"                               \
+    "    f = redis.call('HMGET', bk, 'tat', 'pu', 'qt', 'qtau', 'qa')\n"     \
+    "  elseif s then\n"                                                      \
+    "    for x in s:gmatch('[^:]+') do f[#f + 1] = x end\n"                  \
+    "  end\n"                                                                \
+    "  return {tat = tonumber(f[1]) or 0, pu = tonumber(f[2]) or 0,\n"       \
+    "          qt = tonumber(f[3]), qtau = tonumber(f[4]),\n"                \
+    "          qa = tonumber(f[5])}\n"                                       \
+    "end\n"                                                                  \
+    /* Kept until the bucket would be full again and its pause over (1 s   \
+     * more); what was advertised outlives a full bucket (10 min), so a    \
+     * quiet fleet does not forget it. */                                    \
+    "local function bucket_put(bk, b, now)\n"                                \
+    "  local v = string.format('%.0f:%.0f', b.tat, b.pu)\n"                  \
+    "  local keep = math.floor((math.max(b.tat, b.pu) - now) / 1000) + 1000\n" \
+    "  if b.qa then\n"                                                       \
+    "    v = v .. string.format(':%.0f:%.0f:%.0f', b.qt, b.qtau, b.qa)\n"    \
+    "    keep = math.max(keep, 600000)\n"                                    \
+    "  end\n"                                                                \
+    "  redis.call('SET', bk, v, 'PX', math.max(keep, 1))\n"                  \
+    "end\n"                                                                  \
+    /* Reserves the start max(now, tat - tau) and moves tat to max(tat,    \
+     * now) + T, or refuses without reserving when the start is beyond     \
+     * maxw. Answers (reserved, wait, paused); the caller writes b. */      \
+    "local function reserve(b, T, tau, maxw, now)\n"                         \
+    "  local start = math.max(now, b.tat - tau)\n"                           \
     "  local wait = start - now\n"                                           \
     "  if wait > maxw then\n"                                                \
-    "    if pu > now then return false, wait, 1 end\n"                       \
+    "    if b.pu > now then return false, wait, 1 end\n"                     \
     "    return false, wait, 0\n"                                            \
     "  end\n"                                                                \
-    "  tat = math.max(tat, now) + T\n"                                       \
-    "  redis.call('HSET', bk, 'tat', string.format('%.0f', tat))\n"          \
-    "  local keep = math.max(tat, pu) - now\n"                               \
-    "  redis.call('PEXPIRE', bk, math.floor(keep / 1000) + 1000)\n"          \
+    "  b.tat = math.max(b.tat, now) + T\n"                                   \
     "  return true, wait, 0\n"                                               \
     "end\n"
 
-/* ARGV: now, fingerprint, the new key's record, PEXPIREAT ms. */
+/* ARGV: now, fingerprint, the new key's record, PXAT ms, this process's
+ * id, the liveness keys' prefix. */
 static const char ACQUIRE[] =
     PRELUDE
     CLAIM_CHECKS
@@ -145,62 +205,94 @@ static const char ACQUIRE[] =
 
 /* KEYS[1] a shared bucket; ARGV: T, tau, max_wait (µs), and for a policy
  * that follows its partner's quota, when T and tau were advertised (Unix
- * ms): the bucket keeps the newest (`qt`, `qtau`, `qa`), and an older
- * caller paces to those (redis_bucket.c); what was advertised outlives a
- * full bucket (10 min), so a quiet fleet does not forget it. Answers
- * {granted, wait µs, paused}. */
+ * ms): the bucket keeps the newest (qt, qtau, qa), and an older caller
+ * paces to those (redis_bucket.c). Answers {granted, wait µs, paused}. */
 static const char PERMIT[] =
-    RESERVE
-    "local T, tau = tonumber(ARGV[1]), tonumber(ARGV[2])\n"
+    BUCKET
+    "local now = redis_now()\n"
+    "local b = bucket_get(KEYS[1])\n"
+    "local T, tau, advertised = tonumber(ARGV[1]), tonumber(ARGV[2]), false\n"
     "if ARGV[4] then\n"
-    "  local q = redis.call('HMGET', KEYS[1], 'qt', 'qtau', 'qa')\n"
-    "  if tonumber(ARGV[4]) >= (tonumber(q[3]) or 0) then\n"
-    "    redis.call('HSET', KEYS[1], 'qt', ARGV[1], 'qtau', ARGV[2], 'qa', ARGV[4])\n"
-    "  elseif q[1] then\n"
-    "    T, tau = tonumber(q[1]), tonumber(q[2])\n"
+    "  if tonumber(ARGV[4]) >= (b.qa or 0) then\n"
+    "    b.qt, b.qtau, b.qa, advertised = T, tau, tonumber(ARGV[4]), true\n"
+    "  elseif b.qt then\n"
+    "    T, tau = b.qt, b.qtau\n"
     "  end\n"
     "end\n"
-    "local ok, wait, paused = reserve(KEYS[1], T, tau, tonumber(ARGV[3]))\n"
-    "if ARGV[4] and redis.call('PTTL', KEYS[1]) < 600000 then\n"
-    "  redis.call('PEXPIRE', KEYS[1], 600000)\n"
-    "end\n"
+    "local ok, wait, paused = reserve(b, T, tau, tonumber(ARGV[3]), now)\n"
+    "if ok or advertised then bucket_put(KEYS[1], b, now) end\n"
     "if ok then return {1, wait, 0} end\n"
     "return {0, wait, paused}\n";
 
 /* A keyed request's lookup, permit and lease in one round trip (contract
  * §10): KEYS[1] the record, KEYS[2] its policy's bucket (one hash tag, one
- * Cluster slot); ARGV: as ACQUIRE's, then T, tau, max_wait (µs). A
+ * Cluster slot); ARGV: now, fingerprint, the new key's record, PXAT ms,
+ * T, tau, max_wait (µs), this process's id, the liveness keys' prefix. A
  * replay, a mismatch or a live lease answer before the bucket is asked (a
  * duplicate spends no permit); a refused permit writes nothing and answers
  * {'R', the record or '', wait, paused}; otherwise the permit is reserved
  * and the lease written: {'A', new, wait}. The caller's lease covers the
- * wait (ARGV[3] is made so). */
+ * wait (ARGV[3] is made so). A fresh key costs five commands: GET, TIME,
+ * GET and SET of the bucket, SET of the record. */
 static const char PERMIT_LEASE[] =
     PRELUDE
-    RESERVE
+    BUCKET
     CLAIM_CHECKS
-    "local ok, wait, paused = reserve(KEYS[2], tonumber(ARGV[5]),\n"
-    "                                 tonumber(ARGV[6]), tonumber(ARGV[7]))\n"
+    "local now = redis_now()\n"
+    "local b = bucket_get(KEYS[2])\n"
+    "local ok, wait, paused = reserve(b, tonumber(ARGV[5]), tonumber(ARGV[6]),\n"
+    "                                 tonumber(ARGV[7]), now)\n"
     "if not ok then return {'R', cur or '', wait, paused} end\n"
+    "bucket_put(KEYS[2], b, now)\n"
     TAKE_LEASE
     "return {'A', new, wait}\n";
 
 /* ARGV: now, the completed record (status, headers, body, times and the
- * completing lease's fence set), PEXPIREAT ms. The attempt, created_ms and
- * fingerprint are the stored record's; the first result stays. Fenced:
- * only the lease that holds the key completes it. */
+ * completing lease's fence set; attempt, created_ms and fingerprint as the
+ * caller knows them from the lease it took, else 0), PXAT ms. The attempt,
+ * created_ms and fingerprint are the stored record's; the first result
+ * stays. Fenced: only the lease that holds the key completes it.
+ *
+ * One command on the common path: the result is written and the old value
+ * read back by the same SET (its GET option), and then checked. Why that is
+ * safe: the script runs atomically, so no client sees the result before
+ * the checks; a check that fails puts the old value back exactly (DEL when
+ * there was none; else the same bytes with the expiry they had, which is
+ * their expires_ms: every write sets it so) before the script answers.
+ * When the caller's attempt, created_ms or fingerprint differ from the
+ * stored ones (it did not know them), one more SET writes the stored
+ * ones in. */
 static const char COMPLETE[] =
-    PRELUDE
-    "if not cur then return {'N'} end\n"
-    "if cur:byte(2) == 2 then return {'E'} end\n"
-    "local d = ARGV[2]\n"
-    "if fence(cur) ~= d:sub(72, 79) then return {'S', cur} end\n"
-    "save(d:sub(1, 3) .. cur:sub(4, 7) .. d:sub(8, 15) .. cur:sub(16, 23) ..\n"
-    "     d:sub(24, 39) .. cur:sub(40, 71) .. d:sub(72), ARGV[3])\n"
+    NOTIFY_DONE
+    RECORD_FNS
+    "local d, at = ARGV[2], ARGV[3]\n"
+    "local old\n"
+    "if at ~= '0' then old = redis.call('SET', KEYS[1], d, 'PXAT', at, 'GET')\n"
+    "else old = redis.call('SET', KEYS[1], d, 'GET') end\n"
+    "local function put_back()\n"
+    "  if not old then redis.call('DEL', KEYS[1]) return end\n"
+    "  local x = 0\n"
+    "  for i = 15, 8, -1 do x = x * 256 + old:byte(i) end\n"
+    /* As C's PEXPIREAT_MAX: a saturated expiry is kept without a TTL. */
+    "  if x > 0 and x <= 4611686018427387904 then\n"
+    "    redis.call('SET', KEYS[1], old, 'PXAT', string.format('%.0f', x))\n"
+    "  else redis.call('SET', KEYS[1], old) end\n"
+    "end\n"
+    "if not old then put_back() return {'N'} end\n"
+    "if not readable(old) then put_back() return {'X', old} end\n"
+    "if le_cmp(old:sub(8, 15), ARGV[1]) <= 0 then put_back() return {'N'} end\n"
+    "if old:byte(2) == 2 then put_back() return {'E'} end\n"
+    "if fence(old) ~= d:sub(72, 79) then put_back() return {'S', old} end\n"
+    "if old:sub(4, 7) ~= d:sub(4, 7) or old:sub(16, 23) ~= d:sub(16, 23) or\n"
+    "   old:sub(40, 71) ~= d:sub(40, 71) then\n"
+    "  save(d:sub(1, 3) .. old:sub(4, 7) .. d:sub(8, 15) .. old:sub(16, 23) ..\n"
+    "       d:sub(24, 39) .. old:sub(40, 71) .. d:sub(72), at)\n"
+    "end\n"
+    "notify_done(old)\n"
     "return {'O'}\n";
 
 /* ARGV: now, the releasing lease's fence (8 bytes), the new expires_ms (8
- * bytes), PEXPIREAT ms, the attempt count to keep (4 bytes: the releasing
+ * bytes), PXAT ms, the attempt count to keep (4 bytes: the releasing
  * attempt, or one less when it never reached the upstream). Fenced: only
  * the lease that holds the key ends it. */
 static const char RELEASE[] =
@@ -208,12 +300,14 @@ static const char RELEASE[] =
     "if not cur then return {'N'} end\n"
     "if cur:byte(2) == 2 then return {'E'} end\n"
     "if fence(cur) ~= ARGV[2] then return {'S', cur} end\n"
+    NOTIFY_DONE
     "save(cur:sub(1, 3) .. ARGV[5] .. ARGV[3] .. cur:sub(16, 23) .. ARGV[1] ..\n"
     "     cur:sub(32), ARGV[4])\n"
+    "notify_done(cur)\n"
     "return {'O'}\n";
 
 /* KEYS[1] the pause; ARGV: now, until (decimal ms, as stored, so an operator
- * can read it with GET), PEXPIREAT ms. A later moment replaces an earlier
+ * can read it with GET), PXAT ms. A later moment replaces an earlier
  * one, never the reverse. Decimals without leading zeros compare by length,
  * then digit by digit. */
 static const char PAUSE_SET[] =
@@ -229,30 +323,26 @@ static const char PAUSE_SET[] =
     "if cur and dec_cmp(cur, ARGV[1]) > 0 and dec_cmp(cur, ARGV[2]) >= 0 then\n"
     "  return 0\n"
     "end\n"
-    "redis.call('SET', KEYS[1], ARGV[2])\n"
-    "if ARGV[3] ~= '0' then redis.call('PEXPIREAT', KEYS[1], ARGV[3]) end\n"
+    "if ARGV[3] ~= '0' then redis.call('SET', KEYS[1], ARGV[2], 'PXAT', ARGV[3])\n"
+    "else redis.call('SET', KEYS[1], ARGV[2]) end\n"
     "return 1\n";
 
 /* KEYS[1] the bucket; ARGV: T, tau, pause (µs). pause 0 empties it (the
  * next start no earlier than now + T: gcra_empty); more pauses it until
  * now + pause, then one start per T (gcra_pause_until). Never moves tat or
- * the pause's end back. */
+ * the pause's end back; a followed quota's numbers are kept. */
 static const char BUCKET_PAUSE[] =
-    "local t = redis.call('TIME')\n"
-    "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
+    BUCKET
+    "local now = redis_now()\n"
+    "local b = bucket_get(KEYS[1])\n"
     "local T, tau, pause = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])\n"
-    "local h = redis.call('HMGET', KEYS[1], 'tat', 'pu')\n"
-    "local tat, pu = tonumber(h[1]) or 0, tonumber(h[2]) or 0\n"
     "local from = now + T\n"
     "if pause > 0 then\n"
     "  from = now + pause\n"
-    "  pu = math.max(pu, from)\n"
+    "  b.pu = math.max(b.pu, from)\n"
     "end\n"
-    "tat = math.max(tat, from + tau)\n"
-    "redis.call('HSET', KEYS[1], 'tat', string.format('%.0f', tat),\n"
-    "           'pu', string.format('%.0f', pu))\n"
-    "local keep = math.max(tat, pu) - now\n"
-    "redis.call('PEXPIRE', KEYS[1], math.floor(keep / 1000) + 1000)\n"
+    "b.tat = math.max(b.tat, from + tau)\n"
+    "bucket_put(KEYS[1], b, now)\n"
     "return 1\n";
 
 /* KEYS[1] the slots; ARGV: holder, limit, hold (ms). 1 when the holder has
@@ -282,63 +372,65 @@ static const char SLOT_TAKE[] =
     "if le_cmp(cur:sub(24, 31), ARGV[1]) <= 0 then return {'L'} end\n"       \
     /* v3 has no mark: none (0). */                                          \
     "local function mark(r)\n"                                               \
-    "  if r:byte(1) == 4 then return r:byte(80) end\n"                       \
+    "  if r:byte(1) >= 4 then return r:byte(80) end\n"                       \
     "  return 0\n"                                                           \
     "end\n"                                                                  \
-    /* r (in progress, v3 or v4) as v4 with mark m and deadline dl. */       \
-    "local function with_mark(r, m, dl)\n"                                   \
-    "  if r:byte(1) == 4 then\n"                                             \
-    "    return r:sub(1, 79) .. string.char(m) .. dl .. r:sub(89)\n"          \
-    "  end\n"                                                                \
-    "  return string.char(4) .. r:sub(2, 79) .. string.char(m) .. dl ..\n"   \
-    "         r:sub(80)\n"                                                   \
+    /* r's holder field; none before v5. */                                  \
+    "local function holder(r)\n"                                             \
+    "  if r:byte(1) == 5 then return r:sub(89, 120) end\n"                   \
+    "  return string.rep('\\0', 32)\n"                                       \
+    "end\n"                                                                  \
+    /* r (in progress, v3 to v5) as v5 with mark m, deadline dl and holder \
+     * h (32 bytes). */                                                      \
+    "local function as_v5(r, m, dl, h)\n"                                    \
+    "  local v, rest = r:byte(1), r:sub(80)\n"                               \
+    "  if v == 5 then rest = r:sub(121) elseif v == 4 then rest = r:sub(89) end\n" \
+    "  return string.char(5) .. r:sub(2, 79) .. string.char(m) .. dl .. h ..\n" \
+    "         rest\n"                                                        \
     "end\n"                                                                  \
     /* A write that leaves the record's expiry as it is. */                  \
     "local function save_keep(v)\n"                                          \
-    "  local ttl = redis.call('PTTL', KEYS[1])\n"                            \
-    "  redis.call('SET', KEYS[1], v)\n"                                      \
-    "  if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end\n"            \
+    "  redis.call('SET', KEYS[1], v, 'KEEPTTL')\n"                           \
     "end\n"
 
-/* KEYS[2] the holder's key; ARGV: now, fence, '1' to claim a PENDING mark
- * again (its verifier ended) or '0', the deadline (8 bytes), this
- * process's id, the deadline as PEXPIREAT ms. NONE (or, again, PENDING) ->
- * PENDING: one verification of a lease at a time, fleet-wide; the verifier
- * is now the one responsible for the lease (its liveness is what others
- * look at), until the lease's end (or, when the holder's key is gone, the
- * verification's deadline). */
+/* ARGV: now, fence, '1' to claim a PENDING mark again (its verifier ended)
+ * or '0', the deadline (8 bytes), this process's id. NONE (or, again,
+ * PENDING) -> PENDING: one verification of a lease at a time, fleet-wide;
+ * the verifier is now the one the record names as responsible for the
+ * lease (its liveness is what others look at), until the lease's end. */
 static const char VERIFY_CLAIM[] =
     PRELUDE
     VERIFY_CHECKS
     "local m = mark(cur)\n"
     "if not (m == 0 or (ARGV[3] == '1' and m == 1)) then return {'K'} end\n"
-    "local ttl = redis.call('PTTL', KEYS[2])\n"
-    "save_keep(with_mark(cur, 1, ARGV[4]))\n"
-    "redis.call('SET', KEYS[2], ARGV[5])\n"
-    "if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl)\n"
-    "else redis.call('PEXPIREAT', KEYS[2], ARGV[6]) end\n"
+    "local me = (ARGV[5] .. string.rep('\\0', 32)):sub(1, 32)\n"
+    "save_keep(as_v5(cur, 1, ARGV[4], me))\n"
     "return {'O'}\n";
 
 /* ARGV: now, fence, the completed record (v4: marked FOUND and verified,
- * times set), PEXPIREAT ms. As COMPLETE, from a PENDING mark. */
+ * times set), PXAT ms. As COMPLETE, from a PENDING mark. */
 static const char VERIFY_FOUND[] =
     PRELUDE
     VERIFY_CHECKS
+    NOTIFY_DONE
     "if mark(cur) ~= 1 then return {'K'} end\n"
     "local d = ARGV[3]\n"
     "save(d:sub(1, 3) .. cur:sub(4, 7) .. d:sub(8, 15) .. cur:sub(16, 23) ..\n"
     "     d:sub(24, 39) .. cur:sub(40, 71) .. d:sub(72), ARGV[4])\n"
+    "notify_done(cur)\n"
     "return {'O'}\n";
 
-/* ARGV: now, fence, the new expires_ms (8 bytes), PEXPIREAT ms. As
+/* ARGV: now, fence, the new expires_ms (8 bytes), PXAT ms. As
  * RELEASE (the attempt count kept), from a PENDING mark, marked ABSENT. */
 static const char VERIFY_ABSENT[] =
     PRELUDE
     VERIFY_CHECKS
     "if mark(cur) ~= 1 then return {'K'} end\n"
-    "local r = with_mark(cur, 3, cur:sub(81, 88))\n"
+    NOTIFY_DONE
+    "local r = as_v5(cur, 3, cur:sub(81, 88), holder(cur))\n"
     "save(r:sub(1, 7) .. ARGV[3] .. r:sub(16, 23) .. ARGV[1] .. r:sub(32),\n"
     "     ARGV[4])\n"
+    "notify_done(cur)\n"
     "return {'O'}\n";
 
 /* ARGV: now, fence. PENDING -> FAILED; the lease and its expiry kept. */
@@ -346,8 +438,31 @@ static const char VERIFY_FAILED[] =
     PRELUDE
     VERIFY_CHECKS
     "if mark(cur) ~= 1 then return {'K'} end\n"
-    "save_keep(with_mark(cur, 4, cur:sub(81, 88)))\n"
+    "save_keep(as_v5(cur, 4, cur:sub(81, 88), holder(cur)))\n"
     "return {'O'}\n";
+
+/* A waiting duplicate's look at its key (contract §6, fleet mode):
+ * KEYS[1] the record; ARGV: now, the mark (4, or 12 for the sharded
+ * channel: record.h). Answers the value as GET does (nil: none); while the
+ * record's lease is live its flags byte gets the mark first, by SETRANGE,
+ * which keeps the TTL, so that the script ending the lease publishes the
+ * key (NOTIFY_DONE). A takeover's new record carries no mark. */
+static const char WATCH[] =
+    "local cur = redis.call('GET', KEYS[1])\n"
+    "if not cur or #cur < 31 or cur:byte(1) < 2 or cur:byte(2) ~= 1 then\n"
+    "  return cur\n"
+    "end\n"
+    "local live = false\n"
+    "for i = 31, 24, -1 do\n"
+    "  local x, y = cur:byte(i), ARGV[1]:byte(i - 23)\n"
+    "  if x ~= y then live = x > y break end\n"
+    "end\n"
+    "if not live then return cur end\n"
+    "local f = cur:byte(3)\n"
+    "local m = bit.bor(f, tonumber(ARGV[2]))\n"
+    "if m == f then return cur end\n"
+    "redis.call('SETRANGE', KEYS[1], 2, string.char(m))\n"
+    "return cur:sub(1, 2) .. string.char(m) .. cur:sub(4)\n";
 
 static const char *const BODIES[SCRIPT_COUNT] = {
     [SCRIPT_ACQUIRE] = ACQUIRE,
@@ -362,6 +477,7 @@ static const char *const BODIES[SCRIPT_COUNT] = {
     [SCRIPT_VERIFY_FOUND] = VERIFY_FOUND,
     [SCRIPT_VERIFY_ABSENT] = VERIFY_ABSENT,
     [SCRIPT_VERIFY_FAILED] = VERIFY_FAILED,
+    [SCRIPT_WATCH] = WATCH,
 };
 
 static char shas[SCRIPT_COUNT][SCRIPT_SHA_LEN + 1];

@@ -22,6 +22,8 @@ enum redis_script {
     SCRIPT_VERIFY_FOUND,
     SCRIPT_VERIFY_ABSENT,
     SCRIPT_VERIFY_FAILED,
+    /* a waiting duplicate's look, marking the lease (fleet notices) */
+    SCRIPT_WATCH,
     SCRIPT_COUNT,
 };
 

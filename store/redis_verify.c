@@ -49,12 +49,10 @@ static int found_args(struct rcmd *cmd, const struct store_verify_args *a,
         .verify = MARK_FOUND,
         .verified = true,
     };
-    size_t len;
-    int rc = record_encode(&done, &cmd->blob, &len, err);
+    int rc = redis_arg_record(cmd, &done, err);
 
     if (rc)
         return rc;
-    redis_arg(cmd, cmd->blob, len);
     fmt_at(cmd->at, done.expires_ms);
     redis_arg_str(cmd, cmd->at);
     return 0;
@@ -80,8 +78,6 @@ int redis_verify_build(struct redis_store *st, const char *scope,
         return rc;
     put_le(cmd->now, a->now_ms, 8);
     put_le(cmd->lease, a->lease, 8);
-    if (a->step == STORE_VERIFY_CLAIM)
-        redis_holder_key(st, scope, key, cmd->key2);
     redis_evalsha(cmd, SCRIPT_OF[a->step]);
     redis_arg(cmd, cmd->now, 8);
     redis_arg(cmd, cmd->lease, 8);
@@ -91,8 +87,6 @@ int redis_verify_build(struct redis_store *st, const char *scope,
         redis_arg_str(cmd, a->again ? "1" : "0");
         redis_arg(cmd, cmd->expires, 8);
         redis_arg_str(cmd, st->holder);
-        fmt_at(cmd->at, a->deadline_ms);
-        redis_arg_str(cmd, cmd->at);
         return 0;
     case STORE_VERIFY_FOUND:
         return found_args(cmd, a, err);

@@ -276,6 +276,36 @@ int store_get_async(struct store_loop *sl, struct store_call *c,
     return start(sl, c, STORE_OP_GET, &a);
 }
 
+int store_watch_async(struct store_loop *sl, struct store_call *c,
+                      const char *scope, const char *key, uint64_t now_ms)
+{
+    struct store_args a = {.scope = scope, .key = key, .now_ms = now_ms};
+
+    return start(sl, c, sl->st->ops->notify_set ? STORE_OP_WATCH : STORE_OP_GET, &a);
+}
+
+int store_notify_set(struct store *st, const char *const *scopes, size_t n,
+                     store_done_fn *done, void *arg, struct sc_error *err)
+{
+    return st->ops->notify_set ? st->ops->notify_set(st, scopes, n, done, arg, err)
+                               : 0;
+}
+
+bool store_notified(struct store *st, const char *scope)
+{
+    return st->ops->notified && st->ops->notified(st, scope);
+}
+
+bool store_loop_notified(const struct store_loop *sl, const char *scope)
+{
+    return store_notified(sl->st, scope);
+}
+
+uint64_t store_notices(struct store *st)
+{
+    return st->ops->notices ? st->ops->notices(st) : 0;
+}
+
 int store_acquire_async(struct store_loop *sl, struct store_call *c,
                         const char *scope, const char *key,
                         const uint8_t fp[STORE_FP_LEN], uint64_t now_ms,

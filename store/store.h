@@ -25,6 +25,7 @@
 #include "util/error.h"
 
 #define STORE_FP_LEN 32 /* SHA-256 */
+#define STORE_HOLDER_LEN 32 /* a holder id: 32 hex digits (policies/verify.h) */
 
 enum store_state {
     STORE_IN_PROGRESS = 1, /* lease_expires_ms in the future: held */
@@ -59,6 +60,11 @@ struct store_record {
     uint8_t verify;             /* enum verify_state (policies/verify.h) */
     uint64_t verify_deadline_ms;/* pending: its end at the latest (wall) */
     bool verified;              /* completed from a lookup's answer */
+    /* fleet mode (contract §11): the process responsible for the lease in
+     * progress (its holder, or the verifier that claimed it), as its id;
+     * "" when not known (RocksDB, whose leases are all this process's, and
+     * records of an earlier version) */
+    char holder[STORE_HOLDER_LEN + 1];
     void *block;                /* set by a decode: headers, their strings and
                                  * the body in this one allocation (else each
                                  * is allocated on its own) */
@@ -347,6 +353,37 @@ int store_release_async(struct store_loop *sl, struct store_call *c,
 int store_pause_set_async(struct store_loop *sl, struct store_call *c,
                           const char *scope, uint64_t now_ms,
                           uint64_t until_ms);
+
+/* ---- the end of a lease, announced (duplicates: wait in fleet mode) ------- */
+
+/* A duplicate's look at a key it waits for (contract §6): as
+ * store_get_async, and, while the record's lease is live, marked so that
+ * whoever ends that lease (a completion, a release, a verification's
+ * result) announces it. A backend without announcements reads only. */
+int store_watch_async(struct store_loop *sl, struct store_call *c,
+                      const char *scope, const char *key, uint64_t now_ms);
+
+/* A lease of (scope, key) that a watch marked has ended. From the store's
+ * own thread: it must only hand the news on. */
+typedef void store_done_fn(void *arg, const char *scope, const char *key);
+
+/* Listens for the announcements of the given scopes (n of them, copied),
+ * replacing the set listened to before (n = 0: none), and calls done for
+ * each; the listening follows reconnects, failovers and, on a Redis
+ * Cluster, the slots' moves. Nothing on a backend without announcements.
+ * done and arg must be the same on every call. 0 or -ENOMEM with err. */
+int store_notify_set(struct store *st, const char *const *scopes, size_t n,
+                     store_done_fn *done, void *arg, struct sc_error *err);
+
+/* Whether the end of scope's leases is announced now (the listening is up
+ * and confirmed for it): a waiter may then rely on the announcement, with
+ * a slow poll as the fallback for a lost one. Any thread. */
+bool store_notified(struct store *st, const char *scope);
+/* The same, from a loop's store handle. */
+bool store_loop_notified(const struct store_loop *sl, const char *scope);
+
+/* Announcements received so far (every scope), for the metrics. */
+uint64_t store_notices(struct store *st);
 
 /* ---- shared buckets and slots: `shared: redis` (contract §10) ----------- */
 

@@ -38,6 +38,8 @@ struct store_args {
     uint64_t now_ms, lease_ms, ttl_ms, until_ms;
     uint32_t attempt;
     uint64_t lease;         /* complete, release: the lease's fence */
+    uint64_t created_ms;    /* complete: the lease's record's, when fp is
+                               set (the backend knows the lease it took) */
     int status;
     const struct store_header *headers;
     size_t n_headers;
@@ -65,6 +67,7 @@ enum store_op {
     STORE_OP_SLOT_GIVE,
     STORE_OP_PERMIT_LEASE,
     STORE_OP_RELEASE_UNSENT,
+    STORE_OP_WATCH,         /* get, marking a live lease (store_watch_async) */
 };
 
 /* A step of a lease's verification (store.h, store_verify_*). */
@@ -121,6 +124,14 @@ struct store_ops {
     /* Optional: liveness keys (store_live_refresh); NULL: -EOPNOTSUPP. */
     int (*live)(struct store *st, const char *scope, uint64_t ttl_ms,
                 struct sc_error *err);
+
+    /* Optional: announcements of a lease's end (store_notify_set,
+     * store_notified, store_notices); NULL: none, and STORE_OP_WATCH is
+     * never started (store.c reads instead). */
+    int (*notify_set)(struct store *st, const char *const *scopes, size_t n,
+                      store_done_fn *done, void *arg, struct sc_error *err);
+    bool (*notified)(struct store *st, const char *scope);
+    uint64_t (*notices)(struct store *st);
 
     /* Optional: asynchronous calls (see above). start returns -EINPROGRESS,
      * or the result when the call completed at once (a failure with

@@ -10,9 +10,10 @@
  * Clocks: times are the callers' (now_ms), as for RocksDB, so the hosts of a
  * fleet need synchronised clocks: a sidecar whose clock runs d ms behind
  * another's sees that one's leases last d ms longer (and the reverse).
- * Expiry is Redis's own: each write sets PEXPIREAT at the record's
- * expires_ms, so Redis drops what has expired by its clock (sweep has
- * nothing to do), while reads still judge liveness by the caller's now_ms.
+ * Expiry is Redis's own: each write sets the key's expiry (PXAT) at the
+ * record's expires_ms, so Redis drops what has expired by its clock (sweep
+ * has nothing to do), while reads still judge liveness by the caller's
+ * now_ms. The scripts use SET's PXAT, GET and KEEPTTL: Redis 6.2 or later.
  *
  * Durability: a script's reply means Redis has applied the write; that it
  * survives a crash of Redis is Redis's persistence (AOF) and replication,
@@ -528,7 +529,7 @@ static int redis_pause_get(struct store *base, const char *scope,
     return rc;
 }
 
-/* Redis expires records itself (PEXPIREAT on every write). */
+/* Redis expires records itself (PXAT on every write). */
 static int redis_sweep(struct store *base, uint64_t now_ms, size_t max,
                        size_t *removed, struct sc_error *err)
 {
@@ -536,9 +537,9 @@ static int redis_sweep(struct store *base, uint64_t now_ms, size_t max,
     return 0;
 }
 
-/* An estimate: DBSIZE of the selected database, so it counts pauses, the
- * holder key of each lease in progress and the liveness keys,
- * records Redis has not reclaimed yet, and any other keys in that database
+/* An estimate: DBSIZE of the selected database, so it counts pauses,
+ * buckets, slots and the liveness keys, records Redis has not reclaimed
+ * yet, and any other keys in that database
  * (another prefix, other applications). 0 when Redis cannot answer. */
 static uint64_t dbsize(struct redis_store *st, int node)
 {
@@ -661,6 +662,7 @@ static void redis_close(struct store *base)
 
     if (!st)
         return;
+    redis_notify_stop(st); /* it reads the primary and the slot map */
     redis_sentinel_stop(st);
     redis_cluster_stop(st);
     for (unsigned i = 0; i < REDIS_NODES_MAX; i++)
@@ -788,6 +790,23 @@ static void redis_cause(struct store *base, char *buf, size_t len)
     pthread_mutex_unlock(&st->lock);
 }
 
+static int redis_notify_set_op(struct store *base, const char *const *scopes,
+                               size_t n, store_done_fn *done, void *arg,
+                               struct sc_error *err)
+{
+    return redis_notify_set(rs(base), scopes, n, done, arg, err);
+}
+
+static bool redis_notified_op(struct store *base, const char *scope)
+{
+    return redis_notified(rs(base), scope);
+}
+
+static uint64_t redis_notices_op(struct store *base)
+{
+    return redis_notices(rs(base));
+}
+
 static const struct store_ops redis_ops = {
     .name = "redis",
     .close = redis_close,
@@ -805,6 +824,9 @@ static const struct store_ops redis_ops = {
     .count = redis_count,
     .verify = redis_verify,
     .live = redis_live,
+    .notify_set = redis_notify_set_op,
+    .notified = redis_notified_op,
+    .notices = redis_notices_op,
     .loop_new = redis_loop_new,
     .loop_free = redis_loop_free,
     .start = redis_start,

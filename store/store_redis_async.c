@@ -78,6 +78,9 @@
 #define REQS_KEPT 256
 /* A command follows at most this many MOVED/ASK before its error counts. */
 #define REDIRECTS_MAX 3
+/* Leases taken on a loop, remembered until their completion (a power of
+ * two; a lease whose slot was taken since completes with one more write). */
+#define LEASE_HINTS 1024
 /* TRYAGAIN (a multi-key script while its slot migrates) and CLUSTERDOWN:
  * sent again this much later, while its call's deadline allows. */
 #define TRYAGAIN_MS 10
@@ -128,6 +131,8 @@ struct rloop {
     TAILQ_HEAD(, req) later;    /* cluster: TRYAGAIN / CLUSTERDOWN, sent
                                    again when again fires */
     struct event *again;
+    /* by fence: a completion names its lease, and the fence is random */
+    struct redis_lease_hint hints[LEASE_HINTS];
 };
 
 struct req {
@@ -371,19 +376,25 @@ static void fill(struct req *q, struct store_call *c, const redisReply *r)
     struct rconn *cn = q->cn;
     const struct rcmd_info *info = &q->info;
 
+    struct redis_lease_hint hint = {0};
+
     q->filled = true;
-    if (r)
+    if (r) {
         c->rc = rcmd_result(cn->st, info, r,
                             &(struct rcmd_out){
-                                .rec = info->op == STORE_OP_GET ? &c->rec : NULL,
+                                .rec = info->op == STORE_OP_GET ||
+                                       info->op == STORE_OP_WATCH ? &c->rec : NULL,
                                 .acq = info->op == STORE_OP_ACQUIRE ||
                                        info->op == STORE_OP_PERMIT_LEASE
                                            ? &c->acq : NULL,
                                 .permit = &c->permit,
                                 .slot = &c->slot,
+                                .hint = &hint,
                             },
                             &c->err);
-    else {
+        if (c->rc == 0 && hint.lease)
+            q->loop->hints[hint.lease & (LEASE_HINTS - 1)] = hint;
+    } else {
         sc_error_set(&c->err, "store: redis at %s: %s: %s", cn->st->addr,
                      info->name, cn->why);
         c->rc = cn->down_rc;
@@ -827,11 +838,31 @@ static int owner_of(struct redis_store *st, const struct req *q,
     return node;
 }
 
+/* A completion of a lease this loop took: a with what the lease was taken
+ * with, so the script writes the record in one command; the hint is used
+ * up (a fence names one lease). a itself when none is kept. */
+static const struct store_args *with_hint(struct rloop *rl, enum store_op op,
+                                          const struct store_args *a,
+                                          struct store_args *buf)
+{
+    struct redis_lease_hint *h = &rl->hints[a->lease & (LEASE_HINTS - 1)];
+
+    if (op != STORE_OP_COMPLETE || !a->lease || h->lease != a->lease)
+        return a;
+    *buf = *a;
+    buf->attempt = h->attempt;
+    buf->created_ms = h->created_ms;
+    buf->fp = h->fp;
+    h->lease = 0; /* buf->fp stays readable: the slot is not reused here */
+    return buf;
+}
+
 int redis_start(struct store_loop *sl, struct store_call *c, enum store_op op,
                 const struct store_args *a)
 {
     struct rloop *rl = rloop_of(sl);
     struct redis_store *st = (struct redis_store *)sl->st;
+    struct store_args hinted;
     struct rconn *cn;
     struct req *q;
     int node, rc;
@@ -841,6 +872,7 @@ int redis_start(struct store_loop *sl, struct store_call *c, enum store_op op,
     memset(&c->permit, 0, sizeof c->permit);
     memset(&c->slot, 0, sizeof c->slot);
     c->replication_short = false;
+    a = with_hint(rl, op, a, &hinted);
     /* Built first: a bad key is -EINVAL whether Redis is there or not. */
     if ((rc = req_new(rl, op, a, &q, &c->err)) != 0)
         return rc;

@@ -29,6 +29,7 @@
 
 struct redis_sentinel;
 struct redis_cluster;
+struct redis_notify;
 
 struct redis_store {
     struct store base;           /* first: the interface (store_backend.h) */
@@ -38,6 +39,7 @@ struct redis_store {
     atomic_uint primary_gen;     /* bumped when host:port change */
     struct redis_sentinel *sentinel; /* NULL: no sentinels */
     struct redis_cluster *cluster; /* NULL: not a Redis Cluster */
+    struct redis_notify *notify; /* NULL: no channel listened to yet */
     struct redis_sync *node_sync[REDIS_NODES_MAX]; /* cluster: the blocking
                                     connection per node, under lock */
     unsigned replicas_ack;       /* WAIT for them after a completion */
@@ -78,6 +80,8 @@ struct rcmd_info {
 };
 
 #define RCMD_ARGS 16
+/* A lease's record (130 bytes) and a small result fit. */
+#define RCMD_BLOB_INLINE 1024
 
 /* One command, as argv for hiredis. argv points into the struct itself (or
  * its blob): build it in place, use it there, then rcmd_free. */
@@ -91,10 +95,10 @@ struct rcmd {
     char key3[REDIS_KEY_MAX];    /* its third (after key2), or "" */
     uint8_t now[8], expires[8], lease[8], kept_attempt[4];
     char at[24], now_dec[24], until_dec[24];
-    char lease_at[24];           /* acquire: the lease's end (PEXPIREAT ms) */
     char live[REDIS_KEY_MAX];    /* acquire: the prefix of liveness keys */
     char num[4][24];             /* decimal arguments of bucket scripts */
-    uint8_t *blob;               /* an encoded record (owned) */
+    uint8_t blob_inline[RCMD_BLOB_INLINE]; /* an encoded record */
+    uint8_t *blob;               /* one too large for it (owned), or NULL */
 };
 
 /* Builds the command of one operation (the five asynchronous ones), after
@@ -104,6 +108,16 @@ int rcmd_build(struct redis_store *st, enum store_op op,
                struct sc_error *err);
 void rcmd_free(struct rcmd *cmd);
 
+/* A lease as it was taken (its record's attempt, created_ms and
+ * fingerprint), kept by the loop that took it so that its completion
+ * writes the record in one command (COMPLETE in redis_scripts.c). */
+struct redis_lease_hint {
+    uint64_t lease;                  /* the fence; 0: none */
+    uint64_t created_ms;
+    uint32_t attempt;
+    uint8_t fp[STORE_FP_LEN];
+};
+
 /* Where a reply's result goes: what the operation fills (the others may
  * be NULL). */
 struct rcmd_out {
@@ -111,6 +125,8 @@ struct rcmd_out {
     struct store_acquire_out *acq;   /* acquire, permit_lease */
     struct store_permit *permit;     /* permit, permit_lease */
     struct store_slot *slot;         /* slot_take */
+    struct redis_lease_hint *hint;   /* acquire, permit_lease: the lease
+                                        taken (lease 0 when none) */
 };
 
 /* Reads r, the reply to a command built as info says, into what the
@@ -130,8 +146,13 @@ int redis_verify_result(const struct redis_store *st,
                         const struct rcmd_info *info, const redisReply *r,
                         struct sc_error *err);
 
-/* Command pieces (redis_cmd.c), for the bucket commands (redis_bucket.c). */
+/* Command pieces (redis_cmd.c), for the bucket commands (redis_bucket.c)
+ * and the verification's (redis_verify.c). */
 void redis_arg(struct rcmd *cmd, const void *p, size_t len);
+/* rec encoded (record_encode) as the next argument: 0 or -EINVAL /
+ * -ENOMEM with err. */
+int redis_arg_record(struct rcmd *cmd, const struct store_record *rec,
+                     struct sc_error *err);
 void redis_arg_str(struct rcmd *cmd, const char *s);
 void redis_evalsha(struct rcmd *cmd, enum redis_script s);
 
@@ -156,13 +177,10 @@ int redis_bucket_result(const struct redis_store *st,
  * (record_key_make), so both backends take the same keys. 0 or -EINVAL. */
 int redis_record_key(const struct redis_store *st, const char *scope,
                      const char *key, struct rcmd *cmd, struct sc_error *err);
-/* Holders (contract §11): the key naming the process responsible for a
- * record's lease (its holder, or its verifier) into out, and the prefix of
- * a scope's liveness keys, "<prefix>{<scope>}:live:", into live; both in
- * the record's hash tag, so a script on the record reads them in its
- * Cluster slot. scope and key are checked already. */
-void redis_holder_key(const struct redis_store *st, const char *scope,
-                      const char *key, char out[REDIS_KEY_MAX]);
+/* Holders (contract §11): the prefix of a scope's liveness keys,
+ * "<prefix>{<scope>}:live:", into live; in the record's hash tag, so a
+ * script on the record reads them in its Cluster slot (the holder itself
+ * is in the record, v5). scope is checked already. */
 void redis_live_prefix(const struct redis_store *st, const char *scope,
                        char live[REDIS_KEY_MAX]);
 
@@ -235,6 +253,18 @@ void redis_cluster_reask(struct redis_store *st);
 /* Whether every primary of the map answered its last PING; else the cause
  * (no secret) into cause. */
 bool redis_cluster_healthy(struct redis_store *st, char *cause, size_t len);
+
+/* ---- the end of a lease, announced (redis_notify.c) ---- */
+
+/* Listens to the channels of scopes from now on (store_notify_set),
+ * starting the thread on the first call with any. */
+int redis_notify_set(struct redis_store *st, const char *const *scopes, size_t n,
+                     store_done_fn *done, void *arg, struct sc_error *err);
+/* Whether scope's channel is confirmed on a live connection. Any thread. */
+bool redis_notified(struct redis_store *st, const char *scope);
+uint64_t redis_notices(struct redis_store *st);
+/* Stops the thread and closes its connections. */
+void redis_notify_stop(struct redis_store *st);
 
 /* The asynchronous side's entries (store_redis_async.c). */
 int redis_loop_new(struct store *st, struct event_base *base,

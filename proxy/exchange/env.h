@@ -11,6 +11,7 @@ struct claims;
 struct event_base;
 struct exchange;
 struct freelist;
+struct key_waiters;
 struct metrics_shard;
 struct statsd;
 struct store_loop;
@@ -32,6 +33,9 @@ struct ex_env {
     uint64_t store_timeout_ms;      /* one store call; 0: no limit */
     uint32_t replicas_ack;          /* a completion also waits for replicas */
     struct claims *claims;          /* keys waiting for their permit */
+    struct key_waiters *dup_waiters; /* this loop's duplicates waiting for a
+                                       fleet's lease, woken by the store's
+                                       notices; NULL: none (they poll) */
     atomic_long *leases_active;     /* durable leases held, for the gauge */
     struct metrics_shard *metrics;  /* this loop's shard */
     struct statsd *statsd;          /* fd -1: off */

@@ -38,6 +38,7 @@
 #include "obs/metrics.h"
 #include "obs/statsd.h"
 #include "pacing/claims.h"
+#include "pacing/key_waiters.h"
 #include "proxy/exchange/env.h"
 #include "pacing/pacing.h"
 #include "policies/instruction.h"
@@ -200,6 +201,15 @@ struct exchange {
     bool settled;               /* the key's record is written (complete/release) */
     bool dup_waiting;           /* duplicates: wait: to look at the key again */
     uint64_t dup_poll_ns;       /* ... after this long (2 ms doubling to 25) */
+    /* ... or, fleet mode with the store's notices up, when the holder's
+     * lease ends (and every 25 ms as the fallback): */
+    struct key_waiter dup_kw;   /* in env->dup_waiters while it waits */
+    struct event *dup_ev;       /* the notice, on this loop */
+    bool dup_noticed;           /* a notice came since the last look began */
+    bool dup_watch;             /* the next look is a watch: marks the lease */
+    bool dup_looking;           /* permit_lease: that watch is in flight */
+    bool dup_marked;            /* a watch marked the lease of dup_fence */
+    uint64_t dup_fence;
 
     /* pacing */
     struct bucket *bucket;

@@ -16,6 +16,7 @@
 #include <strings.h>
 
 #include <event2/buffer.h>
+#include <event2/event.h>
 
 #include "obs/log.h"
 #include "policies/idemkey.h"
@@ -65,8 +66,14 @@ static int start_get(struct exchange *ex)
                            ex_wall_ms(ex));
 }
 
+int ex_start_watch(struct exchange *ex)
+{
+    return store_watch_async(ex->env->store, ex->scall, ex->pol->name, ex->key,
+                             ex_wall_ms(ex));
+}
+
 /* What the store already knows; false when that answers the request. */
-static bool looked_up(struct exchange *ex)
+bool ex_looked_up(struct exchange *ex)
 {
     uint64_t now = ex_wall_ms(ex);
     struct store_record *rec = &ex->replay;
@@ -118,24 +125,124 @@ static bool claim(struct exchange *ex, uint64_t now)
  * policy's max_wait, counted from the first look and shared with the
  * permit's wait, is up (lease_held as with refuse). Polling the store: the
  * holder's record is visible to every loop (and, on Redis, to every
- * sidecar of the fleet) the moment it is written. */
+ * sidecar of the fleet) the moment it is written.
+ *
+ * In fleet mode, while the store announces the end of the policy's leases
+ * (store_notified), a lease held in the store is waited for on the loop's
+ * registry of waiters instead: the request joins it, then watches the key
+ * (a look that marks the lease, so that whoever ends it publishes the key;
+ * joined first, so no notice can come between the mark and the joining),
+ * and looks again when the notice wakes it, or every 25 ms as the fallback
+ * for a lost one. A lease taken over by another holder (a new fence) is
+ * watched again: its record carries no mark. */
 #define DUP_POLL_FIRST_NS (2 * NS_PER_MS)
 #define DUP_POLL_MAX_NS (25 * NS_PER_MS)
 
-bool ex_wait_for_holder(struct exchange *ex, uint64_t now)
+/* From the store's thread, under the registry's lock: only the event. */
+static void on_dup_notice_posted(struct key_waiter *w)
+{
+    struct exchange *ex = w->arg;
+
+    event_active(ex->dup_ev, EV_TIMEOUT, 0);
+}
+
+/* On the loop: a look in flight now may have missed this end, so the
+ * next wait looks again at once. */
+static void on_dup_notice(evutil_socket_t fd, short what, void *arg)
+{
+    struct exchange *ex = arg;
+
+    ex->dup_noticed = true;
+    ex_wake(ex);
+}
+
+/* Joins the loop's waiters for the key: false when it cannot (no
+ * registry, no memory), and the request polls. */
+static bool dup_join(struct exchange *ex)
+{
+    if (ex->dup_kw.in)
+        return true;
+    if (!ex->env->dup_waiters)
+        return false;
+    if (!ex->dup_ev &&
+        !(ex->dup_ev = event_new(ex->env->base, -1, 0, on_dup_notice, ex)))
+        return false;
+    ex->dup_kw.wake = on_dup_notice_posted;
+    ex->dup_kw.arg = ex;
+    key_waiters_add(ex->env->dup_waiters, &ex->dup_kw, ex->pol->name, ex->key);
+    return true;
+}
+
+void ex_dup_leave(struct exchange *ex)
+{
+    if (ex->dup_kw.in)
+        key_waiters_remove(ex->env->dup_waiters, &ex->dup_kw);
+    if (ex->dup_ev)
+        event_del(ex->dup_ev); /* a pending notice is ours */
+    ex->dup_noticed = ex->dup_watch = ex->dup_looking = ex->dup_marked = false;
+}
+
+void ex_dup_release(struct exchange *ex)
+{
+    ex_dup_leave(ex);
+    if (ex->dup_ev)
+        event_free(ex->dup_ev);
+    ex->dup_ev = NULL;
+}
+
+/* The next look's delay with the notices: at once to watch a lease not
+ * marked yet (or after a notice during the last look), else the fallback. */
+static uint64_t noticed_step(struct exchange *ex, uint64_t fence)
+{
+    if (ex->dup_watch) { /* this answer came from a watch: marked */
+        ex->dup_watch = false;
+        ex->dup_marked = true;
+        ex->dup_fence = fence;
+    }
+    if (!ex->dup_marked || ex->dup_fence != fence) {
+        ex->dup_watch = true;
+        return 0;
+    }
+    if (ex->dup_noticed)
+        return 0;
+    return DUP_POLL_MAX_NS;
+}
+
+static uint64_t polled_step(struct exchange *ex)
+{
+    return !ex->dup_poll_ns ? DUP_POLL_FIRST_NS
+           : ex->dup_poll_ns * 2 > DUP_POLL_MAX_NS ? DUP_POLL_MAX_NS
+                                                   : ex->dup_poll_ns * 2;
+}
+
+static bool noticed(struct exchange *ex, bool in_store)
+{
+    return in_store && ex->env->dup_waiters &&
+           store_loop_notified(ex->env->store, ex->pol->name) && dup_join(ex);
+}
+
+bool ex_wait_for_holder(struct exchange *ex, uint64_t now, bool in_store,
+                        uint64_t fence)
 {
     uint64_t step;
 
     if (ex->pol->idem.duplicates != SC_DUP_WAIT ||
-        ex->kind != ANSWER_INSTRUCTION || ex->reason != R_LEASE_HELD)
+        ex->kind != ANSWER_INSTRUCTION || ex->reason != R_LEASE_HELD) {
+        ex_dup_leave(ex);
         return false;
+    }
     ex_begin_wait(ex, now);
-    if (now >= ex->wait_deadline_ns)
+    if (now >= ex->wait_deadline_ns) {
+        ex_dup_leave(ex);
         return false;
-    step = !ex->dup_poll_ns ? DUP_POLL_FIRST_NS
-           : ex->dup_poll_ns * 2 > DUP_POLL_MAX_NS ? DUP_POLL_MAX_NS
-                                                   : ex->dup_poll_ns * 2;
-    ex->dup_poll_ns = step;
+    }
+    if (noticed(ex, in_store)) {
+        step = noticed_step(ex, fence);
+    } else {
+        ex->dup_watch = ex->dup_marked = false;
+        step = polled_step(ex);
+        ex->dup_poll_ns = step;
+    }
     ex->dup_waiting = true;
     ex->wake_at = now + step < ex->wait_deadline_ns ? now + step : ex->wait_deadline_ns;
     /* Not the answer yet: the next look decides. */
@@ -153,19 +260,28 @@ static enum ex_verdict lookup_run(struct exchange *ex, uint64_t now)
     bool first = ex->woke == WOKE_FIRST || ex->dup_waiting;
     enum ex_verdict v;
 
+    if (ex->dup_waiting)
+        ex->dup_noticed = false; /* this look sees what the notice told */
     ex->dup_waiting = false;
-    v = ex_store_wait(ex, now, start_get, first, ST_GET);
+    v = ex_store_wait(ex, now, ex->dup_watch ? ex_start_watch : start_get, first,
+                      ST_GET);
     if (v != EXV_NEXT)
         return v;
-    if (looked_up(ex) && claim(ex, now))
+    if (!ex_looked_up(ex))
+        return ex_wait_for_holder(ex, now, true, ex->replay.lease) ? EXV_WAIT
+                                                                    : EXV_ANSWER;
+    if (claim(ex, now)) {
+        ex_dup_leave(ex);
         return EXV_NEXT;
-    return ex_wait_for_holder(ex, now) ? EXV_WAIT : EXV_ANSWER;
+    }
+    return ex_wait_for_holder(ex, now, false, 0) ? EXV_WAIT : EXV_ANSWER;
 }
 
 /* The claim ends with the answer: from then on the lease (or nothing) keeps
  * duplicates off. */
 static void lookup_release(struct exchange *ex, enum ex_release how)
 {
+    ex_dup_release(ex);
     if (ex->claimed)
         claims_drop(ex->env->claims, ex->pol->name, ex->key);
     ex->claimed = false;

@@ -327,6 +327,26 @@ static bool lease_with_permit(struct exchange *ex)
     return true;
 }
 
+/* duplicates: wait with the store's notices (stage_idem.c): the look
+ * that marks a held lease is a watch, not the script (which would spend
+ * nothing either, but marks nothing); EXV_NEXT when it found the key free,
+ * to ask for it at once. */
+static enum ex_verdict watch_held(struct exchange *ex, uint64_t now, bool again)
+{
+    enum ex_verdict v;
+
+    if (again)
+        ex->dup_looking = true;
+    v = ex_store_wait(ex, now, ex_start_watch, again, ST_GET);
+    if (v != EXV_NEXT)
+        return v;
+    ex->dup_looking = false;
+    if (ex_looked_up(ex))
+        return EXV_NEXT;
+    return ex_wait_for_holder(ex, now, true, ex->replay.lease) ? EXV_WAIT
+                                                                : EXV_ANSWER;
+}
+
 /* One round trip for the key's lookup, the fleet's permit and the lease
  * (instead of three): the lease, taken before the waits, runs max_wait +
  * lease; one that leaves unsent is given back with its attempt uncounted. */
@@ -343,6 +363,13 @@ static enum ex_verdict permit_lease_run(struct exchange *ex, uint64_t now)
     }
     ex->dup_waiting = false;
     if (again)
+        ex->dup_noticed = false; /* this look sees what the notice told */
+    if ((again && ex->dup_watch) || ex->dup_looking) {
+        if ((v = watch_held(ex, now, again)) != EXV_NEXT)
+            return v;
+        again = true; /* free: asked for at once */
+    }
+    if (again)
         ex->asking = true;
     if (!ex->asking)
         return permit_due(ex, now);
@@ -352,12 +379,15 @@ static enum ex_verdict permit_lease_run(struct exchange *ex, uint64_t now)
         return v;
     ex->asking = false;
     if (!lease_with_permit(ex))
-        return ex_wait_for_holder(ex, now) ? EXV_WAIT : EXV_ANSWER;
+        return ex_wait_for_holder(ex, now, true, ex->scall->acq.lease) ? EXV_WAIT
+                                                                        : EXV_ANSWER;
+    ex_dup_leave(ex);
     return fleet_answered(ex, now);
 }
 
 static void permit_lease_release(struct exchange *ex, enum ex_release how)
 {
+    ex_dup_release(ex);
     ex_lease_give_back(ex);
     ex_bucket_release(ex, how);
 }

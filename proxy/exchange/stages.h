@@ -58,8 +58,22 @@ extern const struct ex_stage stage_feedback, stage_feedback_fleet;
 /* stage_idem.c: duplicates: wait (contract §6). The request was answered
  * lease_held: true when it should instead look at the key again at
  * ex->wake_at (the answer undone, ex->dup_waiting set), within max_wait;
- * false when that answer stands. For every row that meets a held key. */
-bool ex_wait_for_holder(struct exchange *ex, uint64_t now);
+ * false when that answer stands. For every row that meets a held key;
+ * in_store: the lease is the store's (its fence: the record's), not an
+ * in-memory claim, so its end may be announced (fleet mode): the request
+ * then waits for that notice, looking every 25 ms only as the fallback. */
+bool ex_wait_for_holder(struct exchange *ex, uint64_t now, bool in_store,
+                        uint64_t fence);
+/* What a look at the key (ex->scall: a get or a watch) found: true when the
+ * key is free; false when it answers the request (a replay, 422, a failed
+ * store, or a live lease: lease_held, for ex_wait_for_holder). */
+bool ex_looked_up(struct exchange *ex);
+/* Starts a watch of the key (store_watch_async) into ex->scall. */
+int ex_start_watch(struct exchange *ex);
+/* The request stops waiting for a holder: out of the loop's waiters. */
+void ex_dup_leave(struct exchange *ex);
+/* ... and its notice's event freed (a row's release). */
+void ex_dup_release(struct exchange *ex);
 
 /* The wait for a permit and a slot starts at the first row that paces and
  * ends at max_wait; the rows after it count from the same moment. */

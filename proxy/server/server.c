@@ -915,6 +915,7 @@ static void env_init(struct loop *w)
         .store_timeout_ms = app->fixed.store_timeout_ms,
         .replicas_ack = app->fixed.replicas_ack,
         .claims = &app->claims,
+        .dup_waiters = &w->dup_waiters,
         .leases_active = &app->leases_active,
         .metrics = &app->metrics.shards[w->idx],
         .statsd = &w->statsd,
@@ -929,6 +930,7 @@ int loop_init(struct loop *w, struct app *app, unsigned idx,
                 int listen_fd, struct sc_error *err)
 {
     memset(w, 0, sizeof *w);
+    key_waiters_init(&w->dup_waiters);
     exchange_loop_init(w);
     w->statsd.fd = -1;
     w->idx = idx;
@@ -1054,4 +1056,13 @@ void loop_stop(struct loop *w)
         event_base_free(w->base);
     w->base = NULL;
     exchange_loop_clear(w); /* after the daemon and the store: nothing left */
+    key_waiters_destroy(&w->dup_waiters);
+}
+
+void loops_wake_key(void *arg, const char *scope, const char *key)
+{
+    struct app *app = arg;
+
+    for (unsigned i = 0; i < app->n_loops; i++)
+        key_waiters_wake(&app->loops[i].dup_waiters, scope, key);
 }

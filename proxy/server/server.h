@@ -18,6 +18,7 @@
 #include "policies/problem.h"
 #include "proxy/exchange/env.h"
 #include "util/error.h"
+#include "pacing/key_waiters.h"
 #include "util/freelist.h"
 
 struct app;
@@ -59,6 +60,8 @@ struct loop {
     struct freelist spare_ex;   /* freed exchanges, for the next requests */
     struct freelist spare_call; /* and their store calls */
     struct ex_env env;          /* what its requests' rows may use */
+    struct key_waiters dup_waiters; /* its duplicates waiting for a fleet's
+                                   lease; woken from the store's thread */
     TAILQ_HEAD(, conn) conns;   /* its worker connections (server.c's struct conn) */
     struct event *beat_ev;      /* every LOOP_BEAT_MS: the loop still turns */
     _Atomic uint64_t beat_ns;   /* monotonic time of its last beat */
@@ -92,6 +95,11 @@ void loop_stop(struct loop *w);
 /* Makes MHD process pending work on the next loop pass: needed after
  * MHD_resume_connection, which does not wake an external-epoll loop. */
 void loop_kick(struct loop *w);
+
+/* The store announced that a lease of (scope, key) ended: wakes that
+ * key's waiting duplicates of every loop, each on its own loop. From the
+ * store's thread (store_done_fn, arg: the app). */
+void loops_wake_key(void *app, const char *scope, const char *key);
 
 /* The request head clock of a worker connection (limits.header_timeout):
  * srv_conn_head_begun starts it when a request line arrives on a reused

@@ -15,12 +15,16 @@ With --backend redis the two copies go through two sluices sharing one redis-ser
 mode: store.backend: redis, the policy shared: redis at a rate far above the load), one copy
 each, so the waiting copy waits for the other sidecar's record.
 
+With --before BIN each setting runs on that sluice binary too (another build: "before"),
+against the same stub and Redis, alternating with this build's ("after") --rounds times, so the
+two are compared in one run on one machine's load; --settings picks the settings (refuse,wait).
+
 Prints median, p99 and max per setting, and how many copies reached the partner (must be N:
 one per job, whatever the setting). A benchmark: it asserts nothing on times. Everything runs on
 loopback from a temp dir; each process is stopped by its pid.
 
     /usr/bin/python3 tests/bench/duplicates.py [--jobs 200] [--parallel 16] [--build build]
-        [--backend rocksdb|redis]
+        [--backend rocksdb|redis] [--settings refuse,wait] [--before BIN --rounds 3]
 """
 import argparse
 import json
@@ -71,12 +75,15 @@ def deliver(port, key, out, i):
         conn.close()
 
 
-def start_sluice(duplicates, i, args, procs, d, stub):
+def start_sluice(duplicates, i, args, procs, d, stub, run):
     """Sluice i of a setting: its port and process."""
-    cfg = os.path.join(d, f"{duplicates}-{i}.yaml")
+    cfg = os.path.join(d, f"{duplicates}-{run['tag']}-{i}.yaml")
     port, admin = ex.free_port(), ex.free_port()
     if args.redis_port:
-        store = '{backend: redis, url: "redis://127.0.0.1:%d/0", timeout: 1000ms}' % args.redis_port
+        # A key prefix per run: two builds never share a bucket or a record (an older
+        # release may not read the newer one's).
+        store = ('{backend: redis, url: "redis://127.0.0.1:%d/0", timeout: 1000ms, '
+                 'key_prefix: "dups-%s"}' % (args.redis_port, run["tag"]))
         shared = "    rate: 100000/s\n    shared: redis\n"
     else:
         store, shared = "{path: %s}" % os.path.join(d, duplicates), ""
@@ -84,15 +91,15 @@ def start_sluice(duplicates, i, args, procs, d, stub):
         f.write(CONFIG.format(port=port, admin=admin, store=store, shared=shared,
                               stub=stub, timeout=args.timeout, max_wait=args.max_wait,
                               lease=args.lease, duplicates=duplicates))
-    p = procs.start(f"sluice-{duplicates}-{i}", [args.sluice, "-c", cfg])
+    p = procs.start(f"sluice-{duplicates}-{run['tag']}-{i}", [run["bin"], "-c", cfg])
     ex.wait_until(lambda: ex.http(f"http://127.0.0.1:{admin}/readyz", timeout=1)[0] == 200,
                   20, "sluice /readyz")
     return port, p
 
 
-def run_setting(duplicates, args, procs, d, stub):
+def run_setting(duplicates, args, procs, d, stub, run):
     # One sluice, or (fleet mode) two: copy i through sluice i.
-    fronts = [start_sluice(duplicates, i, args, procs, d, stub)
+    fronts = [start_sluice(duplicates, i, args, procs, d, stub, run)
               for i in range(2 if args.redis_port else 1)]
     ports = [fronts[i % len(fronts)][0] for i in (0, 1)]
     before = json.loads(ex.http(stub + "/_stub/stats")[1])["requests"]
@@ -101,7 +108,7 @@ def run_setting(duplicates, args, procs, d, stub):
 
     def job(n):
         with sem:
-            key = f"{duplicates}-job-{n:06d}"
+            key = f"{duplicates}-{run['tag']}-job-{n:06d}"
             got = [None, None]
             t0 = time.monotonic()
             ts = [threading.Thread(target=deliver, args=(ports[i], key, got, i)) for i in (0, 1)]
@@ -124,7 +131,7 @@ def run_setting(duplicates, args, procs, d, stub):
     for _, p in fronts:
         procs.stop(p)
     times.sort()
-    return {"duplicates": duplicates, "median": statistics.median(times),
+    return {"duplicates": duplicates, "build": run["label"], "median": statistics.median(times),
             "p99": times[min(len(times) - 1, int(0.99 * len(times)))], "max": times[-1],
             "wall": wall, "calls": calls, "outcomes": outcomes}
 
@@ -141,6 +148,9 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (configs, logs)")
     ap.add_argument("--backend", choices=["rocksdb", "redis"], default="rocksdb",
                     help="redis: two sluices on one redis-server, one copy through each")
+    ap.add_argument("--settings", default="refuse,wait", help="duplicates settings to run")
+    ap.add_argument("--before", help="another sluice binary, run alternately with this build's")
+    ap.add_argument("--rounds", type=int, default=1, help="with --before: runs of each")
     args = ap.parse_args()
     args.sluice = os.environ.get("SLUICE_BIN", os.path.join(args.build, "sluice"))
     stub_bin = os.environ.get("SLUICE_STUB", os.path.join(args.build, "sluice-stub"))
@@ -152,18 +162,26 @@ def main():
                                 ["--delay-ms", str(args.stub_delay_ms)])
         args.redis_port = (ex.start_redis(procs, d, "store-redis")[1]
                            if args.backend == "redis" else None)
-        for setting in ("refuse", "wait"):
-            print(f"running duplicates: {setting} ...", file=sys.stderr, flush=True)
-            results.append(run_setting(setting, args, procs, d, stub))
+        builds = [("after", args.sluice)]
+        if args.before:
+            builds = [("before", args.before), ("after", args.sluice)]
+        for setting in args.settings.split(","):
+            for rnd in range(args.rounds if args.before else 1):
+                for label, binary in builds:
+                    run = {"label": label, "bin": binary, "tag": f"{label}{rnd}"}
+                    print(f"running duplicates: {setting} ({label}, round {rnd + 1}) ...",
+                          file=sys.stderr, flush=True)
+                    results.append(run_setting(setting, args, procs, d, stub, run))
     finally:
         procs.stop_all()
     print(f"{args.backend}: {args.jobs} jobs x 2 copies, {args.parallel} jobs at once, partner "
           f"{args.stub_delay_ms} ms, lease {args.lease}, timeout {args.timeout}, "
           f"max_wait {args.max_wait}")
-    print(f"{'duplicates':<10} {'both acked: median':>19} {'p99':>8} {'max':>8} "
+    print(f"{'duplicates':<10} {'build':<6} {'both acked: median':>19} {'p99':>8} {'max':>8} "
           f"{'wall':>7} {'partner calls':>14}  outcomes")
     for r in results:
-        print(f"{r['duplicates']:<10} {r['median'] * 1000:>16.1f} ms {r['p99'] * 1000:>5.0f} ms "
+        print(f"{r['duplicates']:<10} {r['build']:<6} {r['median'] * 1000:>16.1f} ms "
+              f"{r['p99'] * 1000:>5.0f} ms "
               f"{r['max'] * 1000:>5.0f} ms {r['wall']:>6.1f}s {r['calls']:>14}  "
               + ", ".join(f"{k}: {v}" for k, v in sorted(r["outcomes"].items())))
     if args.keep:

@@ -157,14 +157,16 @@ static void follows(const char *style)
     for (int s = 0; s < FLEET; s++)
         cr_expect_eq(l[s].other, 0, "%s: sidecar %d: %d answers neither 200 nor 429",
                      style, s, l[s].other);
-    /* The followed numbers are the fleet's bucket's, in Redis: slower
-     * than the configured 100/s (T = 10 ms), and when they were read. */
-    cr_expect(redis_server_cmd(&rs, "EVAL return((tonumber(redis.call('HGET',KEYS[1],"
-                               "'qt')or'0')>20000)and(1)or(redis.error_reply('fast'))) "
-                               "1 sluice:{p}:b"),
+    /* The followed numbers are the fleet's bucket's, in Redis (the string
+     * "tat:pu:qt:qtau:qa"): slower than the configured 100/s (T = 10 ms),
+     * and when they were read. */
+    cr_expect(redis_server_cmd(&rs, "EVAL return((tonumber(string.match(redis.call("
+                               "'GET',KEYS[1])or'','^[^:]*:[^:]*:([^:]*)')or'0')>20000)"
+                               "and(1)or(redis.error_reply('fast'))) 1 sluice:{p}:b"),
               "%s: no followed interval in the bucket", style);
-    cr_expect(redis_server_cmd(&rs, "EVAL return(redis.call('HGET',KEYS[1],'qa')or("
-                               "redis.error_reply('none'))) 1 sluice:{p}:b"),
+    cr_expect(redis_server_cmd(&rs, "EVAL return(string.match(redis.call('GET',KEYS[1])"
+                               "or'','^[^:]*:[^:]*:[^:]*:[^:]*:(%d+)$')or(redis."
+                               "error_reply('none'))) 1 sluice:{p}:b"),
               "%s: no moment of the followed numbers in the bucket", style);
     j = admin_json(sl[1].admin_port, "/policies");
     p = json_object_get(json_object_get(j, "policies"), "p");

@@ -598,6 +598,7 @@ static const struct {
     {"sluice_store_errors_total", "counter", false},
     {"sluice_store_commit_failures_total", "counter", false}, /* §10 */
     {"sluice_connections_refused_total", "counter", false},
+    {"sluice_store_notifications_total", "counter", false},
     {"sluice_accept_paused_total", "counter", false},
     {"sluice_connections", "gauge", false},
     {"sluice_ready", "gauge", false},

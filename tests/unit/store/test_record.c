@@ -301,9 +301,9 @@ Test(record, unknown_versions_are_eproto)
     uint8_t v[] = {0, 2, 0, 0, 0, 0};
 
     cr_expect_eq(decode(v, sizeof v, &out), -EPROTO);
-    v[0] = 5;
+    v[0] = 6;
     cr_expect_eq(decode(v, sizeof v, &out), -EPROTO);
-    cr_expect(strstr(err.text, "version 5"), "%s", err.text);
+    cr_expect(strstr(err.text, "version 6"), "%s", err.text);
     v[0] = 255;
     cr_expect_eq(decode(v, 1, &out), -EPROTO);
 }
@@ -336,6 +336,26 @@ Test(record, corrupt_fields_are_refused)
     expect_bad_at(name_byte, 0, "NUL in a header");
     /* A header length pointing past the end. */
     expect_bad_at(n_headers + 4 + 3, 0x10, "truncated header");
+}
+
+/* Bits 2 and 3 (a duplicate waits: publish the key's end) are set by a
+ * Redis fleet's scripts on any record with a flags byte; C reads past
+ * them, and 0x10 and up stay refused. */
+Test(record, waited_flags_are_read_past)
+{
+    struct store_record in = sample(), out;
+    size_t len;
+    uint8_t *buf = encode(&in, &len);
+
+    for (uint8_t f = 0x04; f <= 0x0c; f += 0x04) {
+        buf[2] = f;
+        cr_expect_eq(decode(buf, len, &out), 0, "flags 0x%02x: %s", f, err.text);
+        cr_expect_eq(out.status, in.status);
+        cr_expect_not(out.body_omitted);
+        store_record_clear(&out);
+    }
+    free(buf);
+    expect_bad_at(2, 0x10, "unknown flags");
 }
 
 Test(record, omitted_flag_with_a_body_is_refused)
@@ -498,10 +518,100 @@ Test(record, v4_refusals)
     cr_expect_eq(decode(buf, len, &out), -EBADMSG);
     cr_expect(strstr(err.text, "verification mark"), "%s", err.text);
     buf[1 + 1 + 1 + 4 + 32 + STORE_FP_LEN + 8] = 4;
-    buf[2] |= 0x04; /* an unknown flag */
+    buf[2] |= 0x10; /* an unknown flag (0x04, 0x08: a duplicate waits) */
     cr_expect_eq(decode(buf, len, &out), -EBADMSG);
     buf[2] = 0x02;  /* verified in a v3 value: unknown there */
     buf[0] = 3;
     cr_expect_neq(decode(buf, len, &out), 0);
     free(buf);
+}
+
+/* ---- v5: the lease's holder (docs/contract.md §11, fleet mode) ---- */
+
+#define HOLDER "0123456789abcdef0123456789abcdef"
+
+/* A lease naming its holder is v5: v4's fields, then the 32-byte id at the
+ * offsets the Redis scripts read (89..120, 1-based), status right after. */
+Test(record, v5_names_the_holder_where_the_scripts_read_it)
+{
+    struct store_record in = sample(), out;
+    size_t len4, len5;
+    uint8_t *buf4, *buf5;
+
+    in.state = STORE_IN_PROGRESS;
+    in.status = 0;
+    in.n_headers = 0;
+    in.body_len = 0;
+    in.verify = 1;
+    in.verify_deadline_ms = 1700000005000ull;
+    buf4 = encode(&in, &len4);
+    strcpy(in.holder, HOLDER);
+    buf5 = encode(&in, &len5);
+    cr_expect_eq(buf5[0], 5);
+    cr_expect_eq(len5, len4 + 32, "the holder takes 32 bytes");
+    cr_expect_eq(len5, 130, "the scripts' shortest v5");
+    cr_expect_arr_eq(buf5 + 88, HOLDER, 32);
+    cr_expect_arr_eq(buf5 + 1, buf4 + 1, 87, "v4's fields, unchanged");
+    cr_expect_arr_eq(buf5 + 120, buf4 + 88, len4 - 88, "then v4's rest");
+    cr_assert_eq(decode(buf5, len5, &out), 0, "%s", err.text);
+    cr_expect_str_eq(out.holder, HOLDER);
+    cr_expect_eq(out.verify, 1);
+    cr_expect_eq(out.lease, in.lease);
+    store_record_clear(&out);
+    /* v4 (an earlier release's) names none. */
+    cr_assert_eq(decode(buf4, len4, &out), 0, "%s", err.text);
+    cr_expect_str_eq(out.holder, "");
+    store_record_clear(&out);
+    free(buf4);
+    free(buf5);
+}
+
+/* A short id is NUL-padded; the padding must be all NUL and the id
+ * printable, or the value is corrupt. */
+Test(record, v5_holder_padding_and_refusals)
+{
+    struct store_record in = sample(), out;
+    size_t len;
+    uint8_t *buf;
+
+    strcpy(in.holder, "abc");
+    buf = encode(&in, &len);
+    cr_expect_eq(buf[0], 5);
+    cr_expect_eq(buf[88 + 3], 0);
+    cr_assert_eq(decode(buf, len, &out), 0, "%s", err.text);
+    cr_expect_str_eq(out.holder, "abc");
+    expect_same(&in, &out);
+    store_record_clear(&out);
+    buf[88 + 10] = 'x';
+    cr_expect_eq(decode(buf, len, &out), -EBADMSG, "a byte after the padding");
+    cr_expect(strstr(err.text, "holder"), "%s", err.text);
+    buf[88 + 10] = 0;
+    buf[88 + 1] = 0x07;
+    cr_expect_eq(decode(buf, len, &out), -EBADMSG, "a control byte in the id");
+    cr_expect_eq(decode(buf, 100, &out), -EBADMSG, "truncated in the id");
+    free(buf);
+}
+
+/* Into a caller's buffer: the same bytes as record_encode, nothing written
+ * past cap, and the size said when it does not fit. */
+Test(record, encode_to_a_buffer)
+{
+    struct store_record in = sample();
+    uint8_t small[16], big[1024];
+    size_t len, n;
+    uint8_t *buf;
+
+    strcpy(in.holder, HOLDER);
+    buf = encode(&in, &len);
+    memset(small, 0x5a, sizeof small);
+    cr_assert_eq(record_encode_to(&in, small, sizeof small, &n, &err), 0);
+    cr_expect_eq(n, len);
+    for (size_t i = 0; i < sizeof small; i++)
+        cr_expect_eq(small[i], 0x5a, "nothing written when it does not fit");
+    cr_assert_eq(record_encode_to(&in, big, sizeof big, &n, &err), 0);
+    cr_expect_eq(n, len);
+    cr_expect_arr_eq(big, buf, len);
+    free(buf);
+    in.status = 1000;
+    cr_expect_eq(record_encode_to(&in, big, sizeof big, &n, &err), -EINVAL);
 }

@@ -16,6 +16,7 @@
 #include <event2/event.h>
 #include <hiredis/hiredis.h>
 
+#include "store/record.h"
 #include "store/store.h"
 #include "support/redis_server.h"
 #include "support/testutil.h"
@@ -178,8 +179,8 @@ Test(store, backend_name_sweep_and_count)
     cr_expect_eq(store_count(st), 0);
     expect_acquired("a", fp_a, t0, 1);
     expect_acquired("b", fp_a, t0, 1);
-    /* An estimate (DBSIZE): each lease in progress has its holder's key. */
-    cr_expect_eq(store_count(st), 4);
+    /* An estimate (DBSIZE): a lease is one key, its holder inside it. */
+    cr_expect_eq(store_count(st), 2);
     cr_expect_eq(store_sweep(st, t0 + 2 * TTL, 100, &removed, &err), 0);
     cr_expect_eq(removed, 0, "Redis expires records itself");
     cr_expect(store_healthy(st));
@@ -939,6 +940,8 @@ Test(store, a_held_lease_tells_whether_its_holder_is_gone)
 {
     struct store *other = open_second();
     struct store_acquire_out out;
+    struct store_record rec;
+    char taker[STORE_HOLDER_LEN + 1];
     uint64_t fence;
 
     cr_assert_eq(store_live_refresh(st, SCOPE, 3000, &err), 0, "%s", err.text);
@@ -947,8 +950,13 @@ Test(store, a_held_lease_tells_whether_its_holder_is_gone)
     out = held_by(other, "hk");
     cr_expect_not(out.holder_gone, "its holder refreshes its liveness key");
     cr_expect_eq(out.lease, fence, "the held lease's fence, to verify it");
-    cr_expect_gt(raw_int("PTTL %s", "sluice:{payments}:h:hk"), 0,
-                 "the holder's key ends with the lease");
+    cr_assert_eq(store_get(other, SCOPE, "hk", t0 + 1, &rec, &err), 0);
+    cr_expect_eq(strlen(rec.holder), 32, "the lease names its holder: %s",
+                 rec.holder);
+    strcpy(taker, rec.holder);
+    store_record_clear(&rec);
+    cr_expect_eq(raw_int("EXISTS %s", "sluice:{payments}:h:hk"), 0,
+                 "no key of its own: the holder is in the record");
     /* Its holder stops (killed: its key lapses). */
     cr_assert_eq(store_live_refresh(st, SCOPE, 1, &err), 0);
     usleep(20 * 1000);
@@ -962,6 +970,10 @@ Test(store, a_held_lease_tells_whether_its_holder_is_gone)
     out = held_by(st, "hk");
     cr_expect_not(out.holder_gone, "its verifier is alive");
     cr_expect_eq(out.verify, PENDING);
+    cr_assert_eq(store_get(st, SCOPE, "hk", t0 + 1, &rec, &err), 0);
+    cr_expect(strlen(rec.holder) == 32 && strcmp(rec.holder, taker) != 0,
+              "the record names the verifier now: %s", rec.holder);
+    store_record_clear(&rec);
     /* ... until the verifier stops too: its pending mark may be taken up. */
     cr_assert_eq(store_live_refresh(other, SCOPE, 1, &err), 0);
     usleep(20 * 1000);
@@ -970,7 +982,7 @@ Test(store, a_held_lease_tells_whether_its_holder_is_gone)
     store_close(other);
 }
 
-/* A marked record is v4 in Redis, keeps its TTL through a claim, and the
+/* A marked lease is v5 in Redis, keeps its TTL through a claim, and the
  * other scripts (acquire, permit_lease, complete, release) read it. */
 Test(store, marked_records_keep_their_ttl_and_are_read_by_every_script)
 {
@@ -988,7 +1000,8 @@ Test(store, marked_records_keep_their_ttl_and_are_read_by_every_script)
               "PTTL %lld then %lld", before, after);
     r = raw("GET %s", "sluice:{payments}:k:m");
     cr_assert_eq(r->type, REDIS_REPLY_STRING);
-    cr_expect_eq((unsigned char)r->str[0], 4, "a marked record is version 4");
+    cr_expect_eq((unsigned char)r->str[0], 5,
+                 "a marked lease is version 5 (its holder named)");
     freeReplyObject(r);
     /* A duplicate meets the held lease, and sees its mark. */
     cr_assert_eq(store_acquire(st, SCOPE, "m", fp_a, t0 + 1, LEASE, TTL, &out,
@@ -1042,4 +1055,213 @@ Test(store, async_large_bodies_go_and_come_back_whole)
         store_record_clear(&c.rec);
     }
     aloop_free(&a);
+}
+
+/* ---- what a keyed request costs Redis, and the forms of earlier
+ * releases ---- */
+
+/* Commands Redis ran since CONFIG RESETSTAT (INFO commandstats counts a
+ * script's own commands), leaving out the scripts' calls themselves and the
+ * statistics' own commands. */
+static long long commands_run(void)
+{
+    static const char *const skip[] = {"evalsha", "eval", "info", "config"};
+    redisReply *r = raw("INFO commandstats");
+    const char *p = r->str;
+    long long n = 0;
+
+    while ((p = strstr(p, "cmdstat_")) != NULL) {
+        char name[64];
+        long long calls;
+        bool counted = true;
+
+        /* a subcommand is "command|sub" (Redis 7) */
+        if (sscanf(p, "cmdstat_%63[^:|]%*[^:]:calls=%lld", name, &calls) == 2 ||
+            sscanf(p, "cmdstat_%63[^:|]:calls=%lld", name, &calls) == 2) {
+            for (size_t i = 0; i < sizeof skip / sizeof *skip; i++)
+                counted = counted && strcmp(name, skip[i]) != 0;
+            if (counted)
+                n += calls;
+        }
+        p += 8;
+    }
+    freeReplyObject(r);
+    return n;
+}
+
+static void complete_on(struct aloop *a, struct waiter *w, const char *key,
+                        uint64_t lease, int status)
+{
+    struct store_call c;
+    int n = w->done + 1;
+
+    call_init(&c, w);
+    cr_assert_eq(store_complete_async(a->sl, &c, SCOPE, key, lease, t0 + 1, TTL,
+                                      status, HDRS, 3, BIN_BODY,
+                                      sizeof BIN_BODY, false), -EINPROGRESS);
+    cr_assert(run_until(a->base, w, n, WAIT_MS));
+    cr_assert_eq(c.rc, 0, "%s", c.err.text);
+}
+
+/* A fresh key, its permit granted, completed: six commands in all (GET,
+ * TIME, the bucket's GET and SET, the lease's SET; the completion's one
+ * SET), and the completed record is exactly what two reads would make. */
+Test(store, a_fresh_keyed_request_costs_six_commands)
+{
+    struct aloop a = aloop_new(st);
+    struct waiter w = {0};
+    struct store_call c;
+    struct store_record rec;
+    uint64_t lease;
+
+    c = permit_lease(&a, &w, "warm", fp_a, 1000); /* connected, scripts in */
+    complete_on(&a, &w, "warm", c.acq.lease, 200);
+    freeReplyObject(raw("CONFIG RESETSTAT"));
+    c = permit_lease(&a, &w, "fresh", fp_a, 60000);
+    cr_assert_eq(c.acq.claim, STORE_ACQUIRED);
+    cr_assert(c.permit.granted);
+    lease = c.acq.lease;
+    complete_on(&a, &w, "fresh", lease, 201);
+    cr_expect_eq(commands_run(), 6, "commands per fresh keyed request");
+    rec = stored("fresh");
+    cr_expect_eq(rec.state, STORE_COMPLETED);
+    cr_expect_eq(rec.status, 201);
+    cr_expect_eq(rec.attempt, 1);
+    cr_expect_eq(rec.created_ms, t0);
+    cr_expect_eq(memcmp(rec.fingerprint, fp_a, STORE_FP_LEN), 0);
+    cr_expect_str_eq(rec.holder, "", "a result names no holder (version 3)");
+    store_record_clear(&rec);
+    aloop_free(&a);
+}
+
+/* A completion that does not hold the key writes nothing: the value, its
+ * expiry, or its absence are as they were. */
+Test(store, a_refused_completion_leaves_the_record_as_it_was)
+{
+    struct store_acquire_out out;
+    const char *key = "sluice:{payments}:k:p";
+    redisReply *before, *after;
+    uint64_t first;
+    long long ttl;
+
+    cr_expect_eq(store_complete(st, SCOPE, "none", 42, t0, TTL, 200, NULL, 0,
+                                NULL, 0, false, &err), -ENOENT);
+    cr_expect_eq(raw_int("EXISTS %s", "sluice:{payments}:k:none"), 0,
+                 "no record made where there was none");
+    cr_assert_eq(store_acquire(st, SCOPE, "p", fp_a, t0, LEASE, TTL, &out, &err), 0);
+    first = out.lease;
+    cr_assert_eq(store_acquire(st, SCOPE, "p", fp_a, t0 + LEASE + 1, LEASE, TTL,
+                               &out, &err), 0);
+    cr_assert_eq(out.claim, STORE_ACQUIRED, "a takeover");
+    before = raw("GET %s", key);
+    ttl = raw_int("PTTL %s", key);
+    cr_expect_eq(store_complete(st, SCOPE, "p", first, t0 + LEASE + 2, TTL, 200,
+                                NULL, 0, NULL, 0, false, &err), -ESTALE);
+    after = raw("GET %s", key);
+    cr_expect(after->len == before->len &&
+              memcmp(after->str, before->str, before->len) == 0,
+              "the successor's lease is untouched");
+    cr_expect(raw_int("PTTL %s", key) > ttl - 5000 &&
+              raw_int("PTTL %s", key) <= ttl, "its expiry kept");
+    freeReplyObject(before);
+    freeReplyObject(after);
+    cr_assert_eq(store_complete(st, SCOPE, "p", out.lease, t0 + LEASE + 3, TTL,
+                                201, NULL, 0, NULL, 0, false, &err), 0, "%s",
+                 err.text);
+    before = raw("GET %s", key);
+    cr_expect_eq(store_complete(st, SCOPE, "p", out.lease, t0 + LEASE + 4, TTL,
+                                500, NULL, 0, NULL, 0, false, &err), -EALREADY);
+    after = raw("GET %s", key);
+    cr_expect(after->len == before->len &&
+              memcmp(after->str, before->str, before->len) == 0,
+              "the first result stays");
+    freeReplyObject(before);
+    freeReplyObject(after);
+}
+
+/* A completion that does not know its lease's record (a blocking call)
+ * still keeps the stored attempt, creation and fingerprint. */
+Test(store, a_completion_keeps_the_stored_attempt_and_creation)
+{
+    struct store_acquire_out out;
+    struct store_record rec;
+
+    cr_assert_eq(store_acquire(st, SCOPE, "t", fp_a, t0, LEASE, TTL, &out, &err), 0);
+    cr_assert_eq(store_acquire(st, SCOPE, "t", fp_a, t0 + LEASE + 1, LEASE, TTL,
+                               &out, &err), 0);
+    cr_assert_eq(out.attempt, 2);
+    cr_assert_eq(store_complete(st, SCOPE, "t", out.lease, t0 + LEASE + 2, TTL,
+                                201, NULL, 0, NULL, 0, false, &err), 0);
+    rec = stored("t");
+    cr_expect_eq(rec.attempt, 2);
+    cr_expect_eq(rec.created_ms, t0);
+    cr_expect_eq(memcmp(rec.fingerprint, fp_a, STORE_FP_LEN), 0);
+    store_record_clear(&rec);
+}
+
+/* An earlier release kept a bucket as a hash (tat, pu): it is read, so the
+ * fleet's pacing carries over, and replaced by the string at the next
+ * write. */
+Test(store, a_bucket_left_as_a_hash_by_an_earlier_release_is_carried_over)
+{
+    struct aloop a = aloop_new(st);
+    struct waiter w = {0};
+    struct store_call c;
+    redisReply *r = raw("TIME");
+    long long now_us = atoll(r->element[0]->str) * 1000000 +
+                       atoll(r->element[1]->str);
+    char tat[32];
+
+    freeReplyObject(r);
+    snprintf(tat, sizeof tat, "%lld", now_us + 100 * 1000000ll);
+    freeReplyObject(raw("HSET sluice:{payments}:b tat %s pu 0", tat));
+    c = permit_lease(&a, &w, "h", fp_a, 1000);
+    cr_expect_eq(c.acq.claim, STORE_FREE);
+    cr_expect(c.permit.wait_ns > 90 * NS_PER_S, "the hash's tat was read: %llu",
+              (unsigned long long)c.permit.wait_ns);
+    r = raw("TYPE sluice:{payments}:b");
+    cr_expect_str_eq(r->str, "hash", "a refused permit writes nothing");
+    freeReplyObject(r);
+    c = permit_lease(&a, &w, "h", fp_a, 200000);
+    cr_expect_eq(c.acq.claim, STORE_ACQUIRED);
+    cr_expect(c.permit.wait_ns > 90 * NS_PER_S);
+    r = raw("GET sluice:{payments}:b");
+    cr_assert_eq(r->type, REDIS_REPLY_STRING, "the string form now");
+    cr_expect_eq(atoll(r->str), atoll(tat) + (long long)(T_NS / 1000),
+                 "tat moved on by T: %s", r->str);
+    freeReplyObject(r);
+    cr_expect_gt(raw_int("PTTL %s", "sluice:{payments}:b"), 100000);
+    aloop_free(&a);
+}
+
+/* A lease taken by an earlier release names no holder in its record: it
+ * counts as held by a live process (nothing is inferred from what is not
+ * known), and a verification's claim names its verifier there. */
+Test(store, a_lease_of_an_earlier_release_counts_as_held_by_a_live_process)
+{
+    struct store_record old = {
+        .state = STORE_IN_PROGRESS, .attempt = 1, .created_ms = t0,
+        .lease_expires_ms = t0 + LEASE, .expires_ms = t0 + LEASE + TTL,
+        .lease = 7,
+    };
+    struct store_acquire_out out;
+    struct store_record rec;
+    redisReply *r;
+    uint8_t *buf;
+    size_t len;
+
+    memcpy(old.fingerprint, fp_a, STORE_FP_LEN);
+    cr_assert_eq(record_encode(&old, &buf, &len, &err), 0);
+    cr_assert_eq(buf[0], 3);
+    r = raw("SET sluice:{payments}:k:old %b", buf, len);
+    freeReplyObject(r);
+    free(buf);
+    out = held_by(st, "old");
+    cr_expect_not(out.holder_gone, "no liveness key anywhere, yet not gone");
+    cr_assert_eq(store_verify_claim(st, SCOPE, "old", 7, t0 + 2, t0 + 5000,
+                                    false, &err), 0, "%s", err.text);
+    rec = stored("old");
+    cr_expect_eq(strlen(rec.holder), STORE_HOLDER_LEN, "the verifier named");
+    cr_expect_eq(rec.verify, PENDING);
+    store_record_clear(&rec);
 }
