@@ -10,14 +10,19 @@
 #     request, Redis CPU and commands per request;
 #  3. the cost of a keyed request: the same policy with idempotency, every request a fresh
 #     Idempotency-Key (leased, forwarded, completed in Redis), shared: redis (its lookup,
-#     permit and lease one script) against shared: local (lookup, lease, completion).
+#     permit and lease one script) against shared: local (lookup, lease, completion), and
+#     against one sidecar's own store: shared: local with store.backend: rocksdb (the
+#     reference a Redis fleet's sluice CPU is held to).
 # Environment: SIDECARS (4), CLIENTS (64 per sidecar), RATE (500), BURST (20), DURATION (10 s),
 # PHASES ("1 2 3": which of the above to run), BUILD_DIR (build-bench-fleet/), NO_BUILD=1,
 # KEEP=1 (keep the temp dir), TLS=1 (Redis TLS only, --port 0 --tls-port, with a CA made by
 # openssl here; the sidecars connect with rediss:// and store.tls.ca_file), CLUSTER=N (a Redis
 # Cluster of N primaries, 1 to 3, without replicas, the slots split evenly; sidecar i runs a
 # policy whose hash tag lands on primary i mod N, so the load spreads as policies do; Redis CPU
-# and commands are summed over the primaries and also given per primary).
+# and commands are summed over the primaries and also given per primary), BASE (a second
+# sluice to compare in the same run: a build dir holding one, or a git revision, built here
+# from `git archive` into build-bench-base-<rev>/; each run then goes once per binary, "base"
+# and "this"), REPS (1: rounds of each phase's runs, alternating the binaries).
 set -euo pipefail
 
 SIDECARS=${SIDECARS:-4}
@@ -44,6 +49,27 @@ command -v redis-server >/dev/null || die "redis-server not found"
 build "$BUILD_DIR"
 SLUICE=$BUILD_DIR/sluice
 STUB=$BUILD_DIR/sluice-stub
+REPS=${REPS:-1}
+# The binaries each run goes with: "this" tree's, and BASE's first when given.
+BINS=("this:$SLUICE")
+if [ -n "${BASE:-}" ]; then
+    if [ -x "$BASE/sluice" ]; then
+        BINS=("base:$BASE/sluice" "${BINS[@]}")
+    else
+        rev=$(git -C "$REPO" rev-parse --short "$BASE^{commit}") || die "BASE=$BASE: no build dir, no revision"
+        base_dir=$REPO/build-bench-base-$rev
+        if [ ! -x "$base_dir/sluice" ]; then
+            say "building BASE $rev into $base_dir"
+            mkdir -p "$base_dir/src"
+            git -C "$REPO" archive "$rev" | tar -x -C "$base_dir/src"
+            cmake -S "$base_dir/src" -B "$base_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+                -DSLUICE_TESTS=OFF -DSLUICE_REVISION="$rev" >/dev/null
+            cmake --build "$base_dir" -j"$(nproc)" --target sluice >"$base_dir/bench-build.log" 2>&1 ||
+                die "the BASE build failed, see $base_dir/bench-build.log"
+        fi
+        BINS=("base:$base_dir/sluice" "${BINS[@]}")
+    fi
+fi
 free_ports() { python3 "$HERE/ratestat.py" ports "$1"; }
 
 # ---- servers -------------------------------------------------------------------
@@ -136,21 +162,26 @@ stub() { curl -sf --max-time 10 -X "$1" "http://127.0.0.1:$STUB_PORT$2"; }
 SL_PIDS=()
 SL_PORTS=()
 SL_ADMIN=()
+STORE_REDIS="{backend: redis, url: \"$SCHEME://127.0.0.1:$REDIS_PORT/0\", fleet_size: $SIDECARS$STORE_TLS$STORE_CLUSTER}"
+STORE=$STORE_REDIS   # or each sidecar's own RocksDB: "rocksdb" (start_fleet writes its path)
 start_fleet() {   # start_fleet SHARED RATE BURST [POLICY_EXTRA]
-    local i p a
+    local i p a store
     SL_PIDS=()
     SL_PORTS=()
     SL_ADMIN=()
     for i in $(seq "$SIDECARS"); do
         local pol=${POLICY[$(((i - 1) % ${#POLICY[@]}))]}
         read -r p a <<<"$(free_ports 2 | tr '\n' ' ')"
+        rm -rf "$TMP/s$i/data" # a RocksDB arm starts empty, as Redis's fresh keys do
         mkdir -p "$TMP/s$i"
+        store=$STORE
+        [ "$STORE" = rocksdb ] && store="{backend: rocksdb, path: \"$TMP/s$i/data\"}"
         cat >"$TMP/s$i/sluice.yaml" <<EOF
 listen: 127.0.0.1:$p
 admin: 127.0.0.1:$a
 threads: 1
 log: {level: warn, access: false}
-store: {backend: redis, url: "$SCHEME://127.0.0.1:$REDIS_PORT/0", fleet_size: $SIDECARS$STORE_TLS$STORE_CLUSTER}
+store: $store
 upstreams:
   stub: {url: "http://127.0.0.1:$STUB_PORT", max_connections: $CLIENTS}
 policies:
@@ -206,15 +237,23 @@ run() {
         trips=$((trips + $(curl -sf --max-time 10 "http://127.0.0.1:$a/metrics" |
             awk '/^sluice_store_duration_seconds_count/ { s += $2 } END { print s + 0 }')))
     done
-    cmds=0
+    # cmds: every command (EVALSHA itself too, as in earlier tables); inner: the ones that
+    # do the work, what the scripts run and plain commands, without EVALSHA and CONFIG.
+    # script_us: Redis's own time inside EVALSHA (commandstats' usec, the scripts' commands
+    # included), the part of its CPU the scripts are; the rest is reading and writing sockets.
+    cmds=0 inner=0 script_us=0
     for p in "${REDIS_PORTS[@]}"; do
-        cmds=$((cmds + $(rcli_at "$p" INFO commandstats | tr -d '\r' |
-            awk -F'[:=,]' '/^cmdstat_/ { n += $3 } END { print n + 0 }')))
+        rcli_at "$p" INFO commandstats | tr -d '\r' >"$d/commandstats.txt"
+        cmds=$((cmds + $(awk -F'[:=,]' '/^cmdstat_/ { n += $3 } END { print n + 0 }' "$d/commandstats.txt")))
+        inner=$((inner + $(awk -F'[:=,]' '/^cmdstat_/ && !/^cmdstat_(evalsha|eval|config)[:|]/ { n += $3 }
+            END { print n + 0 }' "$d/commandstats.txt")))
+        script_us=$((script_us + $(awk -F'[:=,]' '/^cmdstat_evalsha:/ { n += $5 } END { print n + 0 }' \
+            "$d/commandstats.txt")))
     done
     [ "${#REDIS_PIDS[@]}" -gt 1 ] && echo "Redis CPU per primary:$per" >&2
     local sl_cpu=0
     for i in "${!SL_PIDS[@]}"; do sl_cpu=$((sl_cpu + ${after[$i]} - ${before[$i]})); done
-    python3 "$HERE/fleetstat.py" "$d" "$SIDECARS" "$2" "$3" "$sl_cpu" "$((ra - rb))" "$trips" "$cmds"
+    python3 "$HERE/fleetstat.py" "$d" "$SIDECARS" "$2" "$3" "$sl_cpu" "$((ra - rb))" "$trips" "$cmds" "$inner" "$script_us"
 }
 
 if phase 1; then
@@ -240,10 +279,23 @@ fi
 if phase 3; then
     say "== 3. the cost of a keyed request: fresh Idempotency-Keys, records and leases in Redis"
     KEYED=", idempotency: {required: false}"
-    start_fleet redis 1000000 1000 "$KEYED"
-    run keyed-redis 1000000 1000 keyed | sed 's/^/shared: redis  /'
-    stop_fleet
-    start_fleet local 1000000 1000 "$KEYED"
-    run keyed-local 1000000 1000 keyed | sed 's/^/shared: local  /'
-    stop_fleet
+    for rep in $(seq "$REPS"); do
+        for bin in "${BINS[@]}"; do
+            # The run's name prefixes its keys: a name of its own per binary and round, so
+            # no run meets another's records (Redis keeps them across runs).
+            SLUICE=${bin#*:} tag="${bin%%:*} " sfx="-${bin%%:*}-$rep"
+            [ "${#BINS[@]}" = 1 ] && tag=""
+            STORE=$STORE_REDIS
+            start_fleet redis 1000000 1000 "$KEYED"
+            run "keyed-redis$sfx" 1000000 1000 keyed | sed "s/^/${tag}shared: redis   /"
+            stop_fleet
+            start_fleet local 1000000 1000 "$KEYED"
+            run "keyed-local$sfx" 1000000 1000 keyed | sed "s/^/${tag}shared: local   /"
+            stop_fleet
+            STORE=rocksdb
+            start_fleet local 1000000 1000 "$KEYED"
+            run "keyed-rocksdb$sfx" 1000000 1000 keyed | sed "s/^/${tag}local+rocksdb  /"
+            stop_fleet
+        done
+    done
 fi

@@ -162,8 +162,8 @@ static void acl_start(void)
     /* Only what sluice sends, and what its scripts call, on its keys. */
     cr_assert(redis_server_cmd(&rs, "ACL SETUSER sluice on >" ACL_PW " resetkeys ~sluice:* "
                                     "resetchannels -@all +ping +evalsha +script|load"));
-    cr_assert(redis_server_cmd(&rs, "ACL SETUSER sluice +get +set +del +dbsize +wait +time "
-                                    "+hmget +hset +pexpire +pexpireat +pttl +zadd +zrem"));
+    cr_assert(redis_server_cmd(&rs, "ACL SETUSER sluice +get +set +del +exists +dbsize +wait "
+                                    "+time +hmget +pexpire +pttl +zadd +zrem"));
     cr_assert(redis_server_cmd(&rs, "ACL SETUSER sluice +zcard +zremrangebyscore +zscore"));
     cr_assert_eq(h_stub_start(&stub, NULL), 0, "the stub did not start");
 }
