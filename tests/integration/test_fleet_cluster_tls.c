@@ -371,6 +371,7 @@ Test(cluster_tls, a_user_refused_cluster_shards_is_served_by_cluster_slots)
 struct flow {
     atomic_bool stop;
     int n, ok, unavailable, other;
+    bool acked[2000]; /* answered 200 */
 };
 
 static void *flow_run(void *arg)
@@ -384,6 +385,8 @@ static void *flow_run(void *arg)
         snprintf(key, sizeof key, "tls-fo-%d", f->n);
         s = post_key(f->n % PAIR, "/b/orders", key, NULL);
         f->n++;
+        if (s == 200 && f->n - 1 < (int)(sizeof f->acked / sizeof f->acked[0]))
+            f->acked[f->n - 1] = true;
         if (s == 200)
             f->ok++;
         else if (s == 503)
@@ -433,7 +436,10 @@ Test(cluster_tls, a_failover_is_followed_without_a_restart)
         snprintf(key, sizeof key, "tls-fo-%d", i);
         if ((fx = h_stub_key_stat(&stub, key, "side_effects")) > 1)
             twice++;
-        if (fx == 1 && (post_key((i + 1) % PAIR, "/b/orders", key, &replayed) != 200 ||
+        /* Only an answered result is promised: a request answered 503
+         * (the store lost mid-failover) may have reached the partner
+         * and keeps its lease until it expires. */
+        if (fx == 1 && i < 2000 && f.acked[i] && (post_key((i + 1) % PAIR, "/b/orders", key, &replayed) != 200 ||
                         !replayed))
             lost++;
     }

@@ -151,8 +151,11 @@ static void follows(const char *style)
     /* The first responses teach the fleet the quota: nothing is refused,
      * also when sidecar 1 joins with nothing read. */
     cr_expect_leq(refused, 1, "%s: the partner refused %lld", style, refused);
-    /* 6 s spans 3 windows and part of a 4th: at most 80, 60 whole. */
-    cr_expect_geq(accepted, 54, "%s: only %lld of the quota used", style, accepted);
+    /* 6 s spans 3 windows and part of a 4th: at most 80, 60 whole. The X-
+     * style's reset is in whole Unix seconds, so on a 2 s window a sidecar
+     * may place it up to 1 s late (50 and 42 seen under load). */
+    cr_expect_geq(accepted, strcmp(style, "x") ? 54 : 40,
+                  "%s: only %lld of the quota used", style, accepted);
     cr_expect_gt(l[1].ok, 10, "%s: sidecar 1 got %d", style, l[1].ok);
     for (int s = 0; s < FLEET; s++)
         cr_expect_eq(l[s].other, 0, "%s: sidecar %d: %d answers neither 200 nor 429",
