@@ -304,6 +304,16 @@ class Pool:
             env["SLUICE_URL"] = self.sluice.url_for(wid)
         self.p[wid] = self.procs.start(f"worker-{wid}", self.argv, env=env)
 
+    def holds_frozen(self, wid, q):
+        """Stops worker wid and says whether it holds a job; if not, lets it run on."""
+        p = self.p[wid]
+        p.send_signal(signal.SIGSTOP)
+        time.sleep(0.05)      # a reply already on its way to the queue lands first
+        if q.held_by(wid):
+            return True
+        p.send_signal(signal.SIGCONT)
+        return False
+
     def kill9(self, wids):
         for wid in wids:
             self.procs.kill9(self.p[wid])
@@ -409,9 +419,10 @@ def run_arm(arm, kind, args, procs, rport, d, stub_bin, sluice_bin, hooks=None, 
                 restarts.append((now + 0.5, victims))
             elif name == "outage":
                 http(stub + "/_stub/window", "POST", f"{args.outage_ms} 503".encode())
-        # Killed only while it holds a job, so that there is something to reap; its job ids are
-        # read after the kill, when nothing but a reaper can move them.
-        if doomed and now - t0 >= doom_at and q.held_by(doomed):
+        # Killed only while it holds a job, so that there is something to reap. It is stopped
+        # (SIGSTOP) before the look, so it cannot ack its job between the look and the kill; its
+        # job ids are read after the kill, when nothing but a reaper can move them.
+        if doomed and now - t0 >= doom_at and pool.holds_frozen(doomed, q):
             pool.kill9([doomed])
             res["orphans"] = q.held_by(doomed)
             doomed = None

@@ -553,6 +553,16 @@ char *h_header(const struct h_resp *r, const char *name)
     return NULL;
 }
 
+const char *h_header_str(const struct h_resp *r, const char *name)
+{
+    static char keep[256];
+    char *v = h_header(r, name);
+
+    snprintf(keep, sizeof keep, "%s", v ? v : "(none)");
+    free(v);
+    return keep;
+}
+
 void h_resp_free(struct h_resp *r)
 {
     free(r->head);

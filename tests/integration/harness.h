@@ -82,6 +82,9 @@ int h_http(int port, const char *method, const char *target,
            struct h_resp *r);
 /* First header value (owned copy) or NULL. */
 char *h_header(const struct h_resp *r, const char *name);
+/* The same value in a static buffer ("(none)" when absent), for asserts
+ * that compare it in place: nothing to free, overwritten by the next call. */
+const char *h_header_str(const struct h_resp *r, const char *name);
 void h_resp_free(struct h_resp *r);
 
 /* Makes sluice's stderr a pipe the test reads instead of a file (call before

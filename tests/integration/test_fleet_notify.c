@@ -206,7 +206,7 @@ static double replay_lag(const char *policy, double *worst)
         pair(&a, &b, policy, key, 200);
         cr_expect_eq(a.r.status, 200, "%s: %s", key, a.r.body);
         cr_expect_eq(b.r.status, 200, "%s: the duplicate waited: %s", key, b.r.body);
-        cr_expect_str_eq(h_header(&b.r, "Sluice-Outcome"), "replayed", "%s", key);
+        cr_expect_str_eq(h_header_str(&b.r, "Sluice-Outcome"), "replayed", "%s", key);
         cr_expect_eq(h_stub_key_stat(&stub, key, "side_effects"), 1, "%s: one call", key);
         lag[i] = b.done_ms - a.done_ms;
         h_resp_free(&a.r);
@@ -250,7 +250,7 @@ Test(fleet_notify, a_known_failure_wakes_the_waiter_which_goes_first)
     pair(&a, &b, "w", "fn-release", 500);
     cr_expect_eq(a.r.status, 500, "%s", a.r.body);
     cr_expect_eq(b.r.status, 200, "the duplicate went on: %s", b.r.body);
-    cr_expect_str_eq(h_header(&b.r, "Sluice-Outcome"), "ok");
+    cr_expect_str_eq(h_header_str(&b.r, "Sluice-Outcome"), "ok");
     cr_expect_eq(h_stub_stat(&stub, "in_flight_max"), 1, "never two at once");
     cr_expect_geq(notices(1) - before, 1, "the release was announced");
     cr_log_info("after the release: the waiter's answer %.2f ms after the holder's",
@@ -290,7 +290,7 @@ Test(fleet_notify, with_the_subscriber_killed_waiters_poll_and_it_comes_back)
     /* Right away, before any resubscribes: the fallback ends the wait. */
     pair(&a, &b, "w", "fn-killed", 200);
     cr_expect_eq(b.r.status, 200, "the duplicate waited: %s", b.r.body);
-    cr_expect_str_eq(h_header(&b.r, "Sluice-Outcome"), "replayed");
+    cr_expect_str_eq(h_header_str(&b.r, "Sluice-Outcome"), "replayed");
     cr_expect_eq(h_stub_key_stat(&stub, "fn-killed", "side_effects"), 1);
     h_resp_free(&a.r);
     h_resp_free(&b.r);
@@ -302,7 +302,7 @@ Test(fleet_notify, with_the_subscriber_killed_waiters_poll_and_it_comes_back)
     before = notices(1);
     pair(&a, &b, "w", "fn-back", 200);
     cr_expect_eq(b.r.status, 200, "%s", b.r.body);
-    cr_expect_str_eq(h_header(&b.r, "Sluice-Outcome"), "replayed");
+    cr_expect_str_eq(h_header_str(&b.r, "Sluice-Outcome"), "replayed");
     cr_expect_geq(notices(1) - before, 1, "notified again after the reconnect");
     h_resp_free(&a.r);
     h_resp_free(&b.r);

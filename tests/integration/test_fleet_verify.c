@@ -138,16 +138,6 @@ static const char *jstr(json_t *j, const char *k)
     return v ? v : "(none)";
 }
 
-static char *header(const struct h_resp *r, const char *name)
-{
-    char *v = h_header(r, name);
-    static char keep[128];
-
-    snprintf(keep, sizeof keep, "%s", v ? v : "(none)");
-    free(v);
-    return keep;
-}
-
 /* The admin record of key on sidecar i, or NULL when there is none. */
 static json_t *record(int i, const char *policy, const char *key)
 {
@@ -224,8 +214,8 @@ Test(fleet_verify, executed_then_dropped_on_one_sidecar_is_replayed_verified_by_
     json_decref(j);
     cr_assert_eq(post(&b), 0);
     cr_expect_eq(b.r.status, 200, "%s", b.r.body);
-    cr_expect_str_eq(header(&b.r, "Sluice-Outcome"), "replayed");
-    cr_expect_str_eq(header(&b.r, "Sluice-Verified"), "true");
+    cr_expect_str_eq(h_header_str(&b.r, "Sluice-Outcome"), "replayed");
+    cr_expect_str_eq(h_header_str(&b.r, "Sluice-Verified"), "true");
     cr_expect(b.r.body && !strcmp(b.r.body, "{\"qty\":1}"), "%s", b.r.body);
     cr_expect_eq(h_stub_key_stat(&stub, "fv-found", "side_effects"), 1);
     cr_expect_eq(h_stub_stat(&stub, "lookups"), 1, "one verification for the fleet");
@@ -245,8 +235,8 @@ Test(fleet_verify, dropped_before_executing_is_absent_and_another_sidecar_goes_a
     json_decref(j);
     cr_assert_eq(post(&b), 0);
     cr_expect_eq(b.r.status, 200, "forwarded now, not after the lease: %s", b.r.body);
-    cr_expect_str_eq(header(&b.r, "Sluice-Outcome"), "ok");
-    cr_expect_str_eq(header(&b.r, "Sluice-Verified"), "(none)");
+    cr_expect_str_eq(h_header_str(&b.r, "Sluice-Outcome"), "ok");
+    cr_expect_str_eq(h_header_str(&b.r, "Sluice-Verified"), "(none)");
     cr_expect_eq(h_stub_key_stat(&stub, "fv-absent", "side_effects"), 1);
     j = record(0, "v", "fv-absent");
     cr_expect_eq(json_integer_value(json_object_get(j, "attempt")), 2);
@@ -265,7 +255,7 @@ Test(fleet_verify, stalled_past_the_timeout_is_found)
     json_decref(await_verify(1, "fv-stall", "found"));
     cr_assert_eq(post(&b), 0);
     cr_expect_eq(b.r.status, 200, "%s", b.r.body);
-    cr_expect_str_eq(header(&b.r, "Sluice-Verified"), "true");
+    cr_expect_str_eq(h_header_str(&b.r, "Sluice-Verified"), "true");
     cr_expect_eq(h_stub_key_stat(&stub, "fv-stall", "side_effects"), 1);
     h_resp_free(&a.r);
     h_resp_free(&b.r);
@@ -282,7 +272,7 @@ Test(fleet_verify, a_duplicate_on_another_sidecar_waits_for_the_holders_replay)
     pthread_join(t, NULL);
     cr_expect_eq(a.r.status, 200);
     cr_expect_eq(b.r.status, 200, "the duplicate waited: %s", b.r.body);
-    cr_expect_str_eq(header(&b.r, "Sluice-Outcome"), "replayed");
+    cr_expect_str_eq(h_header_str(&b.r, "Sluice-Outcome"), "replayed");
     cr_expect(a.r.body_len == b.r.body_len && !memcmp(a.r.body, b.r.body, a.r.body_len),
               "the same body");
     cr_expect_eq(h_stub_key_stat(&stub, "fw-1", "side_effects"), 1, "one upstream call");
@@ -301,7 +291,7 @@ Test(fleet_verify, a_holders_known_failure_lets_the_waiter_go_first)
     pthread_join(t, NULL);
     cr_expect_eq(a.r.status, 500, "%s", a.r.body);
     cr_expect_eq(b.r.status, 200, "the duplicate went on: %s", b.r.body);
-    cr_expect_str_eq(header(&b.r, "Sluice-Outcome"), "ok");
+    cr_expect_str_eq(h_header_str(&b.r, "Sluice-Outcome"), "ok");
     cr_expect_eq(h_stub_stat(&stub, "in_flight_max"), 1, "never two at once");
     h_resp_free(&a.r);
     h_resp_free(&b.r);
@@ -375,8 +365,8 @@ Test(fleet_verify, a_killed_sidecars_executed_request_is_found_by_another)
     json_decref(j);
     cr_assert_eq(post(&b), 0);
     cr_expect_eq(b.r.status, 200, "%s", b.r.body);
-    cr_expect_str_eq(header(&b.r, "Sluice-Verified"), "true");
-    cr_expect_str_eq(header(&b.r, "Sluice-Outcome"), "replayed");
+    cr_expect_str_eq(h_header_str(&b.r, "Sluice-Verified"), "true");
+    cr_expect_str_eq(h_header_str(&b.r, "Sluice-Outcome"), "replayed");
     cr_expect_eq(h_stub_key_stat(&stub, "fk-found", "side_effects"), 1);
     h_resp_free(&b.r);
 }
@@ -390,7 +380,7 @@ Test(fleet_verify, a_killed_sidecars_unexecuted_request_is_absent_and_goes_first
     json_decref(await_verify_of(1, "vs", "fk-absent", "absent"));
     cr_assert_eq(post(&b), 0);
     cr_expect_eq(b.r.status, 200, "forwarded as a first request: %s", b.r.body);
-    cr_expect_str_eq(header(&b.r, "Sluice-Outcome"), "ok");
+    cr_expect_str_eq(h_header_str(&b.r, "Sluice-Outcome"), "ok");
     cr_expect_eq(h_stub_key_stat(&stub, "fk-absent", "side_effects"), 1);
     h_resp_free(&b.r);
 }
