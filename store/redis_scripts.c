@@ -206,7 +206,13 @@ static const char ACQUIRE[] =
 /* KEYS[1] a shared bucket; ARGV: T, tau, max_wait (µs), and for a policy
  * that follows its partner's quota, when T and tau were advertised (Unix
  * ms): the bucket keeps the newest (qt, qtau, qa), and an older caller
- * paces to those (redis_bucket.c). Answers {granted, wait µs, paused}. */
+ * paces to those (redis_bucket.c). Newer numbers re-time what the bucket
+ * has reserved ahead: tat - now is that many starts at the old T, and
+ * stays as many at the new one, as a local bucket keeps its token count
+ * when its rate changes. Without it, starts reserved at a low rate (the
+ * end of a window, min_rate) would hold the next window's back for as
+ * long as the low rate gave them. A pause is not re-timed: it is the
+ * partner's word. Answers {granted, wait µs, paused}. */
 static const char PERMIT[] =
     BUCKET
     "local now = redis_now()\n"
@@ -214,6 +220,9 @@ static const char PERMIT[] =
     "local T, tau, advertised = tonumber(ARGV[1]), tonumber(ARGV[2]), false\n"
     "if ARGV[4] then\n"
     "  if tonumber(ARGV[4]) >= (b.qa or 0) then\n"
+    "    if b.qt and b.qt > 0 and b.qt ~= T and b.tat > now and b.pu <= now then\n"
+    "      b.tat = now + math.ceil((b.tat - now) * T / b.qt)\n"
+    "    end\n"
     "    b.qt, b.qtau, b.qa, advertised = T, tau, tonumber(ARGV[4]), true\n"
     "  elseif b.qt then\n"
     "    T, tau = b.qt, b.qtau\n"

@@ -269,6 +269,32 @@ static void fleet_hold(struct exchange *ex, bool hold)
     permits_hold(ex->bucket->pm, hold);
 }
 
+/* A followed quota's next reset, when it comes before the start the
+ * fleet reserved (0 otherwise): that start was reserved at numbers the
+ * reset ends. At the end of a window, with little left, they are slow
+ * (min_rate at worst: 2 s a start at 0.5/s), and a head holding such a
+ * start holds back its sidecar's lanes and its fleet slot long into the
+ * next window. */
+static uint64_t retime_moment(struct exchange *ex, uint64_t now)
+{
+    struct permits_view v;
+    uint64_t m;
+
+    if (!ex->ps->follow || !ex->bucket->pm)
+        return 0;
+    permits_view(ex->bucket->pm, now, &v);
+    m = quota_next_change(&v.quota, now);
+    return m < ex->permit_at ? m : 0;
+}
+
+/* Waits for the reserved start, or for the reset before it. */
+static enum ex_verdict await_start(struct exchange *ex, uint64_t now)
+{
+    ex->retime_at = retime_moment(ex, now);
+    ex->wake_at = ex->retime_at ? ex->retime_at : ex->permit_at;
+    return EXV_WAIT;
+}
+
 static enum ex_verdict fleet_lanes_answered(struct exchange *ex, uint64_t now)
 {
     enum ex_verdict v = fleet_answered(ex, now);
@@ -276,30 +302,60 @@ static enum ex_verdict fleet_lanes_answered(struct exchange *ex, uint64_t now)
     if (v == EXV_WAIT && ex->shared_permit && ex->bucket->pm) {
         permits_pause(ex->bucket->pm, now, ex->permit_at);
         fleet_hold(ex, true);
+        return await_start(ex, now);
     }
     return v;
 }
 
+/* The ask at the reset, with its news: the fleet's bucket re-times what
+ * it holds to the new numbers (redis_scripts.c) and reserves another
+ * start; the earlier of the two goes. The other stays spent in the
+ * fleet's bucket, one start at the new numbers: slower by that, never
+ * faster than the partner allows. A failed or refused ask (refused: no
+ * start before the one it has) keeps the start it had. */
+static void retimed(struct exchange *ex, uint64_t now)
+{
+    const struct store_permit *pm = &ex->scall->permit;
+    uint64_t had = ex->permit_at;
+
+    ex->retiming = false;
+    if (ex->scall->rc == 0 && pm->granted && now + pm->wait_ns < had) {
+        ex->permit_at = now + pm->wait_ns;
+        permits_pause_shorten(ex->bucket->pm, now, had, ex->permit_at);
+    }
+    ex->retime_at = retime_moment(ex, now);
+}
+
 static enum ex_verdict fleet_lanes_run(struct exchange *ex, uint64_t now)
 {
+    bool first = ex->woke == WOKE_FIRST;
     enum ex_verdict v;
 
-    if (ex->woke == WOKE_FIRST) {
+    if (first) {
         ex->max_wait_ns = ex->wait_deadline_ns > now ? ex->wait_deadline_ns - now : 0;
         ex->asking = true;
     }
-    if (!ex->asking) {
-        v = permit_due(ex, now);
-        if (v != EXV_WAIT)
-            fleet_hold(ex, false);
-        return v;
+    if (!ex->asking && ex->retime_at && now >= ex->retime_at && now < ex->permit_at) {
+        ex->max_wait_ns = ex->permit_at - now;
+        ex->retime_at = 0;
+        ex->asking = ex->retiming = first = true;
     }
-    v = ex_store_wait(ex, now, ex->ps->follow ? start_permit_follow : start_permit,
-                      ex->woke == WOKE_FIRST, ST_PERMIT);
-    if (v != EXV_NEXT)
-        return v;
-    ex->asking = false;
-    return fleet_lanes_answered(ex, now);
+    if (ex->asking) {
+        v = ex_store_wait(ex, now, ex->ps->follow ? start_permit_follow : start_permit,
+                          first, ST_PERMIT);
+        if (v != EXV_NEXT)
+            return v;
+        ex->asking = false;
+        if (!ex->retiming)
+            return fleet_lanes_answered(ex, now);
+        retimed(ex, now);
+    }
+    v = permit_due(ex, now);
+    if (v != EXV_WAIT)
+        fleet_hold(ex, false);
+    else if (ex->retime_at > now && ex->retime_at < ex->wake_at)
+        ex->wake_at = ex->retime_at;
+    return v;
 }
 
 /* The bucket is permit_lanes' to give back. */

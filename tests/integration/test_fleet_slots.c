@@ -220,7 +220,7 @@ Test(fleet_slots, a_followed_quota_with_the_fleets_slots, .fini = stop, .timeout
     static struct client c[FLEET * N];
     pthread_t t[FLEET * N];
     long long t0, refused, accepted, inflight_max;
-    int ok = 0, other = 0, late = 0;
+    int ok = 0, other = 0, late = 0, bounced = 0;
 
     start(args,
           "    rate: 100/s\n"
@@ -239,13 +239,14 @@ Test(fleet_slots, a_followed_quota_with_the_fleets_slots, .fini = stop, .timeout
         ok += c[i].ok;
         other += c[i].other;
         late += c[i].late_429;
+        bounced += c[i].refused;
     }
     refused = h_stub_stat(&stub, "quota_refused");
     accepted = h_stub_stat(&stub, "accepted");
     inflight_max = h_stub_stat(&stub, "in_flight_max");
     cr_log_info("fleet slots with a followed quota: accepted %lld, partner refused %lld "
-                "(%d after the first window), in flight at the stub at most %lld, %d ok",
-                accepted, refused, late, inflight_max, ok);
+                "(%d after the first window), in flight at the stub at most %lld, %d ok, "
+                "%d answered 429", accepted, refused, late, inflight_max, ok, bounced);
     cr_expect_leq(inflight_max, SLOTS, "%lld in flight at the stub", inflight_max);
     /* The first window's answers teach the fleet the quota (the requests
      * in flight before the first answer may meet a refusal then); none

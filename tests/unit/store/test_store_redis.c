@@ -1234,6 +1234,50 @@ Test(store, a_bucket_left_as_a_hash_by_an_earlier_release_is_carried_over)
     aloop_free(&a);
 }
 
+/* One followed-quota permit: T_ns apart, burst 1, advertised at seen_ms. */
+static struct store_call follow(struct aloop *a, struct waiter *w, uint64_t t_ns,
+                                uint64_t seen_ms)
+{
+    struct store_call c;
+    int n = w->done + 1;
+
+    call_init(&c, w);
+    cr_assert_eq(store_permit_follow_async(a->sl, &c, SCOPE, NULL, t_ns, 0,
+                                           60 * NS_PER_S, seen_ms),
+                 -EINPROGRESS, "%s", c.err.text);
+    cr_assert(run_until(a->base, w, n, WAIT_MS));
+    cr_assert_eq(c.rc, 0, "%s", c.err.text);
+    cr_assert(c.permit.granted);
+    return c;
+}
+
+/* Four starts reserved at a quota's low rate (one per 2 s: the end of a
+ * window, or min_rate) put the bucket 8 s ahead; the next window's
+ * numbers (one per 100 ms) re-time them as four starts of 100 ms, so the
+ * fleet's next start is about 400 ms away, not 8 s. Numbers older than
+ * the bucket's are paced to the bucket's, and re-time nothing. */
+Test(store, newer_quota_numbers_re_time_the_reserved_starts)
+{
+    struct aloop a = aloop_new(st);
+    struct waiter w = {0};
+    struct store_call c;
+
+    for (int i = 0; i < 3; i++)
+        follow(&a, &w, 2 * NS_PER_S, 1000);
+    c = follow(&a, &w, 2 * NS_PER_S, 1000);
+    cr_expect_gt(c.permit.wait_ns, 5 * NS_PER_S, "3 starts of 2 s ahead: %llu",
+                 (unsigned long long)c.permit.wait_ns);
+    c = follow(&a, &w, 100 * NS_PER_MS, 2000);
+    cr_expect(c.permit.wait_ns > 300 * NS_PER_MS && c.permit.wait_ns <= 420 * NS_PER_MS,
+              "4 starts of 2 s re-timed as 4 of 100 ms: %llu ns",
+              (unsigned long long)c.permit.wait_ns);
+    c = follow(&a, &w, 2 * NS_PER_S, 1500);
+    cr_expect(c.permit.wait_ns > 400 * NS_PER_MS && c.permit.wait_ns <= 520 * NS_PER_MS,
+              "older numbers: one more start at the bucket's 100 ms: %llu ns",
+              (unsigned long long)c.permit.wait_ns);
+    aloop_free(&a);
+}
+
 /* A lease taken by an earlier release names no holder in its record: it
  * counts as held by a live process (nothing is inferred from what is not
  * known), and a verification's claim names its verifier there. */
