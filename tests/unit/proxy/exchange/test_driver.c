@@ -4,6 +4,7 @@
  * for the rows entered only; the drain deadline lets the waiting row decide
  * and goes on to the row that settles; the worker's socket is watched only
  * while a row that sent nothing waits. */
+#include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -160,8 +161,12 @@ Test(driver, a_wait_suspends_and_its_timer_resumes)
     cr_expect(ex.suspended);
     cr_expect_eq(ex.phase, PH_PLAN);
     cr_expect_eq(fd_asked, 1, "the worker is watched while nothing is sent");
-    usleep(5000);
-    event_base_loop(fx.env.base, EVLOOP_NONBLOCK);
+    /* The 1 ms timer is libevent's, on its coarse clock (a tick of up to
+     * 4 ms): turned until it fires, 1 s at most. */
+    for (int i = 0; i < 200 && !strstr(trail, "resume"); i++) {
+        usleep(5000);
+        event_base_loop(fx.env.base, EVLOOP_NONBLOCK);
+    }
     cr_expect_str_eq(trail, "a w+ suspend w:timer z ~z:answer ~w:answer ~a:answer resume ");
     cr_expect_eq(ex.phase, PH_READY);
     end(&ex);
