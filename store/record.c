@@ -129,13 +129,13 @@ static uint8_t *put_blob(uint8_t *p, const void *b, size_t n)
 }
 
 /* The version a record is written in: the oldest that holds it. A record
- * without a verification mark or a holder is written as v3, which earlier
- * releases read. */
+ * without a verification mark (or its deadline) or a holder is written as
+ * v3, which earlier releases read. */
 static unsigned version_of(const struct store_record *rec)
 {
     if (rec->holder[0])
         return 5;
-    return rec->verify != 0 || rec->verified ? 4 : 3;
+    return rec->verify != 0 || rec->verified || rec->verify_deadline_ms ? 4 : 3;
 }
 
 static size_t fixed_size(unsigned version)

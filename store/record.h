@@ -36,10 +36,10 @@
  * deadline, so a lease is one Redis key and one write:
  *   u8[32] holder (ASCII, NUL-padded; all NUL: not known)
  * record_encode picks the oldest version that holds a record: one without
- * a holder or a mark is still v3, so earlier releases read every such
- * record (RocksDB's and every completed one among them); a marked one is
- * v4, a lease named by its holder v5 (a Redis fleet's scripts read all of
- * them: redis_scripts.c).
+ * a holder or a mark (or a mark's deadline) is still v3, so earlier
+ * releases read every such record (RocksDB's and every completed one among
+ * them); a marked one is v4, a lease named by its holder v5 (a Redis
+ * fleet's scripts read all of them: redis_scripts.c).
  * In every version with a flags byte, bits 2 and 3 say that a duplicate
  * waits for the lease to end (a Redis fleet, docs/reference/fleet.md,
  * "Waiting duplicates"): the script that ends it publishes the key, on
