@@ -270,29 +270,31 @@ static void fleet_hold(struct exchange *ex, bool hold)
 }
 
 /* A followed quota's next reset, when it comes before the start the
- * fleet reserved (0 otherwise): that start was reserved at numbers the
- * reset ends. At the end of a window, with little left, they are slow
- * (min_rate at worst: 2 s a start at 0.5/s), and a head holding such a
- * start holds back its sidecar's lanes and its fleet slot long into the
- * next window. */
+ * fleet reserved (0 otherwise, and for a start of the local fallback,
+ * which paces to this sidecar's own numbers): that start was reserved at
+ * numbers the reset ends. At the end of a window, with little left,
+ * they are slow (min_rate at worst: 2 s a start at 0.5/s), and a head
+ * holding such a start holds back its sidecar's lanes and its fleet slot
+ * long into the next window. */
 static uint64_t retime_moment(struct exchange *ex, uint64_t now)
 {
     struct permits_view v;
     uint64_t m;
 
-    if (!ex->ps->follow || !ex->bucket->pm)
+    if (!ex->shared_permit || !ex->ps->follow || !ex->bucket->pm)
         return 0;
     permits_view(ex->bucket->pm, now, &v);
     m = quota_next_change(&v.quota, now);
     return m < ex->permit_at ? m : 0;
 }
 
-/* Waits for the reserved start, or for the reset before it. */
-static enum ex_verdict await_start(struct exchange *ex, uint64_t now)
+/* A request waiting for its reserved start (wake_at) wakes at the reset
+ * before it instead, when there is one. */
+static void wake_for_reset(struct exchange *ex, uint64_t now)
 {
     ex->retime_at = retime_moment(ex, now);
-    ex->wake_at = ex->retime_at ? ex->retime_at : ex->permit_at;
-    return EXV_WAIT;
+    if (ex->retime_at && ex->retime_at < ex->wake_at)
+        ex->wake_at = ex->retime_at;
 }
 
 static enum ex_verdict fleet_lanes_answered(struct exchange *ex, uint64_t now)
@@ -302,7 +304,7 @@ static enum ex_verdict fleet_lanes_answered(struct exchange *ex, uint64_t now)
     if (v == EXV_WAIT && ex->shared_permit && ex->bucket->pm) {
         permits_pause(ex->bucket->pm, now, ex->permit_at);
         fleet_hold(ex, true);
-        return await_start(ex, now);
+        wake_for_reset(ex, now);
     }
     return v;
 }
@@ -323,7 +325,6 @@ static void retimed(struct exchange *ex, uint64_t now)
         ex->permit_at = now + pm->wait_ns;
         permits_pause_shorten(ex->bucket->pm, now, had, ex->permit_at);
     }
-    ex->retime_at = retime_moment(ex, now);
 }
 
 static enum ex_verdict fleet_lanes_run(struct exchange *ex, uint64_t now)
@@ -353,8 +354,8 @@ static enum ex_verdict fleet_lanes_run(struct exchange *ex, uint64_t now)
     v = permit_due(ex, now);
     if (v != EXV_WAIT)
         fleet_hold(ex, false);
-    else if (ex->retime_at > now && ex->retime_at < ex->wake_at)
-        ex->wake_at = ex->retime_at;
+    else
+        wake_for_reset(ex, now);
     return v;
 }
 
