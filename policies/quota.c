@@ -563,13 +563,22 @@ uint64_t quota_next_change(const struct quota *q, uint64_t t)
     return next;
 }
 
+uint64_t quota_wall_ms_at(const struct quota *q, uint64_t t)
+{
+    if (!q->at_wall_ms)
+        return 0;
+    if (t >= q->at)
+        return q->at_wall_ms + (t - q->at) / 1000000ull;
+    return q->at_wall_ms - (q->at - t) / 1000000ull;
+}
+
 uint64_t quota_news_wall_ms(const struct quota *q, uint64_t now)
 {
     uint64_t news = q->at_wall_ms;
 
     for (uint32_t i = 0; i < q->n; i++) {
         uint64_t m = q->items[i].moment;
-        uint64_t at = q->at_wall_ms + (m - q->at) / 1000000ull;
+        uint64_t at = quota_wall_ms_at(q, m);
 
         if (m > q->at && m <= now && at > news)
             news = at;

@@ -148,6 +148,10 @@ uint64_t quota_next_change(const struct quota *q, uint64_t t);
  * numbers of the newest news any sidecar had. */
 uint64_t quota_news_wall_ms(const struct quota *q, uint64_t now);
 
+/* The Unix ms of the monotonic moment t, by q's latest response with
+ * items (0 while nothing was advertised). */
+uint64_t quota_wall_ms_at(const struct quota *q, uint64_t t);
+
 /* True when the bucket may be topped up to one token at the reset moment
  * m (the rule above): no item after m is spent, none past it has q = 0. */
 bool quota_reset_tops_up(const struct quota *q, uint64_t m);

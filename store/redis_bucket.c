@@ -13,8 +13,10 @@
  * expires once its bucket would be full again and its pause over. A policy
  * that follows its partner's quota keeps there too the numbers the newest
  * advertised quota gives (qt, qtau, µs) and when that was advertised (qa,
- * Unix ms), as "tat:pu:qt:qtau:qa": each permit carries its sidecar's, and
- * the script keeps the newer. An earlier release kept the same fields in a
+ * Unix ms), as "tat:pu:qt:qtau:qa", and when the quota's window resets
+ * next, the numbers after that (":qr:qn:qntau:qra"): each permit carries
+ * its sidecar's, and the script keeps the newer, and steps to the numbers
+ * after the reset once it has passed. An earlier release kept the same fields in a
  * hash: the scripts read one and replace it by the string at their next
  * write.
  *
@@ -70,9 +72,15 @@ static void build_bucket(struct redis_store *st, enum store_op op,
                                              : SCRIPT_BUCKET_PAUSE);
     redis_bucket_args(cmd, a->t_ns, a->tau_ns,
                       op == STORE_OP_PERMIT ? a->max_wait_ns : a->pause_ns);
-    /* A followed quota's numbers come with when they were advertised. */
-    if (op == STORE_OP_PERMIT && a->seen_ms)
+    /* A followed quota's numbers come with when they were advertised,
+     * and with their next change (0 0 0 0: none known). */
+    if (op == STORE_OP_PERMIT && a->seen_ms) {
         num(cmd, 3, a->seen_ms);
+        num(cmd, 4, a->reset_in_ns / 1000);
+        num(cmd, 5, a->next_t_ns / 1000);
+        num(cmd, 6, a->next_tau_ns / 1000);
+        num(cmd, 7, a->reset_ms);
+    }
 }
 
 static void build_slot(struct redis_store *st, enum store_op op,
@@ -119,14 +127,19 @@ static int permit_result(const struct redis_store *st,
                          const struct rcmd_info *info, const redisReply *r,
                          struct store_permit *pm, struct sc_error *err)
 {
-    long long granted, wait_us, paused;
+    long long granted, wait_us, paused, reset_us = 0;
 
     if (r->type != REDIS_REPLY_ARRAY || !redis_int_at(r, 0, &granted) ||
         !redis_int_at(r, 1, &wait_us) || !redis_int_at(r, 2, &paused) || wait_us < 0)
         return redis_unexpected(st, info, err);
+    /* A followed quota's reset before the start: only a follower's ask
+     * answers it. */
+    if (r->elements > 3 && (!redis_int_at(r, 3, &reset_us) || reset_us < 0))
+        return redis_unexpected(st, info, err);
     pm->granted = granted == 1;
     pm->paused = paused == 1;
     pm->wait_ns = (uint64_t)wait_us * 1000;
+    pm->reset_ns = (uint64_t)reset_us * 1000;
     return 0;
 }
 

@@ -146,8 +146,10 @@
 /* The GCRA of a shared bucket (redis_bucket.c has its keys and its value):
  * the theoretical arrival time tat and the pause's end pu, and for a
  * policy that follows its partner's quota the newest advertised numbers
- * qt, qtau and when they were advertised qa, as one string
- * "tat:pu[:qt:qtau:qa]" (decimals), read with one GET and written with one
+ * qt, qtau and when they were advertised qa, and when those numbers change
+ * next (their reset qr, in Redis's clock) to which (qn, qntau, from the
+ * news of Unix ms qra), as one string "tat:pu[:qt:qtau:qa[:qr:qn:qntau:qra]]"
+ * (decimals), read with one GET and written with one
  * SET that sets its expiry too. An absent key is a full bucket. A hash
  * there is the form of an earlier release: read the same (its fields have
  * these names), and replaced by the string at the next write, so a fleet
@@ -165,9 +167,13 @@
     "  elseif s then\n"                                                      \
     "    for x in s:gmatch('[^:]+') do f[#f + 1] = x end\n"                  \
     "  end\n"                                                                \
-    "  return {tat = tonumber(f[1]) or 0, pu = tonumber(f[2]) or 0,\n"       \
-    "          qt = tonumber(f[3]), qtau = tonumber(f[4]),\n"                \
-    "          qa = tonumber(f[5])}\n"                                       \
+    "  local b = {tat = tonumber(f[1]) or 0, pu = tonumber(f[2]) or 0,\n"    \
+    "             qt = tonumber(f[3]), qtau = tonumber(f[4]),\n"             \
+    "             qa = tonumber(f[5]), qr = tonumber(f[6]),\n"               \
+    "             qn = tonumber(f[7]), qntau = tonumber(f[8]),\n"            \
+    "             qra = tonumber(f[9])}\n"                                   \
+    "  if not (b.qa and b.qn and b.qntau and b.qra) then b.qr = nil end\n"   \
+    "  return b\n"                                                           \
     "end\n"                                                                  \
     /* Kept until the bucket would be full again and its pause over (1 s   \
      * more); what was advertised outlives a full bucket (10 min), so a    \
@@ -177,6 +183,10 @@
     "  local keep = math.floor((math.max(b.tat, b.pu) - now) / 1000) + 1000\n" \
     "  if b.qa then\n"                                                       \
     "    v = v .. string.format(':%.0f:%.0f:%.0f', b.qt, b.qtau, b.qa)\n"    \
+    "    if b.qr then\n"                                                     \
+    "      v = v .. string.format(':%.0f:%.0f:%.0f:%.0f', b.qr, b.qn,\n"       \
+    "                             b.qntau, b.qra)\n"                          \
+    "    end\n"                                                              \
     "    keep = math.max(keep, 600000)\n"                                    \
     "  end\n"                                                                \
     "  redis.call('SET', bk, v, 'PX', math.max(keep, 1))\n"                  \
@@ -205,33 +215,53 @@ static const char ACQUIRE[] =
 
 /* KEYS[1] a shared bucket; ARGV: T, tau, max_wait (µs), and for a policy
  * that follows its partner's quota, when T and tau were advertised (Unix
- * ms): the bucket keeps the newest (qt, qtau, qa), and an older caller
- * paces to those (redis_bucket.c). Newer numbers re-time what the bucket
- * has reserved ahead: tat - now is that many starts at the old T, and
- * stays as many at the new one, as a local bucket keeps its token count
- * when its rate changes. Without it, starts reserved at a low rate (the
- * end of a window, min_rate) would hold the next window's back for as
- * long as the low rate gave them. A pause is not re-timed: it is the
- * partner's word. Answers {granted, wait µs, paused}. */
+ * ms), when they change next (µs from now, 0: no change known), the T and
+ * tau after that change and its Unix ms (redis_bucket.c). The bucket keeps
+ * the newest numbers and their next change; an older caller paces to
+ * those, and once that change has come, to the numbers after it: a
+ * sidecar that read nothing yet (it joined late, or its traffic is
+ * light) paces to the window after a reset, not to the end of the one
+ * before, when little was left (min_rate at worst). Newer numbers re-time
+ * what the bucket has reserved ahead: tat - now is that many starts at the
+ * old T, and stays as many at the new one, as a local bucket keeps its
+ * token count when its rate changes. Without it, starts reserved at a low
+ * rate would hold the next window's back for as long as the low rate gave
+ * them. A pause is not re-timed: it is the partner's word. Answers
+ * {granted, wait µs, paused}, and when granted past the bucket's next
+ * change, the µs until it, fourth: the caller asks again then, and the
+ * earlier start goes. */
 static const char PERMIT[] =
     BUCKET
     "local now = redis_now()\n"
     "local b = bucket_get(KEYS[1])\n"
     "local T, tau, advertised = tonumber(ARGV[1]), tonumber(ARGV[2]), false\n"
+    "local function retime(to)\n"
+    "  if b.qt and b.qt > 0 and b.qt ~= to and b.tat > now and b.pu <= now then\n"
+    "    b.tat = now + math.ceil((b.tat - now) * to / b.qt)\n"
+    "  end\n"
+    "end\n"
     "if ARGV[4] then\n"
+    "  if b.qr and now >= b.qr then\n"
+    "    retime(b.qn)\n"
+    "    b.qt, b.qtau, b.qa, b.qr, advertised = b.qn, b.qntau, b.qra, nil, true\n"
+    "  end\n"
     "  if tonumber(ARGV[4]) >= (b.qa or 0) then\n"
-    "    if b.qt and b.qt > 0 and b.qt ~= T and b.tat > now and b.pu <= now then\n"
-    "      b.tat = now + math.ceil((b.tat - now) * T / b.qt)\n"
+    "    local ri = tonumber(ARGV[5] or '0') or 0\n"
+    "    retime(T)\n"
+    "    b.qt, b.qtau, b.qa, b.qr, advertised = T, tau, tonumber(ARGV[4]), nil, true\n"
+    "    if ri > 0 then\n"
+    "      b.qr, b.qn = now + ri, tonumber(ARGV[6])\n"
+    "      b.qntau, b.qra = tonumber(ARGV[7]), tonumber(ARGV[8])\n"
     "    end\n"
-    "    b.qt, b.qtau, b.qa, advertised = T, tau, tonumber(ARGV[4]), true\n"
     "  elseif b.qt then\n"
     "    T, tau = b.qt, b.qtau\n"
     "  end\n"
     "end\n"
     "local ok, wait, paused = reserve(b, T, tau, tonumber(ARGV[3]), now)\n"
     "if ok or advertised then bucket_put(KEYS[1], b, now) end\n"
-    "if ok then return {1, wait, 0} end\n"
-    "return {0, wait, paused}\n";
+    "if not ok then return {0, wait, paused} end\n"
+    "if b.qr and b.qr < now + wait then return {1, wait, 0, b.qr - now} end\n"
+    "return {1, wait, 0}\n";
 
 /* A keyed request's lookup, permit and lease in one round trip (contract
  * §10): KEYS[1] the record, KEYS[2] its policy's bucket (one hash tag, one

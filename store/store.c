@@ -373,13 +373,16 @@ int store_permit_async(struct store_loop *sl, struct store_call *c,
 
 int store_permit_follow_async(struct store_loop *sl, struct store_call *c,
                               const char *scope, const char *partition,
-                              uint64_t t_ns, uint64_t tau_ns, uint64_t max_wait_ns,
-                              uint64_t seen_ms)
+                              const struct store_follow *f, uint64_t max_wait_ns)
 {
     struct store_args a = {.scope = scope, .partition = partition,
-                           .t_ns = t_ns, .tau_ns = tau_ns,
+                           .t_ns = f->t_ns, .tau_ns = f->tau_ns,
                            .max_wait_ns = max_wait_ns,
-                           .seen_ms = seen_ms ? seen_ms : 1};
+                           .seen_ms = f->seen_ms ? f->seen_ms : 1,
+                           .reset_in_ns = f->reset_in_ns,
+                           .next_t_ns = f->next_t_ns,
+                           .next_tau_ns = f->next_tau_ns,
+                           .reset_ms = f->reset_ms};
 
     return start(sl, c, STORE_OP_PERMIT, &a);
 }

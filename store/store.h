@@ -305,6 +305,9 @@ struct store_permit {
     bool paused;            /* refused: the policy is paused (a cooldown) */
     uint64_t wait_ns;       /* granted: until the start; refused: until a
                                permit (or the pause's end) */
+    uint64_t reset_ns;      /* granted, following a quota: the bucket's
+                               numbers change (a reset) after reset_ns,
+                               before the start; 0: no such reset known */
 };
 
 /* A fleet-wide concurrency slot. */
@@ -399,16 +402,27 @@ int store_permit_async(struct store_loop *sl, struct store_call *c,
                        const char *scope, const char *partition,
                        uint64_t t_ns, uint64_t tau_ns, uint64_t max_wait_ns);
 
-/* The same, for a policy that follows its partner's quota (contract §12):
- * t_ns and tau_ns are the numbers this sidecar follows, from what a
- * response advertised at seen_ms (Unix ms, >= 1). The bucket keeps the
- * numbers of the newest such response any sidecar saw, in its state: a
- * caller whose news is older (or as old) paces to those instead, so every
- * sidecar paces to the latest advertised quota, in the same round trip. */
+/* A followed quota's numbers as one sidecar knows them (contract §12). */
+struct store_follow {
+    uint64_t t_ns, tau_ns;  /* the interval and tolerance it follows now */
+    uint64_t seen_ms;       /* when they were advertised (Unix ms; 0: no
+                               news yet) */
+    uint64_t reset_in_ns;   /* when they change next (a reset), from now;
+                               0: no change known */
+    uint64_t next_t_ns, next_tau_ns; /* the numbers after that reset */
+    uint64_t reset_ms;      /* the reset's Unix ms: the news it is then */
+};
+
+/* The same, for a policy that follows its partner's quota: f says what
+ * this sidecar read. The bucket keeps the numbers of the newest news any
+ * sidecar had, and the numbers after their reset, in its state: a caller
+ * whose news is older (or as old, or none) paces to those instead, so
+ * every sidecar paces to the latest advertised quota, in the same round
+ * trip; past that reset, the bucket's numbers are the ones after it, also
+ * for a sidecar that never read the partner's answers. */
 int store_permit_follow_async(struct store_loop *sl, struct store_call *c,
                               const char *scope, const char *partition,
-                              uint64_t t_ns, uint64_t tau_ns, uint64_t max_wait_ns,
-                              uint64_t seen_ms);
+                              const struct store_follow *f, uint64_t max_wait_ns);
 
 /* An upstream asked for quiet: pause_ns > 0 pauses the policy that long
  * (a later end replaces an earlier one, never the reverse), 0 empties the

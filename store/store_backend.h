@@ -51,6 +51,8 @@ struct store_args {
     uint64_t t_ns, tau_ns, max_wait_ns, pause_ns, hold_ms;
     uint64_t seen_ms;       /* permit, following a quota: when t, tau were
                                advertised (Unix ms); 0: not following */
+    uint64_t reset_in_ns, next_t_ns, next_tau_ns, reset_ms; /* and their
+                               next change (struct store_follow) */
     uint32_t limit;
 };
 

@@ -224,6 +224,8 @@ struct exchange {
     uint64_t retime_at;         /* a followed quota's reset before it: the
                                    fleet is asked again then (0: none) */
     bool retiming;              /* ... and that ask is in flight */
+    uint64_t fleet_reset_at;    /* the reset the fleet's bucket knows of
+                                   before the start it reserved (0: none) */
     bool asking;                /* a shared bucket or slot call is in flight */
     bool shared_permit;         /* the fleet's bucket granted the permit */
     bool shared_slot;           /* holds a fleet-wide slot */

@@ -241,22 +241,36 @@ const struct ex_stage stage_permit_fleet = {
 /* A followed quota (contract §12): this sidecar's numbers, as its permits
  * follow what it read, and when that was advertised, or when a reset it
  * knows of passed since (then its numbers are the window's after it, newer
- * than any answer of the window before); the fleet's bucket paces to the
- * newest any sidecar saw. */
+ * than any answer of the window before); and the next reset it knows of,
+ * with the numbers after it. The fleet's bucket paces to the newest any
+ * sidecar saw, and past their reset to the numbers after it. */
+static uint64_t interval_ns(double rate)
+{
+    double ns = rate > 0 ? 1e9 / rate : 1e9;
+
+    /* Rounded up, as gcra_init: never a hair faster than followed. */
+    return ns < 1 ? 1 : (uint64_t)ceil(ns - 1e-6);
+}
+
 static int start_permit_follow(struct exchange *ex)
 {
     struct permits_view v;
-    uint64_t t, now = ex->env->clock->mono_ns(ex->env->clock->arg);
-    double ns;
+    struct store_follow f = {0};
+    uint64_t m, now = ex->env->clock->mono_ns(ex->env->clock->arg);
 
     permits_view(ex->bucket->pm, now, &v);
-    ns = v.rate > 0 ? 1e9 / v.rate : 1e9;
-    /* Rounded up, as gcra_init: never a hair faster than followed. */
-    t = ns < 1 ? 1 : (uint64_t)ceil(ns - 1e-6);
+    f.t_ns = interval_ns(v.rate);
+    f.tau_ns = (uint64_t)(v.capacity ? v.capacity - 1 : 0) * f.t_ns;
+    f.seen_ms = quota_news_wall_ms(&v.quota, now);
+    m = quota_next_change(&v.quota, now);
+    if (f.seen_ms && m != UINT64_MAX) {
+        f.reset_in_ns = m - now;
+        f.next_t_ns = interval_ns(quota_rate(&v.quota, m));
+        f.next_tau_ns = (uint64_t)(quota_capacity(&v.quota, m) - 1) * f.next_t_ns;
+        f.reset_ms = quota_wall_ms_at(&v.quota, m);
+    }
     return store_permit_follow_async(ex->env->store, ex->scall, ex->pol->name,
-                                     partition_of(ex), t,
-                                     (uint64_t)(v.capacity ? v.capacity - 1 : 0) * t,
-                                     ex->max_wait_ns, quota_news_wall_ms(&v.quota, now));
+                                     partition_of(ex), &f, ex->max_wait_ns);
 }
 
 /* Until its start comes, a granted request is not sent: not in flight
@@ -285,7 +299,19 @@ static uint64_t retime_moment(struct exchange *ex, uint64_t now)
         return 0;
     permits_view(ex->bucket->pm, now, &v);
     m = quota_next_change(&v.quota, now);
+    /* The fleet's bucket may know of one this sidecar has not read. */
+    if (ex->fleet_reset_at > now && ex->fleet_reset_at < m)
+        m = ex->fleet_reset_at;
     return m < ex->permit_at ? m : 0;
+}
+
+/* The reset the fleet's bucket reported before the start it answered. */
+static void note_fleet_reset(struct exchange *ex, uint64_t now)
+{
+    const struct store_permit *pm = &ex->scall->permit;
+
+    ex->fleet_reset_at = ex->scall->rc == 0 && pm->granted && pm->reset_ns
+                         ? now + pm->reset_ns : 0;
 }
 
 /* A request waiting for its reserved start (wake_at) wakes at the reset
@@ -304,6 +330,7 @@ static enum ex_verdict fleet_lanes_answered(struct exchange *ex, uint64_t now)
     if (v == EXV_WAIT && ex->shared_permit && ex->bucket->pm) {
         permits_pause(ex->bucket->pm, now, ex->permit_at);
         fleet_hold(ex, true);
+        note_fleet_reset(ex, now);
         wake_for_reset(ex, now);
     }
     return v;
@@ -321,6 +348,7 @@ static void retimed(struct exchange *ex, uint64_t now)
     uint64_t had = ex->permit_at;
 
     ex->retiming = false;
+    note_fleet_reset(ex, now);
     if (ex->scall->rc == 0 && pm->granted && now + pm->wait_ns < had) {
         ex->permit_at = now + pm->wait_ns;
         permits_pause_shorten(ex->bucket->pm, now, had, ex->permit_at);

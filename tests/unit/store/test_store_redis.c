@@ -1242,8 +1242,30 @@ static struct store_call follow(struct aloop *a, struct waiter *w, uint64_t t_ns
     int n = w->done + 1;
 
     call_init(&c, w);
-    cr_assert_eq(store_permit_follow_async(a->sl, &c, SCOPE, NULL, t_ns, 0,
-                                           60 * NS_PER_S, seen_ms),
+    cr_assert_eq(store_permit_follow_async(a->sl, &c, SCOPE, NULL,
+                                           &(struct store_follow){.t_ns = t_ns,
+                                                                  .seen_ms = seen_ms},
+                                           60 * NS_PER_S),
+                 -EINPROGRESS, "%s", c.err.text);
+    cr_assert(run_until(a->base, w, n, WAIT_MS));
+    cr_assert_eq(c.rc, 0, "%s", c.err.text);
+    cr_assert(c.permit.granted);
+    return c;
+}
+
+/* The same, with numbers that change to next_t_ns after reset_in_ns. */
+static struct store_call follow_reset(struct aloop *a, struct waiter *w, uint64_t t_ns,
+                                      uint64_t seen_ms, uint64_t reset_in_ns,
+                                      uint64_t next_t_ns)
+{
+    struct store_follow f = {.t_ns = t_ns, .seen_ms = seen_ms,
+                             .reset_in_ns = reset_in_ns, .next_t_ns = next_t_ns,
+                             .reset_ms = seen_ms + reset_in_ns / NS_PER_MS};
+    struct store_call c;
+    int n = w->done + 1;
+
+    call_init(&c, w);
+    cr_assert_eq(store_permit_follow_async(a->sl, &c, SCOPE, NULL, &f, 60 * NS_PER_S),
                  -EINPROGRESS, "%s", c.err.text);
     cr_assert(run_until(a->base, w, n, WAIT_MS));
     cr_assert_eq(c.rc, 0, "%s", c.err.text);
@@ -1275,6 +1297,45 @@ Test(store, newer_quota_numbers_re_time_the_reserved_starts)
     cr_expect(c.permit.wait_ns > 400 * NS_PER_MS && c.permit.wait_ns <= 520 * NS_PER_MS,
               "older numbers: one more start at the bucket's 100 ms: %llu ns",
               (unsigned long long)c.permit.wait_ns);
+    aloop_free(&a);
+}
+
+/* A sidecar that has read no answer (its news: none, seen_ms 1) paces to
+ * the bucket's numbers, and once their reset has passed, to the numbers
+ * after it: the end of a window (one start per 2 s, reset in 300 ms, one
+ * per 100 ms after) does not pace the next window for one that joins
+ * late. A start reserved past the reset says when the reset comes, so the
+ * caller can ask again then. */
+Test(store, past_their_reset_the_bucket_paces_to_the_numbers_after_it)
+{
+    struct aloop a = aloop_new(st);
+    struct waiter w = {0};
+    struct store_call c;
+    redisReply *r;
+    int colons = 0;
+
+    c = follow_reset(&a, &w, 2 * NS_PER_S, 1000, 300 * NS_PER_MS, 100 * NS_PER_MS);
+    cr_expect_eq(c.permit.wait_ns, 0);
+    cr_expect_eq(c.permit.reset_ns, 0, "a start at once is before the reset");
+    c = follow(&a, &w, 2 * NS_PER_S, 1);
+    cr_expect_gt(c.permit.wait_ns, 1500 * NS_PER_MS, "paced to the bucket's 2 s: %llu",
+                 (unsigned long long)c.permit.wait_ns);
+    cr_expect(c.permit.reset_ns > 200 * NS_PER_MS && c.permit.reset_ns <= 300 * NS_PER_MS,
+              "the reset before that start: %llu ns",
+              (unsigned long long)c.permit.reset_ns);
+    usleep(350 * 1000);
+    c = follow(&a, &w, 2 * NS_PER_S, 1);
+    cr_expect_lt(c.permit.wait_ns, 500 * NS_PER_MS,
+                 "two starts of 2 s (the one at once, one ahead) re-timed as two of "
+                 "100 ms: %llu ns", (unsigned long long)c.permit.wait_ns);
+    cr_expect_eq(c.permit.reset_ns, 0, "no reset known after it");
+    r = raw("GET sluice:{payments}:b");
+    cr_assert_eq(r->type, REDIS_REPLY_STRING);
+    for (const char *p = r->str; *p; p++)
+        colons += *p == ':';
+    cr_expect_eq(colons, 4, "tat:pu:qt:qtau:qa, the reset passed: %s", r->str);
+    cr_expect_eq(atoll(strrchr(r->str, ':') + 1), 1300, "the reset's news: %s", r->str);
+    freeReplyObject(r);
     aloop_free(&a);
 }
 
