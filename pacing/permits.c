@@ -231,16 +231,6 @@ void permits_resume(struct permits *pm, uint64_t now)
     pthread_mutex_unlock(&pm->mu);
 }
 
-void permits_pause_shorten(struct permits *pm, uint64_t now, uint64_t from,
-                           uint64_t to)
-{
-    pm = lock_live(pm, NULL);
-    sync_quota(pm, now);
-    tbucket_pause_shorten(&pm->tb, now, from, to);
-    wake_keeper(pm);
-    pthread_mutex_unlock(&pm->mu);
-}
-
 uint32_t permits_available(struct permits *pm, uint64_t now, uint64_t *next_ns)
 {
     double t;

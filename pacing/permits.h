@@ -145,10 +145,6 @@ bool permits_leave(struct permits *pm, struct permit_waiter *w, uint64_t now,
 void permits_empty(struct permits *pm, uint64_t now);
 void permits_pause(struct permits *pm, uint64_t now, uint64_t until);
 void permits_resume(struct permits *pm, uint64_t now);
-/* A pause its caller set until `from` ends at `to` instead, unless another
- * lengthened it since (tbucket_pause_shorten). */
-void permits_pause_shorten(struct permits *pm, uint64_t now, uint64_t from,
-                           uint64_t to);
 
 /* Whole tokens at now and the ns until the next when none (RateLimit
  * headers, gauges). */

@@ -213,15 +213,6 @@ void tbucket_top_up(struct tbucket *b, uint64_t now)
     b->frac = 0;
 }
 
-void tbucket_pause_shorten(struct tbucket *b, uint64_t now, uint64_t from,
-                           uint64_t to)
-{
-    settle(b, now);
-    if (b->paused_until != from || to >= from)
-        return;
-    b->paused_until = to > b->last ? to : b->last;
-}
-
 void tbucket_resume(struct tbucket *b, uint64_t now)
 {
     settle(b, now);

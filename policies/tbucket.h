@@ -84,12 +84,6 @@ void tbucket_pause_until(struct tbucket *b, uint64_t now, uint64_t until);
  * first permit, which accrual would have paid for one interval later. */
 void tbucket_top_up(struct tbucket *b, uint64_t now);
 
-/* A running pause that ends at `from` exactly ends at `to` (< from)
- * instead: its owner's reason to pause ends sooner. One that another
- * lengthened since ends when it did. */
-void tbucket_pause_shorten(struct tbucket *b, uint64_t now, uint64_t from,
-                           uint64_t to);
-
 /* Ends a running pause at now (an operator's override); still empty. */
 void tbucket_resume(struct tbucket *b, uint64_t now);
 

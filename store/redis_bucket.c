@@ -15,9 +15,9 @@
  * advertised quota gives (qt, qtau, µs) and when that was advertised (qa,
  * Unix ms), as "tat:pu:qt:qtau:qa", and when the quota's window resets
  * next, the numbers after that (":qr:qn:qntau:qra"): each permit carries
- * its sidecar's, and the script keeps the newer, and steps to the numbers
- * after the reset once it has passed. An earlier release kept the same fields in a
- * hash: the scripts read one and replace it by the string at their next
+ * its sidecar's, the script keeps the newer and steps to the numbers after
+ * the reset once it has passed. An earlier release kept the same fields in
+ * a hash: the scripts read one and replace it by the string at their next
  * write.
  *
  * The fleet's slots of a policy are one sorted set, `<prefix>{<policy>}:s`,
@@ -127,19 +127,14 @@ static int permit_result(const struct redis_store *st,
                          const struct rcmd_info *info, const redisReply *r,
                          struct store_permit *pm, struct sc_error *err)
 {
-    long long granted, wait_us, paused, reset_us = 0;
+    long long granted, wait_us, paused;
 
     if (r->type != REDIS_REPLY_ARRAY || !redis_int_at(r, 0, &granted) ||
         !redis_int_at(r, 1, &wait_us) || !redis_int_at(r, 2, &paused) || wait_us < 0)
         return redis_unexpected(st, info, err);
-    /* A followed quota's reset before the start: only a follower's ask
-     * answers it. */
-    if (r->elements > 3 && (!redis_int_at(r, 3, &reset_us) || reset_us < 0))
-        return redis_unexpected(st, info, err);
     pm->granted = granted == 1;
     pm->paused = paused == 1;
     pm->wait_ns = (uint64_t)wait_us * 1000;
-    pm->reset_ns = (uint64_t)reset_us * 1000;
     return 0;
 }
 

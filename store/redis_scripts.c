@@ -221,33 +221,37 @@ static const char ACQUIRE[] =
  * those, and once that change has come, to the numbers after it: a
  * sidecar that read nothing yet (it joined late, or its traffic is
  * light) paces to the window after a reset, not to the end of the one
- * before, when little was left (min_rate at worst). Newer numbers re-time
- * what the bucket has reserved ahead: tat - now is that many starts at the
- * old T, and stays as many at the new one, as a local bucket keeps its
- * token count when its rate changes. Without it, starts reserved at a low
- * rate would hold the next window's back for as long as the low rate gave
- * them. A pause is not re-timed: it is the partner's word. Answers
- * {granted, wait µs, paused}, and when granted past the bucket's next
- * change, the µs until it, fourth: the caller asks again then, and the
- * earlier start goes. */
+ * before, when little was left (min_rate at worst). New numbers re-time
+ * the bucket as a local bucket's tokens follow a change of its rate and
+ * capacity (policies/tbucket.h): the tokens it holds, (tau - (tat - now)) / T
+ * + 1 at the old numbers (fewer than one: starts reserved ahead), stay as
+ * many at the new ones, and above the new capacity are dropped. Kept as a
+ * wait instead (tat alone scaled), a capacity that falls as a window runs
+ * out (it is at most what remains) turned a burst at the window's start
+ * into a hole at its end, where the permits left were lost; and starts
+ * reserved at a low rate held the next window back as long as that rate
+ * gave them. A pause is not re-timed: it is the partner's word. Answers
+ * {granted, wait µs, paused}. */
 static const char PERMIT[] =
     BUCKET
     "local now = redis_now()\n"
     "local b = bucket_get(KEYS[1])\n"
     "local T, tau, advertised = tonumber(ARGV[1]), tonumber(ARGV[2]), false\n"
-    "local function retime(to)\n"
-    "  if b.qt and b.qt > 0 and b.qt ~= to and b.tat > now and b.pu <= now then\n"
-    "    b.tat = now + math.ceil((b.tat - now) * to / b.qt)\n"
-    "  end\n"
+    "local function retime(to, totau)\n"
+    "  if not (b.qt and b.qt > 0 and b.qtau and to > 0) or b.pu > now or\n"
+    "     (b.qt == to and b.qtau == totau) then return end\n"
+    "  local n = math.min(b.qtau, b.qtau - (b.tat - now)) / b.qt\n"
+    "  n = math.min(n, totau / to)\n"
+    "  b.tat = math.ceil(now + totau - n * to)\n"
     "end\n"
     "if ARGV[4] then\n"
     "  if b.qr and now >= b.qr then\n"
-    "    retime(b.qn)\n"
+    "    retime(b.qn, b.qntau)\n"
     "    b.qt, b.qtau, b.qa, b.qr, advertised = b.qn, b.qntau, b.qra, nil, true\n"
     "  end\n"
     "  if tonumber(ARGV[4]) >= (b.qa or 0) then\n"
     "    local ri = tonumber(ARGV[5] or '0') or 0\n"
-    "    retime(T)\n"
+    "    retime(T, tau)\n"
     "    b.qt, b.qtau, b.qa, b.qr, advertised = T, tau, tonumber(ARGV[4]), nil, true\n"
     "    if ri > 0 then\n"
     "      b.qr, b.qn = now + ri, tonumber(ARGV[6])\n"
@@ -259,9 +263,8 @@ static const char PERMIT[] =
     "end\n"
     "local ok, wait, paused = reserve(b, T, tau, tonumber(ARGV[3]), now)\n"
     "if ok or advertised then bucket_put(KEYS[1], b, now) end\n"
-    "if not ok then return {0, wait, paused} end\n"
-    "if b.qr and b.qr < now + wait then return {1, wait, 0, b.qr - now} end\n"
-    "return {1, wait, 0}\n";
+    "if ok then return {1, wait, 0} end\n"
+    "return {0, wait, paused}\n";
 
 /* A keyed request's lookup, permit and lease in one round trip (contract
  * §10): KEYS[1] the record, KEYS[2] its policy's bucket (one hash tag, one

@@ -305,9 +305,6 @@ struct store_permit {
     bool paused;            /* refused: the policy is paused (a cooldown) */
     uint64_t wait_ns;       /* granted: until the start; refused: until a
                                permit (or the pause's end) */
-    uint64_t reset_ns;      /* granted, following a quota: the bucket's
-                               numbers change (a reset) after reset_ns,
-                               before the start; 0: no such reset known */
 };
 
 /* A fleet-wide concurrency slot. */

@@ -221,11 +221,8 @@ struct exchange {
     bool got_slot;              /* permit and slot were had (permit_wait_ns is set) */
     uint64_t wait_start_ns, wait_deadline_ns, permit_wait_ns;
     uint64_t permit_at;         /* reserved start (monotonic ns) */
-    uint64_t retime_at;         /* a followed quota's reset before it: the
-                                   fleet is asked again then (0: none) */
-    bool retiming;              /* ... and that ask is in flight */
-    uint64_t fleet_reset_at;    /* the reset the fleet's bucket knows of
-                                   before the start it reserved (0: none) */
+    uint64_t due_at;            /* a followed quota's fleet permit: ask the
+                                   fleet's bucket again then (0: not so) */
     bool asking;                /* a shared bucket or slot call is in flight */
     bool shared_permit;         /* the fleet's bucket granted the permit */
     bool shared_slot;           /* holds a fleet-wide slot */

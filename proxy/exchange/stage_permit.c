@@ -283,46 +283,6 @@ static void fleet_hold(struct exchange *ex, bool hold)
     permits_hold(ex->bucket->pm, hold);
 }
 
-/* A followed quota's next reset, when it comes before the start the
- * fleet reserved (0 otherwise, and for a start of the local fallback,
- * which paces to this sidecar's own numbers): that start was reserved at
- * numbers the reset ends. At the end of a window, with little left,
- * they are slow (min_rate at worst: 2 s a start at 0.5/s), and a head
- * holding such a start holds back its sidecar's lanes and its fleet slot
- * long into the next window. */
-static uint64_t retime_moment(struct exchange *ex, uint64_t now)
-{
-    struct permits_view v;
-    uint64_t m;
-
-    if (!ex->shared_permit || !ex->ps->follow || !ex->bucket->pm)
-        return 0;
-    permits_view(ex->bucket->pm, now, &v);
-    m = quota_next_change(&v.quota, now);
-    /* The fleet's bucket may know of one this sidecar has not read. */
-    if (ex->fleet_reset_at > now && ex->fleet_reset_at < m)
-        m = ex->fleet_reset_at;
-    return m < ex->permit_at ? m : 0;
-}
-
-/* The reset the fleet's bucket reported before the start it answered. */
-static void note_fleet_reset(struct exchange *ex, uint64_t now)
-{
-    const struct store_permit *pm = &ex->scall->permit;
-
-    ex->fleet_reset_at = ex->scall->rc == 0 && pm->granted && pm->reset_ns
-                         ? now + pm->reset_ns : 0;
-}
-
-/* A request waiting for its reserved start (wake_at) wakes at the reset
- * before it instead, when there is one. */
-static void wake_for_reset(struct exchange *ex, uint64_t now)
-{
-    ex->retime_at = retime_moment(ex, now);
-    if (ex->retime_at && ex->retime_at < ex->wake_at)
-        ex->wake_at = ex->retime_at;
-}
-
 static enum ex_verdict fleet_lanes_answered(struct exchange *ex, uint64_t now)
 {
     enum ex_verdict v = fleet_answered(ex, now);
@@ -330,29 +290,47 @@ static enum ex_verdict fleet_lanes_answered(struct exchange *ex, uint64_t now)
     if (v == EXV_WAIT && ex->shared_permit && ex->bucket->pm) {
         permits_pause(ex->bucket->pm, now, ex->permit_at);
         fleet_hold(ex, true);
-        note_fleet_reset(ex, now);
-        wake_for_reset(ex, now);
     }
     return v;
 }
 
-/* The ask at the reset, with its news: the fleet's bucket re-times what
- * it holds to the new numbers (redis_scripts.c) and reserves another
- * start; the earlier of the two goes. The other stays spent in the
- * fleet's bucket, one start at the new numbers: slower by that, never
- * faster than the partner allows. A failed or refused ask (refused: no
- * start before the one it has) keeps the start it had. */
-static void retimed(struct exchange *ex, uint64_t now)
+/* A followed quota's rate changes with every answer, and a permit goes at
+ * the rate in force when it is granted (contract §12). A start the fleet's
+ * bucket reserved ahead keeps the numbers of its ask (the bucket re-times
+ * what lies beyond its tat, not the starts it has told), and at a window's
+ * end such starts, reserved at a small allowance (min_rate at worst: 2 s
+ * a start at 0.5/s), fell past the partner's reset while permits of the
+ * window were left, and held their sidecars' lanes into the next. So a
+ * follower asks only for a start due within FLEET_DUE_NS; refused, it
+ * waits here until the moment the bucket named, holding its sidecar's
+ * lanes as a reserved start does, and asks again then, at the numbers of
+ * that moment, within its wait's deadline (beyond it: refused with the
+ * bucket's wait, as before). */
+#define FLEET_DUE_NS (5 * NS_PER_MS)
+
+static uint64_t ask_wait(const struct exchange *ex, uint64_t now)
+{
+    uint64_t left = ex->wait_deadline_ns > now ? ex->wait_deadline_ns - now : 0;
+
+    return ex->ps->follow && left > FLEET_DUE_NS ? FLEET_DUE_NS : left;
+}
+
+static enum ex_verdict follow_answered(struct exchange *ex, uint64_t now)
 {
     const struct store_permit *pm = &ex->scall->permit;
-    uint64_t had = ex->permit_at;
+    uint64_t at = now + pm->wait_ns;
+    enum ex_verdict v;
 
-    ex->retiming = false;
-    note_fleet_reset(ex, now);
-    if (ex->scall->rc == 0 && pm->granted && now + pm->wait_ns < had) {
-        ex->permit_at = now + pm->wait_ns;
-        permits_pause_shorten(ex->bucket->pm, now, had, ex->permit_at);
+    if (ex->scall->rc == 0 && !pm->granted && at <= ex->wait_deadline_ns) {
+        ex->due_at = ex->wake_at = at;
+        permits_pause(ex->bucket->pm, now, at);
+        fleet_hold(ex, true);
+        return EXV_WAIT;
     }
+    v = fleet_lanes_answered(ex, now);
+    if (v != EXV_WAIT)
+        fleet_hold(ex, false);
+    return v;
 }
 
 static enum ex_verdict fleet_lanes_run(struct exchange *ex, uint64_t now)
@@ -360,14 +338,17 @@ static enum ex_verdict fleet_lanes_run(struct exchange *ex, uint64_t now)
     bool first = ex->woke == WOKE_FIRST;
     enum ex_verdict v;
 
-    if (first) {
-        ex->max_wait_ns = ex->wait_deadline_ns > now ? ex->wait_deadline_ns - now : 0;
-        ex->asking = true;
+    if (ex->due_at && now < ex->due_at) {
+        ex->wake_at = ex->due_at;
+        return EXV_WAIT;
     }
-    if (!ex->asking && ex->retime_at && now >= ex->retime_at && now < ex->permit_at) {
-        ex->max_wait_ns = ex->permit_at - now;
-        ex->retime_at = 0;
-        ex->asking = ex->retiming = first = true;
+    if (ex->due_at) {
+        ex->due_at = 0;
+        first = true;
+    }
+    if (first) {
+        ex->max_wait_ns = ask_wait(ex, now);
+        ex->asking = true;
     }
     if (ex->asking) {
         v = ex_store_wait(ex, now, ex->ps->follow ? start_permit_follow : start_permit,
@@ -375,15 +356,11 @@ static enum ex_verdict fleet_lanes_run(struct exchange *ex, uint64_t now)
         if (v != EXV_NEXT)
             return v;
         ex->asking = false;
-        if (!ex->retiming)
-            return fleet_lanes_answered(ex, now);
-        retimed(ex, now);
+        return ex->ps->follow ? follow_answered(ex, now) : fleet_lanes_answered(ex, now);
     }
     v = permit_due(ex, now);
     if (v != EXV_WAIT)
         fleet_hold(ex, false);
-    else
-        wake_for_reset(ex, now);
     return v;
 }
 

@@ -152,31 +152,6 @@ Test(tbucket, resume_ends_a_pause_now_still_empty)
     cr_expect_eq(tbucket_next_ns(&b, t + SEC), 100 * MS);
 }
 
-/* The owner of a pause may shorten it while no one lengthened it: a
- * fleet's head whose reserved start came sooner (stage_permit.c). */
-Test(tbucket, a_pause_is_shortened_only_by_its_owner)
-{
-    struct tbucket b;
-    uint64_t t = NOW0;
-
-    tbucket_init(&b, 10, 10, t);
-    tbucket_pause_until(&b, t, t + 6 * SEC);
-    tbucket_pause_shorten(&b, t + SEC, t + 6 * SEC, t + 2 * SEC);
-    cr_expect_eq(b.paused_until, t + 2 * SEC);
-    cr_expect_eq(tbucket_next_ns(&b, t + SEC), SEC + 100 * MS, "accrues from 2 s");
-    /* Into the past: it ends now, still empty. */
-    tbucket_pause_shorten(&b, t + 1500 * MS, t + 2 * SEC, t);
-    cr_expect_eq(b.paused_until, t + 1500 * MS);
-    cr_expect_not(tbucket_take(&b, t + 1500 * MS));
-    /* Lengthened since (a 429's cooldown): its end is not the owner's. */
-    tbucket_pause_until(&b, t + 2 * SEC, t + 9 * SEC);
-    tbucket_pause_shorten(&b, t + 3 * SEC, t + 6 * SEC, t + 4 * SEC);
-    cr_expect_eq(b.paused_until, t + 9 * SEC);
-    /* Never lengthened by it. */
-    tbucket_pause_shorten(&b, t + 3 * SEC, t + 9 * SEC, t + 12 * SEC);
-    cr_expect_eq(b.paused_until, t + 9 * SEC);
-}
-
 Test(tbucket, a_clock_older_than_the_last_seen_changes_nothing)
 {
     struct tbucket b;
