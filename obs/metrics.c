@@ -37,7 +37,7 @@ static const struct {
 static const char *const store_op_names[ST__COUNT] = {
     [ST_GET] = "get", [ST_ACQUIRE] = "acquire", [ST_COMPLETE] = "complete",
     [ST_RELEASE] = "release", [ST_PERMIT] = "permit", [ST_SLOT] = "slot",
-    [ST_PERMIT_LEASE] = "permit_lease",
+    [ST_PERMIT_LEASE] = "permit_lease", [ST_FLIGHT_END] = "flight_end",
 };
 
 const char *store_op_name(enum store_timed_op op)

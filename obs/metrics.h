@@ -36,10 +36,10 @@ enum hist_kind {
  * op label. */
 enum store_timed_op {
     ST_GET = 0, ST_ACQUIRE, ST_COMPLETE, ST_RELEASE, ST_PERMIT, ST_SLOT,
-    ST_PERMIT_LEASE, ST__COUNT
+    ST_PERMIT_LEASE, ST_FLIGHT_END, ST__COUNT
 };
 /* Its label value: get, acquire, complete, release, permit, slot,
- * permit_lease. */
+ * permit_lease, flight_end. */
 const char *store_op_name(enum store_timed_op op);
 
 

@@ -330,9 +330,11 @@ void permits_hold(struct permits *pm, bool hold)
 }
 
 void permits_answered(struct permits *pm, const struct quota_headers *h,
-                      uint64_t now, uint64_t wall_ms, struct quota_result *res)
+                      uint64_t now, uint64_t wall_ms, int64_t fleet_flight,
+                      struct quota_result *res)
 {
     struct quota_result none;
+    uint64_t f;
 
     pm = lock_live(pm, NULL);
     if (pm->flight)
@@ -342,12 +344,20 @@ void permits_answered(struct permits *pm, const struct quota_headers *h,
         sync_quota(pm, now);
         if (!res)
             res = &none;
-        quota_update(&pm->quota, h, now, wall_ms,
-                     (pm->flight > pm->held ? pm->flight - pm->held : 0) *
-                         (pm->flight_scale ? pm->flight_scale : 1), res);
+        f = fleet_flight >= 0 ? (uint64_t)fleet_flight
+            : (uint64_t)(pm->flight > pm->held ? pm->flight - pm->held : 0) *
+                  (pm->flight_scale ? pm->flight_scale : 1);
+        quota_update(&pm->quota, h, now, wall_ms, f > UINT32_MAX ? UINT32_MAX : (uint32_t)f,
+                     res);
         sync_quota(pm, now);
-        if (res->top_up)
+        if (res->top_up) {
             tbucket_top_up(&pm->tb, now);
+            /* A fleet's bucket tops up only when the f it came with is
+             * the fleet's: beside another sidecar's request in flight,
+             * that permit would be refused. */
+            if (fleet_flight >= 0)
+                pm->top_up_ms = wall_ms;
+        }
         wake_keeper(pm);
     }
     pthread_mutex_unlock(&pm->mu);
@@ -361,5 +371,6 @@ void permits_view(struct permits *pm, uint64_t now, struct permits_view *v)
     v->capacity = (uint32_t)(pm->tb.cap / TB_ONE);
     v->limited = pm->follow && quota_limits(&pm->quota, now);
     v->quota = pm->quota;
+    v->top_up_ms = pm->top_up_ms;
     pthread_mutex_unlock(&pm->mu);
 }

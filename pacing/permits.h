@@ -63,6 +63,8 @@ struct permits {
     uint32_t held;              /* of those, waiting for a start the fleet's
                                    bucket reserved: not sent upstream yet, so
                                    not among the f of the quota's rule */
+    uint64_t top_up_ms;         /* the Unix ms of the latest answer that
+                                   topped the bucket up (one permit left) */
     uint32_t flight_scale;      /* a fleet's (0 or 1: this sidecar's): the
                                    fleet's requests in flight are counted as
                                    this sidecar's times the fleet's size,
@@ -75,6 +77,7 @@ struct permits_view {
     uint32_t capacity;          /* effective burst */
     bool limited;               /* advertised numbers hold the rate down */
     struct quota quota;         /* a copy: what was advertised */
+    uint64_t top_up_ms;         /* permits.top_up_ms */
 };
 
 /* What an ask or a poll found. */
@@ -100,9 +103,12 @@ void permits_flying(struct permits *pm);
  * failure, or it left unsent): it is no longer in flight. With h (a
  * response's quota headers; NULL: none to read) and a policy that follows
  * its quota, the advertised numbers are read at now (wall_ms, the Unix
- * time) into the rate; res (may be NULL) says what they did. */
+ * time) into the rate, with fleet_flight the fleet's requests in flight
+ * (the f of the rule; -1: unknown, so this sidecar's times flight_scale);
+ * res (may be NULL) says what they did. */
 void permits_answered(struct permits *pm, const struct quota_headers *h,
-                      uint64_t now, uint64_t wall_ms, struct quota_result *res);
+                      uint64_t now, uint64_t wall_ms, int64_t fleet_flight,
+                      struct quota_result *res);
 
 /* A granted request waits (hold) for the start the fleet's bucket
  * reserved, or that wait ended (!hold): sent upstream or leaving. Call

@@ -36,17 +36,24 @@
  * only pace them together. */
 #define PARTITION_NAME_MAX 128
 
+/* A bucket's key (kind 'b'), or its set of requests in flight ('f'). */
+static void partition_key(const struct redis_store *st, const char *scope, char kind,
+                          const char *partition, char out[REDIS_KEY_MAX])
+{
+    if (!partition)
+        snprintf(out, REDIS_KEY_MAX, "%s{%s}:%c", st->prefix, scope, kind);
+    else if (strlen(partition) <= PARTITION_NAME_MAX)
+        snprintf(out, REDIS_KEY_MAX, "%s{%s}:%c:%s", st->prefix, scope, kind,
+                 partition);
+    else
+        snprintf(out, REDIS_KEY_MAX, "%s{%s}:%c:#%016llx", st->prefix, scope, kind,
+                 (unsigned long long)hash_str(HASH_INIT, partition));
+}
+
 void redis_bucket_key(const struct redis_store *st, const char *scope,
                       const char *partition, char out[REDIS_KEY_MAX])
 {
-    if (!partition)
-        snprintf(out, REDIS_KEY_MAX, "%s{%s}:b", st->prefix, scope);
-    else if (strlen(partition) <= PARTITION_NAME_MAX)
-        snprintf(out, REDIS_KEY_MAX, "%s{%s}:b:%s", st->prefix, scope,
-                 partition);
-    else
-        snprintf(out, REDIS_KEY_MAX, "%s{%s}:b:#%016llx", st->prefix, scope,
-                 (unsigned long long)hash_str(HASH_INIT, partition));
+    partition_key(st, scope, 'b', partition, out);
 }
 
 static void num(struct rcmd *cmd, int i, uint64_t v)
@@ -67,6 +74,8 @@ static void build_bucket(struct redis_store *st, enum store_op op,
                          const struct store_args *a, struct rcmd *cmd)
 {
     redis_bucket_key(st, a->scope, a->partition, cmd->key);
+    if (op == STORE_OP_PERMIT && a->seen_ms && a->flight)
+        partition_key(st, a->scope, 'f', a->partition, cmd->key2);
     snprintf(cmd->info.name, sizeof cmd->info.name, "%s/(bucket)", a->scope);
     redis_evalsha(cmd, op == STORE_OP_PERMIT ? SCRIPT_PERMIT
                                              : SCRIPT_BUCKET_PAUSE);
@@ -80,7 +89,22 @@ static void build_bucket(struct redis_store *st, enum store_op op,
         num(cmd, 5, a->next_t_ns / 1000);
         num(cmd, 6, a->next_tau_ns / 1000);
         num(cmd, 7, a->reset_ms);
+        num(cmd, 8, a->top_up);
+        if (a->flight) {
+            redis_arg_str(cmd, a->flight);
+            num(cmd, 9, a->hold_ms);
+        }
     }
+}
+
+/* The request leaves the bucket's set of requests in flight. */
+static void build_flight_end(struct redis_store *st, const struct store_args *a,
+                             struct rcmd *cmd)
+{
+    partition_key(st, a->scope, 'f', a->partition, cmd->key);
+    snprintf(cmd->info.name, sizeof cmd->info.name, "%s/(in flight)", a->scope);
+    redis_evalsha(cmd, SCRIPT_FLIGHT_END);
+    redis_arg_str(cmd, a->flight);
 }
 
 static void build_slot(struct redis_store *st, enum store_op op,
@@ -110,6 +134,8 @@ int redis_bucket_build(struct redis_store *st, enum store_op op,
         return rc;
     if (op == STORE_OP_PERMIT || op == STORE_OP_BUCKET_PAUSE)
         build_bucket(st, op, a, cmd);
+    else if (op == STORE_OP_FLIGHT_END)
+        build_flight_end(st, a, cmd);
     else
         build_slot(st, op, a, cmd);
     return 0;
@@ -151,5 +177,9 @@ int redis_bucket_result(const struct redis_store *st,
         return redis_unexpected(st, info, err);
     if (info->op == STORE_OP_SLOT_TAKE && out->slot)
         out->slot->granted = r->integer == 1;
+    if (info->op == STORE_OP_FLIGHT_END && out->permit)
+        out->permit->flight = r->integer < 0 ? 0
+                              : r->integer > UINT32_MAX ? UINT32_MAX
+                                                        : (uint32_t)r->integer;
     return 0;
 }

@@ -265,7 +265,7 @@ int rcmd_build(struct redis_store *st, enum store_op op,
     cmd->info.now_ms = a->now_ms;
     cmd->info.ttl_ms = a->ttl_ms;
     put_le(cmd->now, a->now_ms, 8);
-    if (op >= STORE_OP_PERMIT && op <= STORE_OP_SLOT_GIVE)
+    if (op >= STORE_OP_PERMIT && op <= STORE_OP_FLIGHT_END)
         return redis_bucket_build(st, op, a, cmd, err);
     rc = op == STORE_OP_PAUSE_SET ? redis_pause_key(st, a->scope, cmd, err)
                                   : redis_record_key(st, a->scope, a->key, cmd,
@@ -570,6 +570,7 @@ int rcmd_result(const struct redis_store *st, const struct rcmd_info *info,
     case STORE_OP_BUCKET_PAUSE:
     case STORE_OP_SLOT_TAKE:
     case STORE_OP_SLOT_GIVE:
+    case STORE_OP_FLIGHT_END:
         return redis_bucket_result(st, info, r, out, err);
     default:
         return script_result(st, info, r, out, err);

@@ -230,8 +230,14 @@ static const char ACQUIRE[] =
  * out (it is at most what remains) turned a burst at the window's start
  * into a hole at its end, where the permits left were lost; and starts
  * reserved at a low rate held the next window back as long as that rate
- * gave them. A pause is not re-timed: it is the partner's word. Answers
- * {granted, wait µs, paused}. */
+ * gave them. A pause is not re-timed: it is the partner's word. ARGV[9]
+ * '1': the caller's answer (newer than the bucket's news) left one permit,
+ * which goes at once: the bucket holds one token (policies/quota.h's
+ * top-up; its f counts the fleet's requests in flight, so the partner
+ * allows it). KEYS[2], ARGV[10], ARGV[11]: the set of the bucket's
+ * requests in flight, the caller's name there and how long after its start
+ * it may stay (its sidecar gone): a granted permit puts it there
+ * (FLIGHT_END takes it out). Answers {granted, wait µs, paused}. */
 static const char PERMIT[] =
     BUCKET
     "local now = redis_now()\n"
@@ -244,6 +250,7 @@ static const char PERMIT[] =
     "  n = math.min(n, totau / to)\n"
     "  b.tat = math.ceil(now + totau - n * to)\n"
     "end\n"
+    "local up = ARGV[9] == '1' and tonumber(ARGV[4]) > (b.qa or 0)\n"
     "if ARGV[4] then\n"
     "  if b.qr and now >= b.qr then\n"
     "    retime(b.qn, b.qntau)\n"
@@ -261,8 +268,14 @@ static const char PERMIT[] =
     "    T, tau = b.qt, b.qtau\n"
     "  end\n"
     "end\n"
+    "if up and b.pu <= now and b.tat - tau > now then b.tat = now + tau end\n"
     "local ok, wait, paused = reserve(b, T, tau, tonumber(ARGV[3]), now)\n"
     "if ok or advertised then bucket_put(KEYS[1], b, now) end\n"
+    "if ok and KEYS[2] then\n"
+    "  local keep = math.floor(wait / 1000) + tonumber(ARGV[11])\n"
+    "  redis.call('ZADD', KEYS[2], math.floor(now / 1000) + keep, ARGV[10])\n"
+    "  redis.call('PEXPIRE', KEYS[2], keep + 1000)\n"
+    "end\n"
     "if ok then return {1, wait, 0} end\n"
     "return {0, wait, paused}\n";
 
@@ -386,6 +399,16 @@ static const char BUCKET_PAUSE[] =
     "b.tat = math.max(b.tat, from + tau)\n"
     "bucket_put(KEYS[1], b, now)\n"
     "return 1\n";
+
+/* KEYS[1] a followed quota's set of requests in flight (redis_bucket.c),
+ * ARGV[1] one of them, answered or gone: out of the set, with those whose
+ * hold ran out (their sidecar died); answers how many are left. */
+static const char FLIGHT_END[] =
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "redis.call('ZREM', KEYS[1], ARGV[1])\n"
+    "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)\n"
+    "return redis.call('ZCARD', KEYS[1])\n";
 
 /* KEYS[1] the slots; ARGV: holder, limit, hold (ms). 1 when the holder has
  * (or now takes) a slot, 0 when all are held. */
@@ -515,6 +538,7 @@ static const char *const BODIES[SCRIPT_COUNT] = {
     [SCRIPT_PERMIT_LEASE] = PERMIT_LEASE,
     [SCRIPT_BUCKET_PAUSE] = BUCKET_PAUSE,
     [SCRIPT_SLOT_TAKE] = SLOT_TAKE,
+    [SCRIPT_FLIGHT_END] = FLIGHT_END,
     [SCRIPT_VERIFY_CLAIM] = VERIFY_CLAIM,
     [SCRIPT_VERIFY_FOUND] = VERIFY_FOUND,
     [SCRIPT_VERIFY_ABSENT] = VERIFY_ABSENT,

@@ -17,6 +17,7 @@ enum redis_script {
     SCRIPT_PERMIT_LEASE, /* a keyed request's lookup, permit and lease */
     SCRIPT_BUCKET_PAUSE,
     SCRIPT_SLOT_TAKE,
+    SCRIPT_FLIGHT_END,   /* a followed quota's request out of flight */
     /* a lease's verification mark (redis_verify.c) */
     SCRIPT_VERIFY_CLAIM,
     SCRIPT_VERIFY_FOUND,

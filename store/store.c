@@ -382,7 +382,10 @@ int store_permit_follow_async(struct store_loop *sl, struct store_call *c,
                            .reset_in_ns = f->reset_in_ns,
                            .next_t_ns = f->next_t_ns,
                            .next_tau_ns = f->next_tau_ns,
-                           .reset_ms = f->reset_ms};
+                           .reset_ms = f->reset_ms,
+                           .top_up = f->top_up,
+                           .flight = f->flight,
+                           .hold_ms = f->hold_ms};
 
     return start(sl, c, STORE_OP_PERMIT, &a);
 }
@@ -414,6 +417,15 @@ int store_slot_give_async(struct store_loop *sl, struct store_call *c,
     struct store_args a = {.scope = scope, .holder = holder};
 
     return start(sl, c, STORE_OP_SLOT_GIVE, &a);
+}
+
+int store_flight_end_async(struct store_loop *sl, struct store_call *c,
+                           const char *scope, const char *partition,
+                           const char *flight)
+{
+    struct store_args a = {.scope = scope, .partition = partition, .flight = flight};
+
+    return start(sl, c, STORE_OP_FLIGHT_END, &a);
 }
 
 int store_permit_lease_async(struct store_loop *sl, struct store_call *c,

@@ -305,6 +305,8 @@ struct store_permit {
     bool paused;            /* refused: the policy is paused (a cooldown) */
     uint64_t wait_ns;       /* granted: until the start; refused: until a
                                permit (or the pause's end) */
+    uint32_t flight;        /* flight_end: the fleet's requests of the
+                               bucket sent and not answered, this one out */
 };
 
 /* A fleet-wide concurrency slot. */
@@ -408,6 +410,11 @@ struct store_follow {
                                0: no change known */
     uint64_t next_t_ns, next_tau_ns; /* the numbers after that reset */
     uint64_t reset_ms;      /* the reset's Unix ms: the news it is then */
+    bool top_up;            /* the answer of seen_ms left one permit: the
+                               bucket may give it at once (policies/quota.h) */
+    const char *flight;     /* the request's name in the bucket's set of
+                               requests in flight (unique; NULL: none) ... */
+    uint64_t hold_ms;       /* ... kept at most this long after its start */
 };
 
 /* The same, for a policy that follows its partner's quota: f says what
@@ -435,6 +442,15 @@ int store_slot_take_async(struct store_loop *sl, struct store_call *c,
                           uint32_t limit, uint64_t hold_ms);
 int store_slot_give_async(struct store_loop *sl, struct store_call *c,
                           const char *scope, const char *holder);
+
+/* A request whose permit store_permit_follow_async granted with a flight
+ * name is answered, or leaves: out of the fleet's set of the bucket's
+ * requests in flight; c->permit.flight is then how many the set still
+ * holds (those whose hold ran out dropped), the fleet's f of the quota
+ * rule (contract §12). partition may be NULL. */
+int store_flight_end_async(struct store_loop *sl, struct store_call *c,
+                           const char *scope, const char *partition,
+                           const char *flight);
 
 /* A keyed request's lookup, permit and lease in one round trip (contract
  * §10): the bucket of (scope, b->partition) as store_permit_async, and the

@@ -53,6 +53,10 @@ struct store_args {
                                advertised (Unix ms); 0: not following */
     uint64_t reset_in_ns, next_t_ns, next_tau_ns, reset_ms; /* and their
                                next change (struct store_follow) */
+    bool top_up;            /* ... and the one permit left of its answer */
+    const char *flight;     /* permit, following a quota: the request's name
+                               in the fleet's flight set (hold_ms); and
+                               flight_end's */
     uint32_t limit;
 };
 
@@ -67,6 +71,7 @@ enum store_op {
     STORE_OP_BUCKET_PAUSE,
     STORE_OP_SLOT_TAKE,
     STORE_OP_SLOT_GIVE,
+    STORE_OP_FLIGHT_END,    /* a followed quota's request answered (or gone) */
     STORE_OP_PERMIT_LEASE,
     STORE_OP_RELEASE_UNSENT,
     STORE_OP_WATCH,         /* get, marking a live lease (store_watch_async) */

@@ -223,6 +223,9 @@ struct exchange {
     uint64_t permit_at;         /* reserved start (monotonic ns) */
     uint64_t due_at;            /* a followed quota's fleet permit: ask the
                                    fleet's bucket again then (0: not so) */
+    char flight[40];            /* its name in the fleet's set of the
+                                   bucket's requests in flight ... */
+    bool flight_listed;         /* ... where its granted permit put it */
     bool asking;                /* a shared bucket or slot call is in flight */
     bool shared_permit;         /* the fleet's bucket granted the permit */
     bool shared_slot;           /* holds a fleet-wide slot */

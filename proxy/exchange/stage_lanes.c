@@ -143,7 +143,7 @@ static void permit_lanes_release(struct exchange *ex, enum ex_release how)
     if (ex->pm_flight) {
         /* Never sent, or answered without a quota row: out of flight. */
         permits_answered(ex->bucket->pm, NULL,
-                         ex->env->clock->mono_ns(ex->env->clock->arg), 0, NULL);
+                         ex->env->clock->mono_ns(ex->env->clock->arg), 0, -1, NULL);
         ex->pm_flight = false;
     }
     if (how == REL_END && ex->permit_ev) {
@@ -197,7 +197,7 @@ static void shadow_lanes_release(struct exchange *ex, enum ex_release how)
 {
     if (ex->pm_flight) {
         permits_answered(ex->bucket->pm, NULL,
-                         ex->env->clock->mono_ns(ex->env->clock->arg), 0, NULL);
+                         ex->env->clock->mono_ns(ex->env->clock->arg), 0, -1, NULL);
         ex->pm_flight = false;
     }
     ex_bucket_release(ex, how);

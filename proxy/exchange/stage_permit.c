@@ -11,6 +11,11 @@
 
 #include "obs/log.h"
 #include "proxy/exchange/stages.h"
+#include "util/rand.h"
+
+/* A followed quota's request whose sidecar dies leaves the fleet's count
+ * of requests in flight this long after its upstream timeout. */
+#define FLIGHT_HOLD_MARGIN_MS 5000
 
 /* Refused without waiting: the worker retries once a permit would exist. */
 enum ex_verdict ex_refuse_rate(struct exchange *ex, uint64_t start_ns,
@@ -269,6 +274,14 @@ static int start_permit_follow(struct exchange *ex)
         f.next_tau_ns = (uint64_t)(quota_capacity(&v.quota, m) - 1) * f.next_t_ns;
         f.reset_ms = quota_wall_ms_at(&v.quota, m);
     }
+    f.top_up = v.top_up_ms && v.top_up_ms == f.seen_ms;
+    /* Granted, it counts among the fleet's requests in flight (the f of
+     * the rule) until stage_quota reads its answer, or it leaves. */
+    if (!ex->flight[0])
+        snprintf(ex->flight, sizeof ex->flight, "%016llx%016llx",
+                 (unsigned long long)rand_u64(), (unsigned long long)rand_u64());
+    f.flight = ex->flight;
+    f.hold_ms = ex->timeout_ms + FLIGHT_HOLD_MARGIN_MS;
     return store_permit_follow_async(ex->env->store, ex->scall, ex->pol->name,
                                      partition_of(ex), &f, ex->max_wait_ns);
 }
@@ -321,6 +334,8 @@ static enum ex_verdict follow_answered(struct exchange *ex, uint64_t now)
     uint64_t at = now + pm->wait_ns;
     enum ex_verdict v;
 
+    if (ex->scall->rc == 0 && pm->granted)
+        ex->flight_listed = true;
     if (ex->scall->rc == 0 && !pm->granted && at <= ex->wait_deadline_ns) {
         ex->due_at = ex->wake_at = at;
         permits_pause(ex->bucket->pm, now, at);
@@ -364,10 +379,25 @@ static enum ex_verdict fleet_lanes_run(struct exchange *ex, uint64_t now)
     return v;
 }
 
-/* The bucket is permit_lanes' to give back. */
+/* The bucket is permit_lanes' to give back; a request the fleet's count
+ * of requests in flight holds and stage_quota did not take out (it left
+ * unsent, or failed before its answer was read) leaves it, unawaited (a
+ * failure leaves it to its hold). */
+static void fleet_lanes_release(struct exchange *ex, enum ex_release how)
+{
+    struct store_call c = {0};
+
+    if (!ex->flight_listed)
+        return;
+    ex->flight_listed = false;
+    ex_store_detach(&c, store_flight_end_async(ex->env->store, &c, ex->pol->name,
+                                               partition_of(ex), ex->flight));
+}
+
 const struct ex_stage stage_permit_fleet_lanes = {
     .name = "permit_fleet_lanes",
     .run = fleet_lanes_run,
+    .release = fleet_lanes_release,
     .drain = ex_drain_unsent,
     .flags = STAGE_WATCH,
 };

@@ -357,7 +357,7 @@ Test(permits, an_advertised_quota_sets_the_rate_net_of_those_in_flight)
         ask(s, 0, NOW0, SEC, &r);
     cr_expect_eq(s->pm.flight, 3);
     /* One answered: 2 still in flight, 7 remain: (7 - 2) / 10 s. */
-    permits_answered(&s->pm, &h, NOW0, 1767225600000ull, &res);
+    permits_answered(&s->pm, &h, NOW0, 1767225600000ull, -1, &res);
     cr_expect_eq(res.items, 1);
     permits_view(&s->pm, NOW0, &v);
     cr_expect_float_eq(v.rate, 0.5, 1e-9, "rate %g", v.rate);
@@ -378,7 +378,7 @@ Test(permits, an_advertised_zero_asks_for_a_pause_until_the_reset)
 
     permits_follow(&s->pm, 1);
     ask(s, 0, NOW0, SEC, &r);
-    permits_answered(&s->pm, &h, NOW0, 1767225600000ull, &res);
+    permits_answered(&s->pm, &h, NOW0, 1767225600000ull, -1, &res);
     cr_expect_eq(res.pause_until, NOW0 + 30 * SEC);
     cr_expect_eq(s->pm.flight, 0);
     sim_free(s);
@@ -398,7 +398,7 @@ Test(permits, after_an_advertised_zero_the_first_permit_is_at_the_reset)
     permits_follow(&s->pm, 1);
     ask(s, 0, NOW0, SEC, &r);
     cr_assert_eq(r, PERMIT_GO);
-    permits_answered(&s->pm, &h, NOW0, 1767225600000ull, &res);
+    permits_answered(&s->pm, &h, NOW0, 1767225600000ull, -1, &res);
     cr_assert_eq(res.pause_until, NOW0 + SEC);
     permits_pause(&s->pm, NOW0, res.pause_until);
     a = ask(s, 0, NOW0 + 10 * MS, 5 * SEC, &r);
@@ -427,11 +427,11 @@ Test(permits, a_held_permit_is_not_in_flight_for_the_quota)
         ask(s, 0, NOW0, SEC, &r);
     permits_hold(&s->pm, true);   /* one of them waits for the fleet */
     /* One answered: 2 in flight, 1 of them held: f = 1 x 2; (9 - 2) / 10 s. */
-    permits_answered(&s->pm, &h, NOW0, 1767225600000ull, &res);
+    permits_answered(&s->pm, &h, NOW0, 1767225600000ull, -1, &res);
     permits_view(&s->pm, NOW0, &v);
     cr_expect_float_eq(v.rate, 0.7, 1e-9, "rate %g", v.rate);
     permits_hold(&s->pm, false);
-    permits_answered(&s->pm, &h, NOW0, 1767225600000ull, &res);
+    permits_answered(&s->pm, &h, NOW0, 1767225600000ull, -1, &res);
     permits_view(&s->pm, NOW0, &v);
     cr_expect_float_eq(v.rate, 0.7, 1e-9, "1 in flight x 2: (9 - 2) / 10 s");
     cr_expect_eq(s->pm.held, 0);

@@ -1356,6 +1356,64 @@ Test(store, past_their_reset_the_bucket_paces_to_the_numbers_after_it)
     aloop_free(&a);
 }
 
+/* A followed quota's request out of the fleet's set of requests in
+ * flight: how many the set still holds. */
+static uint32_t flight_end(struct aloop *a, struct waiter *w, const char *name)
+{
+    struct store_call c;
+    int n = w->done + 1;
+
+    call_init(&c, w);
+    cr_assert_eq(store_flight_end_async(a->sl, &c, SCOPE, NULL, name), -EINPROGRESS,
+                 "%s", c.err.text);
+    cr_assert(run_until(a->base, w, n, WAIT_MS));
+    cr_assert_eq(c.rc, 0, "%s", c.err.text);
+    return c.permit.flight;
+}
+
+/* A granted permit puts its request in the bucket's set of requests in
+ * flight; its answer takes it out and counts the rest (the fleet's f), and
+ * a holder whose hold ran out (its sidecar died) is dropped then. */
+Test(store, the_fleets_requests_in_flight_are_counted)
+{
+    struct aloop a = aloop_new(st);
+    struct waiter w = {0};
+    struct store_follow f = {.t_ns = NS_PER_MS, .seen_ms = 1000, .hold_ms = 60000};
+
+    f.flight = "aaaa";
+    follow_f(&a, &w, &f);
+    f.flight = "bbbb";
+    follow_f(&a, &w, &f);
+    cr_expect_eq(raw_int("ZCARD %s", "sluice:{payments}:f"), 2);
+    cr_expect_gt(raw_int("PTTL %s", "sluice:{payments}:f"), 60000, "kept as long as a hold");
+    cr_expect_eq(flight_end(&a, &w, "aaaa"), 1, "bbbb is still out");
+    freeReplyObject(raw("ZADD sluice:{payments}:f 1 dead"));
+    cr_expect_eq(flight_end(&a, &w, "bbbb"), 0, "the dead holder dropped");
+    cr_expect_eq(flight_end(&a, &w, "bbbb"), 0, "twice is harmless");
+    aloop_free(&a);
+}
+
+/* The answer that leaves one permit, newer than the bucket's news, lets
+ * that permit go at once (the bucket holds one token), once: the next ask
+ * with the same news waits its interval. */
+Test(store, the_answer_leaving_one_permit_tops_the_bucket_up_once)
+{
+    struct aloop a = aloop_new(st);
+    struct waiter w = {0};
+    struct store_call c;
+
+    follow(&a, &w, NS_PER_S, 1000);
+    c = follow_f(&a, &w, &(struct store_follow){.t_ns = NS_PER_S, .seen_ms = 2000,
+                                                .top_up = true});
+    cr_expect_lt(c.permit.wait_ns, 20 * NS_PER_MS, "topped up: %llu ns",
+                 (unsigned long long)c.permit.wait_ns);
+    c = follow_f(&a, &w, &(struct store_follow){.t_ns = NS_PER_S, .seen_ms = 2000,
+                                                .top_up = true});
+    cr_expect_gt(c.permit.wait_ns, 900 * NS_PER_MS, "not twice for one answer: %llu ns",
+                 (unsigned long long)c.permit.wait_ns);
+    aloop_free(&a);
+}
+
 /* A lease taken by an earlier release names no holder in its record: it
  * counts as held by a live process (nothing is inferred from what is not
  * known), and a verification's claim names its verifier there. */
