@@ -3,15 +3,20 @@
 #include <math.h>
 #include <stddef.h>
 
-void gcra_init(struct gcra *g, double rate, uint32_t burst)
+void gcra_numbers(double rate, uint32_t burst, uint64_t *t_ns, uint64_t *tau_ns)
 {
-    double t = 1e9 / rate;
+    double t = rate > 0 ? 1e9 / rate : 1e9;
 
     /* T rounds up, never down: a rounded-down T would run the bucket a hair
      * faster than configured, and the bound must hold exactly. (The small
      * tolerance keeps 1e9/3 from becoming 333333334 by float error alone.) */
-    g->t_ns = t < 1 ? 1 : (uint64_t)ceil(t - 1e-6);
-    g->tau_ns = (uint64_t)(burst ? burst - 1 : 0) * g->t_ns;
+    *t_ns = t < 1 ? 1 : (uint64_t)ceil(t - 1e-6);
+    *tau_ns = (uint64_t)(burst ? burst - 1 : 0) * *t_ns;
+}
+
+void gcra_init(struct gcra *g, double rate, uint32_t burst)
+{
+    gcra_numbers(rate, burst, &g->t_ns, &g->tau_ns);
     g->next = NULL;
     atomic_store(&g->tat, 0);
 }

@@ -24,6 +24,10 @@ struct gcra {
     struct gcra *next;      /* set before tat becomes GCRA_MOVED */
 };
 
+/* The interval T and tolerance tau of rate and burst, as gcra_init sets
+ * them (T rounded up; rate <= 0 counts as one per second). */
+void gcra_numbers(double rate, uint32_t burst, uint64_t *t_ns, uint64_t *tau_ns);
+
 /* Sets up a full bucket. rate > 0, burst >= 1. */
 void gcra_init(struct gcra *g, double rate, uint32_t burst);
 

@@ -34,7 +34,7 @@ static void persist_pause(struct exchange *ex, uint64_t pause_ms)
 static void tell_fleet(struct exchange *ex, uint64_t pause_ms)
 {
     struct store_call c = {0};
-    const char *partition = ex->bucket->partition ? ex->partition : NULL;
+    const char *partition = ex_partition(ex);
 
     ex_store_detach(&c, store_bucket_pause_async(ex->env->store, &c, ex->pol->name,
                                                  partition, ex->ps->fleet_t_ns,

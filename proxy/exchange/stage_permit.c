@@ -5,7 +5,6 @@
  * bucket in the store (with the key's lookup and lease in the same call
  * for a keyed request); and the send check, the same bucket's numbers at
  * the moment of sending. */
-#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -145,7 +144,7 @@ const struct ex_stage stage_permit_shadow = {
 
 /* ---- the fleet's bucket (shared: redis) ----------------------------------- */
 
-static const char *partition_of(const struct exchange *ex)
+const char *ex_partition(const struct exchange *ex)
 {
     return ex->bucket && ex->bucket->partition ? ex->partition : NULL;
 }
@@ -153,7 +152,7 @@ static const char *partition_of(const struct exchange *ex)
 static int start_permit(struct exchange *ex)
 {
     return store_permit_async(ex->env->store, ex->scall, ex->pol->name,
-                              partition_of(ex), ex->ps->fleet_t_ns,
+                              ex_partition(ex), ex->ps->fleet_t_ns,
                               ex->ps->fleet_tau_ns, ex->max_wait_ns);
 }
 
@@ -163,7 +162,7 @@ static int start_permit_lease(struct exchange *ex)
     const struct sc_idempotency *id = &ex->pol->idem;
     uint64_t now = ex->env->clock->mono_ns(ex->env->clock->arg);
     struct store_bucket_ask b = {
-        .partition = partition_of(ex),
+        .partition = ex_partition(ex),
         .t_ns = ex->ps->fleet_t_ns,
         .tau_ns = ex->ps->fleet_tau_ns,
         /* After a wait for a holder (duplicates: wait), what is left. */
@@ -249,14 +248,6 @@ const struct ex_stage stage_permit_fleet = {
  * than any answer of the window before); and the next reset it knows of,
  * with the numbers after it. The fleet's bucket paces to the newest any
  * sidecar saw, and past their reset to the numbers after it. */
-static uint64_t interval_ns(double rate)
-{
-    double ns = rate > 0 ? 1e9 / rate : 1e9;
-
-    /* Rounded up, as gcra_init: never a hair faster than followed. */
-    return ns < 1 ? 1 : (uint64_t)ceil(ns - 1e-6);
-}
-
 static int start_permit_follow(struct exchange *ex)
 {
     struct permits_view v;
@@ -264,14 +255,14 @@ static int start_permit_follow(struct exchange *ex)
     uint64_t m, now = ex->env->clock->mono_ns(ex->env->clock->arg);
 
     permits_view(ex->bucket->pm, now, &v);
-    f.t_ns = interval_ns(v.rate);
-    f.tau_ns = (uint64_t)(v.capacity ? v.capacity - 1 : 0) * f.t_ns;
+    /* As a local bucket's numbers: never a hair faster than followed. */
+    gcra_numbers(v.rate, v.capacity, &f.t_ns, &f.tau_ns);
     f.seen_ms = quota_news_wall_ms(&v.quota, now);
     m = quota_next_change(&v.quota, now);
     if (f.seen_ms && m != UINT64_MAX) {
         f.reset_in_ns = m - now;
-        f.next_t_ns = interval_ns(quota_rate(&v.quota, m));
-        f.next_tau_ns = (uint64_t)(quota_capacity(&v.quota, m) - 1) * f.next_t_ns;
+        gcra_numbers(quota_rate(&v.quota, m), quota_capacity(&v.quota, m),
+                     &f.next_t_ns, &f.next_tau_ns);
         f.reset_ms = quota_wall_ms_at(&v.quota, m);
     }
     f.top_up = v.top_up_ms && v.top_up_ms == f.seen_ms;
@@ -283,7 +274,7 @@ static int start_permit_follow(struct exchange *ex)
     f.flight = ex->flight;
     f.hold_ms = ex->timeout_ms + FLIGHT_HOLD_MARGIN_MS;
     return store_permit_follow_async(ex->env->store, ex->scall, ex->pol->name,
-                                     partition_of(ex), &f, ex->max_wait_ns);
+                                     ex_partition(ex), &f, ex->max_wait_ns);
 }
 
 /* Until its start comes, a granted request is not sent: not in flight
@@ -391,7 +382,7 @@ static void fleet_lanes_release(struct exchange *ex, enum ex_release how)
         return;
     ex->flight_listed = false;
     ex_store_detach(&c, store_flight_end_async(ex->env->store, &c, ex->pol->name,
-                                               partition_of(ex), ex->flight));
+                                               ex_partition(ex), ex->flight));
 }
 
 const struct ex_stage stage_permit_fleet_lanes = {

@@ -32,7 +32,7 @@ static void quota_pause(struct exchange *ex, uint64_t now, uint64_t until)
 
         ex_store_detach(&c, store_bucket_pause_async(
             ex->env->store, &c, ex->pol->name,
-            ex->bucket->partition ? ex->partition : NULL, ex->ps->fleet_t_ns,
+            ex_partition(ex), ex->ps->fleet_t_ns,
             ex->ps->fleet_tau_ns, until - now));
     }
     log_info("policy %s: upstream %s advertised no quota left: paused for %llu ms",
@@ -43,7 +43,7 @@ static void quota_pause(struct exchange *ex, uint64_t now, uint64_t until)
 static int start_flight_end(struct exchange *ex)
 {
     return store_flight_end_async(ex->env->store, ex->scall, ex->pol->name,
-                                  ex->bucket->partition ? ex->partition : NULL,
+                                  ex_partition(ex),
                                   ex->flight);
 }
 

@@ -39,6 +39,9 @@ extern const struct ex_stage stage_quota;
  * free, and the answer is decided), its release, and the refusal of a
  * request whose permit would come at start_ns. */
 bool ex_take_bucket(struct exchange *ex, uint64_t now);
+/* The request's partition value when its bucket is a partition's (the
+ * fleet's keys name it), else NULL. */
+const char *ex_partition(const struct exchange *ex);
 void ex_bucket_release(struct exchange *ex, enum ex_release how);
 enum ex_verdict ex_refuse_rate(struct exchange *ex, uint64_t start_ns, uint64_t now);
 
