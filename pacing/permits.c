@@ -355,8 +355,10 @@ void permits_answered(struct permits *pm, const struct quota_headers *h,
             /* A fleet's bucket tops up only when the f it came with is
              * the fleet's: beside another sidecar's request in flight,
              * that permit would be refused. */
-            if (fleet_flight >= 0)
+            if (fleet_flight >= 0) {
                 pm->top_up_ms = wall_ms;
+                pm->top_up_f = (uint32_t)(f > UINT32_MAX ? UINT32_MAX : f);
+            }
         }
         wake_keeper(pm);
     }
@@ -372,5 +374,6 @@ void permits_view(struct permits *pm, uint64_t now, struct permits_view *v)
     v->limited = pm->follow && quota_limits(&pm->quota, now);
     v->quota = pm->quota;
     v->top_up_ms = pm->top_up_ms;
+    v->top_up_f = pm->top_up_f;
     pthread_mutex_unlock(&pm->mu);
 }

@@ -65,6 +65,8 @@ struct permits {
                                    not among the f of the quota's rule */
     uint64_t top_up_ms;         /* the Unix ms of the latest answer that
                                    topped the bucket up (one permit left) */
+    uint32_t top_up_f;          /* the fleet's requests in flight it was read
+                                   with */
     uint32_t flight_scale;      /* a fleet's (0 or 1: this sidecar's): the
                                    fleet's requests in flight are counted as
                                    this sidecar's times the fleet's size,
@@ -77,7 +79,8 @@ struct permits_view {
     uint32_t capacity;          /* effective burst */
     bool limited;               /* advertised numbers hold the rate down */
     struct quota quota;         /* a copy: what was advertised */
-    uint64_t top_up_ms;         /* permits.top_up_ms */
+    uint64_t top_up_ms;         /* permits.top_up_ms ... */
+    uint32_t top_up_f;          /* ... and top_up_f */
 };
 
 /* What an ask or a poll found. */

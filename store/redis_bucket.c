@@ -93,6 +93,7 @@ static void build_bucket(struct redis_store *st, enum store_op op,
         if (a->flight) {
             redis_arg_str(cmd, a->flight);
             num(cmd, 9, a->hold_ms);
+            num(cmd, 10, a->top_up_f);
         }
     }
 }

@@ -234,7 +234,9 @@ static const char ACQUIRE[] =
  * '1': the caller's answer (newer than the bucket's news) left one permit,
  * which goes at once: the bucket holds one token (policies/quota.h's
  * top-up; its f counts the fleet's requests in flight, so the partner
- * allows it). KEYS[2], ARGV[10], ARGV[11]: the set of the bucket's
+ * allows it), unless the set of requests in flight holds more than
+ * ARGV[12], the count that answer was read with: a permit granted since
+ * (another sidecar's) took the one left. KEYS[2], ARGV[10], ARGV[11]: the set of the bucket's
  * requests in flight, the caller's name there and how long after its start
  * it may stay (its sidecar gone): a granted permit puts it there
  * (FLIGHT_END takes it out). Answers {granted, wait µs, paused}. */
@@ -250,7 +252,8 @@ static const char PERMIT[] =
     "  n = math.min(n, totau / to)\n"
     "  b.tat = math.ceil(now + totau - n * to)\n"
     "end\n"
-    "local up = ARGV[9] == '1' and tonumber(ARGV[4]) > (b.qa or 0)\n"
+    "local up = ARGV[9] == '1' and tonumber(ARGV[4]) > (b.qa or 0) and KEYS[2] and\n"
+    "           redis.call('ZCARD', KEYS[2]) <= tonumber(ARGV[12] or '-1')\n"
     "if ARGV[4] then\n"
     "  if b.qr and now >= b.qr then\n"
     "    retime(b.qn, b.qntau)\n"

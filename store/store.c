@@ -384,6 +384,7 @@ int store_permit_follow_async(struct store_loop *sl, struct store_call *c,
                            .next_tau_ns = f->next_tau_ns,
                            .reset_ms = f->reset_ms,
                            .top_up = f->top_up,
+                           .top_up_f = f->top_up_f,
                            .flight = f->flight,
                            .hold_ms = f->hold_ms};
 

@@ -411,7 +411,11 @@ struct store_follow {
     uint64_t next_t_ns, next_tau_ns; /* the numbers after that reset */
     uint64_t reset_ms;      /* the reset's Unix ms: the news it is then */
     bool top_up;            /* the answer of seen_ms left one permit: the
-                               bucket may give it at once (policies/quota.h) */
+                               bucket may give it at once (policies/quota.h),
+                               unless its set of requests in flight holds
+                               more than top_up_f, the count that answer was
+                               read with (another sidecar took that permit) */
+    uint32_t top_up_f;
     const char *flight;     /* the request's name in the bucket's set of
                                requests in flight (unique; NULL: none) ... */
     uint64_t hold_ms;       /* ... kept at most this long after its start */

@@ -79,7 +79,9 @@ struct rcmd_info {
     char name[RECORD_SCOPE_MAX + 1 + RECORD_KEY_MAX + 1];
 };
 
-#define RCMD_ARGS 16
+/* The longest: a followed quota's permit, EVALSHA sha 2 key key2 and 12
+ * arguments (17). */
+#define RCMD_ARGS 24
 /* A lease's record (130 bytes) and a small result fit. */
 #define RCMD_BLOB_INLINE 1024
 
@@ -96,7 +98,7 @@ struct rcmd {
     uint8_t now[8], expires[8], lease[8], kept_attempt[4];
     char at[24], now_dec[24], until_dec[24];
     char live[REDIS_KEY_MAX];    /* acquire: the prefix of liveness keys */
-    char num[10][24];             /* decimal arguments of bucket scripts */
+    char num[11][24];             /* decimal arguments of bucket scripts */
     uint8_t blob_inline[RCMD_BLOB_INLINE]; /* an encoded record */
     uint8_t *blob;               /* one too large for it (owned), or NULL */
 };

@@ -266,6 +266,7 @@ static int start_permit_follow(struct exchange *ex)
         f.reset_ms = quota_wall_ms_at(&v.quota, m);
     }
     f.top_up = v.top_up_ms && v.top_up_ms == f.seen_ms;
+    f.top_up_f = v.top_up_f;
     /* Granted, it counts among the fleet's requests in flight (the f of
      * the rule) until stage_quota reads its answer, or it leaves. */
     if (!ex->flight[0])

@@ -1395,21 +1395,32 @@ Test(store, the_fleets_requests_in_flight_are_counted)
 
 /* The answer that leaves one permit, newer than the bucket's news, lets
  * that permit go at once (the bucket holds one token), once: the next ask
- * with the same news waits its interval. */
+ * with the same news waits its interval. Not when the set of requests in
+ * flight holds more than the answer was read with: a permit granted since
+ * took the one left. */
 Test(store, the_answer_leaving_one_permit_tops_the_bucket_up_once)
 {
     struct aloop a = aloop_new(st);
     struct waiter w = {0};
+    struct store_follow f = {.t_ns = NS_PER_S, .seen_ms = 1000, .flight = "aaaa",
+                             .hold_ms = 60000};
     struct store_call c;
 
-    follow(&a, &w, NS_PER_S, 1000);
-    c = follow_f(&a, &w, &(struct store_follow){.t_ns = NS_PER_S, .seen_ms = 2000,
-                                                .top_up = true});
+    follow_f(&a, &w, &f);
+    f = (struct store_follow){.t_ns = NS_PER_S, .seen_ms = 2000, .top_up = true,
+                              .top_up_f = 1, .flight = "bbbb", .hold_ms = 60000};
+    c = follow_f(&a, &w, &f);
     cr_expect_lt(c.permit.wait_ns, 20 * NS_PER_MS, "topped up: %llu ns",
                  (unsigned long long)c.permit.wait_ns);
-    c = follow_f(&a, &w, &(struct store_follow){.t_ns = NS_PER_S, .seen_ms = 2000,
-                                                .top_up = true});
+    f.flight = "cccc";
+    c = follow_f(&a, &w, &f);
     cr_expect_gt(c.permit.wait_ns, 900 * NS_PER_MS, "not twice for one answer: %llu ns",
+                 (unsigned long long)c.permit.wait_ns);
+    /* Newer news, read when one was in flight; three are now. */
+    f.seen_ms = 3000;
+    f.flight = "dddd";
+    c = follow_f(&a, &w, &f);
+    cr_expect_gt(c.permit.wait_ns, 900 * NS_PER_MS, "taken since: %llu ns",
                  (unsigned long long)c.permit.wait_ns);
     aloop_free(&a);
 }
