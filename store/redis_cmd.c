@@ -240,6 +240,32 @@ static void build_watch(const struct redis_store *st, struct rcmd *cmd)
     redis_arg_str(cmd, st->cluster ? WAITED_SHARDED : WAITED_PLAIN);
 }
 
+/* EXISTS <prefix>{scope}:live:<holder>: a plain read in the record's hash
+ * tag (its slot on a Cluster). The holder comes from a stored record:
+ * anything but an id's hex digits is refused, not sent. */
+static int build_holder_look(const struct redis_store *st,
+                             const struct store_args *a, struct rcmd *cmd,
+                             struct sc_error *err)
+{
+    size_t n = a->holder ? strlen(a->holder) : 0;
+    int rc = redis_scope_check(a->scope, err);
+
+    if (rc)
+        return rc;
+    if (n == 0 || n > REDIS_HOLDER_LEN ||
+        strspn(a->holder, "0123456789abcdef") != n) {
+        sc_error_set(err, "store: policy %s: a lease's holder is not an id",
+                     a->scope);
+        return -EINVAL;
+    }
+    redis_live_prefix(st, a->scope, cmd->key);
+    strncat(cmd->key, a->holder, sizeof cmd->key - strlen(cmd->key) - 1);
+    snprintf(cmd->info.name, sizeof cmd->info.name, "%s/(holder)", a->scope);
+    redis_arg_str(cmd, "EXISTS");
+    redis_arg_str(cmd, cmd->key);
+    return 0;
+}
+
 static void build_pause_set(struct rcmd *cmd, const struct store_args *a)
 {
     snprintf(cmd->now_dec, sizeof cmd->now_dec, "%llu",
@@ -267,6 +293,8 @@ int rcmd_build(struct redis_store *st, enum store_op op,
     put_le(cmd->now, a->now_ms, 8);
     if (op >= STORE_OP_PERMIT && op <= STORE_OP_FLIGHT_END)
         return redis_bucket_build(st, op, a, cmd, err);
+    if (op == STORE_OP_HOLDER_LOOK)
+        return build_holder_look(st, a, cmd, err);
     rc = op == STORE_OP_PAUSE_SET ? redis_pause_key(st, a->scope, cmd, err)
                                   : redis_record_key(st, a->scope, a->key, cmd,
                                                      err);
@@ -566,6 +594,11 @@ int rcmd_result(const struct redis_store *st, const struct rcmd_info *info,
         return get_result(st, info, r, rec, err);
     case STORE_OP_PAUSE_SET:
         return r->type == REDIS_REPLY_INTEGER ? 0 : redis_unexpected(st, info, err);
+    case STORE_OP_HOLDER_LOOK:
+        if (r->type != REDIS_REPLY_INTEGER || !acq)
+            return redis_unexpected(st, info, err);
+        acq->holder_gone = r->integer == 0;
+        return 0;
     case STORE_OP_PERMIT:
     case STORE_OP_BUCKET_PAUSE:
     case STORE_OP_SLOT_TAKE:

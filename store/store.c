@@ -119,6 +119,14 @@ int store_live_refresh(struct store *st, const char *scope, uint64_t ttl_ms,
     return st->ops->live(st, scope, ttl_ms, err);
 }
 
+bool store_loop_holder_other(const struct store_loop *sl, const char *holder)
+{
+    const struct store *st = sl->st;
+
+    return holder && holder[0] && st->ops->holder_id &&
+           strcmp(holder, st->ops->holder_id(st)) != 0;
+}
+
 /* ---- verification marks --------------------------------------------------- */
 
 static int verify_step(struct store *st, const char *scope, const char *key,
@@ -282,6 +290,14 @@ int store_watch_async(struct store_loop *sl, struct store_call *c,
     struct store_args a = {.scope = scope, .key = key, .now_ms = now_ms};
 
     return start(sl, c, sl->st->ops->notify_set ? STORE_OP_WATCH : STORE_OP_GET, &a);
+}
+
+int store_holder_look_async(struct store_loop *sl, struct store_call *c,
+                            const char *scope, const char *holder)
+{
+    struct store_args a = {.scope = scope, .holder = holder};
+
+    return start(sl, c, STORE_OP_HOLDER_LOOK, &a);
 }
 
 int store_notify_set(struct store *st, const char *const *scopes, size_t n,

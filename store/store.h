@@ -286,6 +286,7 @@ int store_leases_each(struct store *st, uint64_t now_ms, store_lease_fn fn,
 int store_live_refresh(struct store *st, const char *scope, uint64_t ttl_ms,
                        struct sc_error *err);
 
+
 /* ---- asynchronous calls: the request path -------------------------------- */
 
 struct event_base;
@@ -364,6 +365,18 @@ int store_pause_set_async(struct store_loop *sl, struct store_call *c,
  * result) announces it. A backend without announcements reads only. */
 int store_watch_async(struct store_loop *sl, struct store_call *c,
                       const char *scope, const char *key, uint64_t now_ms);
+
+/* Fleet mode (contract §11): whether the liveness key of holder (another
+ * process's id, store_loop_holder_other) in scope is gone, in
+ * c->acq.holder_gone. One read, no script: what a lease read by a plain
+ * get (the lookup row) cannot tell. -EOPNOTSUPP on a backend without
+ * liveness keys. */
+int store_holder_look_async(struct store_loop *sl, struct store_call *c,
+                            const char *scope, const char *holder);
+/* Whether holder (a record's) names another process than this one: false
+ * for "" (not known) and on a backend whose leases are all this
+ * process's. */
+bool store_loop_holder_other(const struct store_loop *sl, const char *holder);
 
 /* A lease of (scope, key) that a watch marked has ended. From the store's
  * own thread: it must only hand the news on. */

@@ -76,6 +76,7 @@ enum store_op {
     STORE_OP_PERMIT_LEASE,
     STORE_OP_RELEASE_UNSENT,
     STORE_OP_WATCH,         /* get, marking a live lease (store_watch_async) */
+    STORE_OP_HOLDER_LOOK,   /* is a lease's holder alive (store_holder_look_async) */
 };
 
 /* A step of a lease's verification (store.h, store_verify_*). */
@@ -132,6 +133,8 @@ struct store_ops {
     /* Optional: liveness keys (store_live_refresh); NULL: -EOPNOTSUPP. */
     int (*live)(struct store *st, const char *scope, uint64_t ttl_ms,
                 struct sc_error *err);
+    /* Optional with live: this process's holder id. */
+    const char *(*holder_id)(const struct store *st);
 
     /* Optional: announcements of a lease's end (store_notify_set,
      * store_notified, store_notices); NULL: none, and STORE_OP_WATCH is

@@ -807,6 +807,11 @@ static uint64_t redis_notices_op(struct store *base)
     return redis_notices(rs(base));
 }
 
+static const char *redis_holder_id(const struct store *base)
+{
+    return rs((struct store *)base)->holder;
+}
+
 static const struct store_ops redis_ops = {
     .name = "redis",
     .close = redis_close,
@@ -824,6 +829,7 @@ static const struct store_ops redis_ops = {
     .count = redis_count,
     .verify = redis_verify,
     .live = redis_live,
+    .holder_id = redis_holder_id,
     .notify_set = redis_notify_set_op,
     .notified = redis_notified_op,
     .notices = redis_notices_op,

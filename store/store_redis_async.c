@@ -385,7 +385,8 @@ static void fill(struct req *q, struct store_call *c, const redisReply *r)
                                 .rec = info->op == STORE_OP_GET ||
                                        info->op == STORE_OP_WATCH ? &c->rec : NULL,
                                 .acq = info->op == STORE_OP_ACQUIRE ||
-                                       info->op == STORE_OP_PERMIT_LEASE
+                                       info->op == STORE_OP_PERMIT_LEASE ||
+                                       info->op == STORE_OP_HOLDER_LOOK
                                            ? &c->acq : NULL,
                                 .permit = &c->permit,
                                 .slot = &c->slot,

@@ -210,6 +210,12 @@ struct exchange {
     bool dup_looking;           /* permit_lease: that watch is in flight */
     bool dup_marked;            /* a watch marked the lease of dup_fence */
     uint64_t dup_fence;
+    /* A held lease read by a plain get, naming another holder: its
+     * liveness key looked at (ex_holder_look), once per lease and then at
+     * most once a second while a duplicate waits. */
+    bool holder_looking;        /* that read is in flight */
+    uint64_t holder_fence;      /* the lease last looked at */
+    uint64_t holder_looked_ns;  /* ... when (monotonic) */
 
     /* pacing */
     struct bucket *bucket;
@@ -312,9 +318,11 @@ enum ex_verdict ex_refuse_wait(struct exchange *ex, enum reason r, uint64_t dela
 void ex_lease_held(struct exchange *ex, uint64_t remaining_ms);
 /* lease_held for the live lease in rec at now_ms (wall): while its
  * verification is pending, what remains of it as the delay, and
- * "verify": "pending" (contract §11); else the lease's remaining time. */
+ * "verify": "pending" (contract §11); else the lease's remaining time.
+ * holder_gone: its holder (or verifier) has no liveness key, and its
+ * verification starts here when the policy verifies. */
 void ex_lease_held_record(struct exchange *ex, const struct store_record *rec,
-                          uint64_t now_ms);
+                          uint64_t now_ms, bool holder_gone);
 void ex_key_reused(struct exchange *ex);
 void ex_store_failed(struct exchange *ex, const char *what, const struct sc_error *err);
 /* A store claim's verdict (acquire, permit_lease) applied: true when the

@@ -98,11 +98,72 @@ bool ex_looked_up(struct exchange *ex)
     /* The attempt count survives redeliveries: it is the store's. */
     ex->attempt = rec->attempt + 1;
     if (rec->lease_expires_ms > now) {
-        ex_lease_held_record(ex, rec, now);
+        ex_lease_held_record(ex, rec, now, false);
         return false;
     }
     store_record_clear(rec); /* released or expired lease: may take over */
     return true;
+}
+
+/* Fleet mode (contract §11): a lease read by a plain get (this row, or a
+ * waiting duplicate's watch) does not say whether the process it names is
+ * alive, which the permit-and-lease script tells. When the policy
+ * verifies, one more read says it: the holder's liveness key. Once per
+ * lease, and again at most once a second while a duplicate waits (a
+ * holder may die meanwhile; its key outlives it by up to 3 s anyway). */
+#define HOLDER_LOOK_EVERY_NS (1000 * NS_PER_MS)
+
+static bool holder_unknown(const struct exchange *ex, uint64_t now)
+{
+    const struct store_record *rec = &ex->replay;
+
+    if (ex->kind != ANSWER_INSTRUCTION || ex->reason != R_LEASE_HELD ||
+        !ex->pol->idem.verify.enabled || rec->state != STORE_IN_PROGRESS ||
+        !rec->lease || !store_loop_holder_other(ex->env->store, rec->holder))
+        return false;
+    return rec->lease != ex->holder_fence ||
+           now - ex->holder_looked_ns >= HOLDER_LOOK_EVERY_NS;
+}
+
+static int start_holder_look(struct exchange *ex)
+{
+    return store_holder_look_async(ex->env->store, ex->scall, ex->pol->name,
+                                   ex->replay.holder);
+}
+
+/* Looks at the liveness key of the holder of ex->replay (held, its answer
+ * lease_held): gone, the answer is made again as for a dead holder, which
+ * starts the lease's verification. A failed look keeps the answer: the
+ * holder is taken for alive, as without the look. */
+static enum ex_verdict holder_look(struct exchange *ex, uint64_t now)
+{
+    bool first = !ex->holder_looking;
+    enum ex_verdict v;
+
+    ex->holder_looking = true;
+    v = ex_store_wait(ex, now, start_holder_look, first, ST_GET);
+    if (v != EXV_NEXT)
+        return v;
+    ex->holder_looking = false;
+    ex->holder_fence = ex->replay.lease;
+    ex->holder_looked_ns = now;
+    if (ex->scall->rc == 0 && ex->scall->acq.holder_gone)
+        ex_lease_held_record(ex, &ex->replay, ex_wall_ms(ex), true);
+    else if (ex->scall->rc != 0 && ex->scall->rc != -EOPNOTSUPP)
+        log_warn("policy %s: cannot tell whether a lease's holder is alive "
+                 "(taken for alive): %s", ex->pol->name, ex->scall->err.text);
+    return EXV_NEXT;
+}
+
+enum ex_verdict ex_not_free(struct exchange *ex, uint64_t now)
+{
+    enum ex_verdict v;
+
+    if ((ex->holder_looking || holder_unknown(ex, now)) &&
+        (v = holder_look(ex, now)) != EXV_NEXT)
+        return v;
+    return ex_wait_for_holder(ex, now, true, ex->replay.lease) ? EXV_WAIT
+                                                                : EXV_ANSWER;
 }
 
 static bool claim(struct exchange *ex, uint64_t now)
@@ -260,6 +321,8 @@ static enum ex_verdict lookup_run(struct exchange *ex, uint64_t now)
     bool first = ex->woke == WOKE_FIRST || ex->dup_waiting;
     enum ex_verdict v;
 
+    if (ex->holder_looking)
+        return ex_not_free(ex, now);
     if (ex->dup_waiting)
         ex->dup_noticed = false; /* this look sees what the notice told */
     ex->dup_waiting = false;
@@ -268,8 +331,7 @@ static enum ex_verdict lookup_run(struct exchange *ex, uint64_t now)
     if (v != EXV_NEXT)
         return v;
     if (!ex_looked_up(ex))
-        return ex_wait_for_holder(ex, now, true, ex->replay.lease) ? EXV_WAIT
-                                                                    : EXV_ANSWER;
+        return ex_not_free(ex, now);
     if (claim(ex, now)) {
         ex_dup_leave(ex);
         return EXV_NEXT;

@@ -419,6 +419,8 @@ static enum ex_verdict watch_held(struct exchange *ex, uint64_t now, bool again)
 {
     enum ex_verdict v;
 
+    if (ex->holder_looking)
+        return ex_not_free(ex, now);
     if (again)
         ex->dup_looking = true;
     v = ex_store_wait(ex, now, ex_start_watch, again, ST_GET);
@@ -427,8 +429,7 @@ static enum ex_verdict watch_held(struct exchange *ex, uint64_t now, bool again)
     ex->dup_looking = false;
     if (ex_looked_up(ex))
         return EXV_NEXT;
-    return ex_wait_for_holder(ex, now, true, ex->replay.lease) ? EXV_WAIT
-                                                                : EXV_ANSWER;
+    return ex_not_free(ex, now);
 }
 
 /* One round trip for the key's lookup, the fleet's permit and the lease
@@ -448,7 +449,7 @@ static enum ex_verdict permit_lease_run(struct exchange *ex, uint64_t now)
     ex->dup_waiting = false;
     if (again)
         ex->dup_noticed = false; /* this look sees what the notice told */
-    if ((again && ex->dup_watch) || ex->dup_looking) {
+    if ((again && ex->dup_watch) || ex->dup_looking || ex->holder_looking) {
         if ((v = watch_held(ex, now, again)) != EXV_NEXT)
             return v;
         again = true; /* free: asked for at once */

@@ -71,6 +71,11 @@ bool ex_wait_for_holder(struct exchange *ex, uint64_t now, bool in_store,
  * key is free; false when it answers the request (a replay, 422, a failed
  * store, or a live lease: lease_held, for ex_wait_for_holder). */
 bool ex_looked_up(struct exchange *ex);
+/* After ex_looked_up answered: the answer made final (a held lease whose
+ * holder is another process looked at first, stage_idem.c), or the wait
+ * for the holder; call it again while it answers EXV_WAIT with
+ * ex->holder_looking. */
+enum ex_verdict ex_not_free(struct exchange *ex, uint64_t now);
 /* Starts a watch of the key (store_watch_async) into ex->scall. */
 int ex_start_watch(struct exchange *ex);
 /* The request stops waiting for a holder: out of the loop's waiters. */

@@ -120,23 +120,23 @@ static void lease_held_marked(struct exchange *ex, const struct verify_lease_vie
 }
 
 void ex_lease_held_record(struct exchange *ex, const struct store_record *rec,
-                          uint64_t now_ms)
+                          uint64_t now_ms, bool holder_gone)
 {
-    /* Read from the store (the lookup row): its holder is taken for alive.
-     * With RocksDB every holder is this process (a lease of an ended one
-     * was taken up at start-up); in fleet mode the acquire that follows
-     * says whether it is gone. */
+    /* Read from the store (the lookup row): its holder is taken for alive
+     * until a look at its liveness key says otherwise (stage_idem.c's
+     * ex_holder_look). With RocksDB every holder is this process (a lease
+     * of an ended one was taken up at start-up). */
     struct verify_lease_view l = {
         .verify_enabled = ex->pol->idem.verify.enabled,
         .upstream_known = true,
-        .holder_alive = true,
+        .holder_alive = !holder_gone,
         .state = (enum verify_state)rec->verify,
-        .verifier_alive = true,
+        .verifier_alive = !holder_gone,
         .deadline_ms = rec->verify_deadline_ms,
         .expires_ms = rec->lease_expires_ms,
     };
 
-    lease_held_marked(ex, &l, 0, now_ms);
+    lease_held_marked(ex, &l, holder_gone ? rec->lease : 0, now_ms);
 }
 
 /* The acquire's (or permit_lease's) answer HELD. */

@@ -50,6 +50,19 @@ static struct h_sluice sl[FLEET];
     "    idempotency:\n"                                                      \
     "      lease: 30s\n"                                                      \
     "      verify: {path: \"/lookup?client_ref={key}\", after: 300ms, attempts: 2}\n" \
+    "  vl:\n"                                                                 \
+    "    rate: 50/s\n"                                                        \
+    "    shared: local\n"                                                     \
+    "    idempotency:\n"                                                      \
+    "      lease: 30s\n"                                                      \
+    "      verify: {path: \"/lookup?client_ref={key}\", after: 300ms, attempts: 2}\n" \
+    "  vw:\n"                                                                 \
+    "    rate: 50/s\n"                                                        \
+    "    max_wait: 10s\n"                                                     \
+    "    idempotency:\n"                                                      \
+    "      lease: 30s\n"                                                      \
+    "      duplicates: wait\n"                                                \
+    "      verify: {path: \"/lookup?client_ref={key}\", after: 300ms, attempts: 2}\n" \
     "  w: {rate: 50/s, shared: redis, max_wait: 3s,\n"                        \
     "      idempotency: {lease: 30s, duplicates: wait}}\n"                    \
     "  short: {rate: 50/s, shared: redis, max_wait: 300ms,\n"                 \
@@ -57,6 +70,8 @@ static struct h_sluice sl[FLEET];
     "routes:\n"                                                               \
     "  - {prefix: /v, upstream: quick, policy: v}\n"                          \
     "  - {prefix: /vs, upstream: slow, policy: vs}\n"                         \
+    "  - {prefix: /vl, upstream: slow, policy: vl}\n"                         \
+    "  - {prefix: /vw, upstream: slow, policy: vw}\n"                         \
     "  - {prefix: /w, upstream: slow, policy: w}\n"                           \
     "  - {prefix: /short, upstream: slow, policy: short}\n"
 
@@ -320,10 +335,11 @@ Test(fleet_verify, a_holder_slower_than_max_wait_leaves_the_duplicate_lease_held
 /* Kills sidecar 0 while its request for key is at the partner, then sends
  * the key through sidecar 1 until an answer says the verification is
  * pending there (its holder's liveness key lapsed): the seconds it took. */
-static double kill_holder_then_await_pending(const char *key, const char *extra)
+static double kill_holder_then_await_pending_at(const char *target, const char *key,
+                                                const char *extra)
 {
-    struct call a = CALL(0, "/vs/orders", key, extra);
-    struct call b = CALL(1, "/vs/orders", key, NULL);
+    struct call a = CALL(0, target, key, extra);
+    struct call b = CALL(1, target, key, NULL);
     struct timespec t0, t1;
     pthread_t t;
     bool pending = false, held_first = false;
@@ -351,6 +367,11 @@ static double kill_holder_then_await_pending(const char *key, const char *extra)
     cr_assert(pending, "the dead holder's lease was never verified");
     cr_expect(held_first, "a live holder's lease is not verified: only once its key lapsed");
     return (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+}
+
+static double kill_holder_then_await_pending(const char *key, const char *extra)
+{
+    return kill_holder_then_await_pending_at("/vs/orders", key, extra);
 }
 
 Test(fleet_verify, a_killed_sidecars_executed_request_is_found_by_another)
@@ -382,5 +403,59 @@ Test(fleet_verify, a_killed_sidecars_unexecuted_request_is_absent_and_goes_first
     cr_expect_eq(b.r.status, 200, "forwarded as a first request: %s", b.r.body);
     cr_expect_str_eq(h_header_str(&b.r, "Sluice-Outcome"), "ok");
     cr_expect_eq(h_stub_key_stat(&stub, "fk-absent", "side_effects"), 1);
+    h_resp_free(&b.r);
+}
+
+/* A policy paced by each sidecar (shared: local) keeps its records in the
+ * fleet's Redis but has no permit script: its lookup is a plain read, and
+ * the holder's liveness key is looked at on its own. */
+Test(fleet_verify, a_killed_sidecars_request_on_a_locally_paced_policy_is_found_by_another)
+{
+    struct call b = CALL(1, "/vl/orders", "fl-found", NULL);
+    double took = kill_holder_then_await_pending_at("/vl/orders", "fl-found",
+                                                    "X-Stub-Delay-Ms: 8000\r\n");
+    json_t *j;
+
+    cr_expect_leq(took, 4.5, "taken up once the key lapsed (3 s): %.2f s", took);
+    j = await_verify_of(1, "vl", "fl-found", "found");
+    cr_expect(json_is_true(json_object_get(j, "verified")));
+    json_decref(j);
+    cr_assert_eq(post(&b), 0);
+    cr_expect_eq(b.r.status, 200, "%s", b.r.body);
+    cr_expect_str_eq(h_header_str(&b.r, "Sluice-Verified"), "true");
+    cr_expect_eq(h_stub_key_stat(&stub, "fl-found", "side_effects"), 1);
+    h_resp_free(&b.r);
+}
+
+/* A duplicate already waiting on sidecar 1 (duplicates: wait) when the
+ * holder's sidecar is killed: its looks see the holder gone once the key
+ * lapses, start the verification, and it is answered the verified replay
+ * within its max_wait, without a second call to the partner. */
+Test(fleet_verify, a_waiting_duplicate_settles_a_holder_killed_while_it_waits)
+{
+    struct call a = CALL(0, "/vw/orders", "fw-kill", "X-Stub-Delay-Ms: 8000\r\n");
+    struct call b = CALL(1, "/vw/orders", "fw-kill", NULL);
+    struct timespec t0, t1;
+    pthread_t ta, tb;
+    double took;
+
+    start_holder(&ta, &a);
+    cr_assert_eq(pthread_create(&tb, NULL, post_thread, &b), 0);
+    usleep(300 * 1000); /* the duplicate is waiting */
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    kill(sl[0].pid, SIGKILL);
+    pthread_join(ta, NULL);
+    h_resp_free(&a.r);
+    pthread_join(tb, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    took = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    cr_expect_eq(b.r.status, 200, "%s", b.r.body);
+    cr_expect_str_eq(h_header_str(&b.r, "Sluice-Verified"), "true");
+    cr_expect_str_eq(h_header_str(&b.r, "Sluice-Outcome"), "replayed");
+    cr_expect_leq(took, 6.0, "settled after the key lapsed (3 s), not max_wait: %.2f s",
+                  took);
+    cr_expect_eq(h_stub_key_stat(&stub, "fw-kill", "side_effects"), 1);
+    cr_expect_eq(h_stub_key_stat(&stub, "fw-kill", "calls"), 1,
+                 "the waiting duplicate never reached the partner");
     h_resp_free(&b.r);
 }

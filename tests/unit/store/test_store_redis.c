@@ -982,6 +982,58 @@ Test(store, a_held_lease_tells_whether_its_holder_is_gone)
     store_close(other);
 }
 
+/* A lease read by a plain get (a lookup row's) is told about its holder
+ * by one more read, of the holder's liveness key: alive while another
+ * process refreshes it, gone once it lapses; this process's own id is
+ * never another's, and a holder that is not an id is refused before
+ * Redis. */
+static bool looked_gone(struct aloop *a, struct waiter *w, int n, const char *holder)
+{
+    struct store_call c;
+
+    call_init(&c, w);
+    cr_assert_eq(store_holder_look_async(a->sl, &c, SCOPE, holder), -EINPROGRESS);
+    cr_assert(run_until(a->base, w, n, WAIT_MS));
+    cr_assert_eq(c.rc, 0, "%s", c.err.text);
+    return c.acq.holder_gone;
+}
+
+Test(store, a_holders_liveness_is_read_on_its_own)
+{
+    struct store *other = open_second();
+    struct aloop a = aloop_new(other);
+    struct waiter w = {0};
+    struct store_acquire_out out;
+    struct store_record rec;
+    struct store_call c;
+
+    cr_assert_eq(store_live_refresh(st, SCOPE, 3000, &err), 0, "%s", err.text);
+    cr_assert_eq(store_acquire(st, SCOPE, "lk", fp_a, t0, LEASE, TTL, &out, &err), 0);
+    cr_assert_eq(store_get(other, SCOPE, "lk", t0 + 1, &rec, &err), 0);
+    cr_expect(store_loop_holder_other(a.sl, rec.holder), "another process's lease");
+    cr_expect_not(store_loop_holder_other(a.sl, ""), "a holder not known");
+    cr_expect_not(looked_gone(&a, &w, 1, rec.holder), "its holder refreshes its key");
+    cr_assert_eq(store_live_refresh(st, SCOPE, 1, &err), 0); /* killed: it lapses */
+    usleep(20 * 1000);
+    cr_expect(looked_gone(&a, &w, 2, rec.holder));
+    store_record_clear(&rec);
+    cr_assert_eq(store_get(st, SCOPE, "lk", t0 + 1, &rec, &err), 0);
+    {
+        struct aloop own = aloop_new(st);
+
+        cr_expect_not(store_loop_holder_other(own.sl, rec.holder),
+                      "never another to itself");
+        aloop_free(&own);
+    }
+    store_record_clear(&rec);
+    call_init(&c, &w);
+    cr_expect_eq(store_holder_look_async(a.sl, &c, SCOPE, "not-an-id\r\nFLUSHALL"),
+                 -EINVAL);
+    cr_expect_not(store_call_pending(&c));
+    aloop_free(&a);
+    store_close(other);
+}
+
 /* A marked lease is v5 in Redis, keeps its TTL through a claim, and the
  * other scripts (acquire, permit_lease, complete, release) read it. */
 Test(store, marked_records_keep_their_ttl_and_are_read_by_every_script)
