@@ -211,7 +211,7 @@ struct exchange {
     bool dup_marked;            /* a watch marked the lease of dup_fence */
     uint64_t dup_fence;
     /* A held lease read by a plain get, naming another holder: its
-     * liveness key looked at (ex_holder_look), once per lease and then at
+     * liveness key looked at (ex_not_free), once per lease and then at
      * most once a second while a duplicate waits. */
     bool holder_looking;        /* that read is in flight */
     uint64_t holder_fence;      /* the lease last looked at */

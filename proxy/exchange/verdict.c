@@ -123,8 +123,8 @@ void ex_lease_held_record(struct exchange *ex, const struct store_record *rec,
                           uint64_t now_ms, bool holder_gone)
 {
     /* Read from the store (the lookup row): its holder is taken for alive
-     * until a look at its liveness key says otherwise (stage_idem.c's
-     * ex_holder_look). With RocksDB every holder is this process (a lease
+     * until a look at its liveness key says otherwise (ex_not_free in
+     * stage_idem.c). With RocksDB every holder is this process (a lease
      * of an ended one was taken up at start-up). */
     struct verify_lease_view l = {
         .verify_enabled = ex->pol->idem.verify.enabled,

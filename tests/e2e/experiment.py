@@ -222,7 +222,8 @@ class Sluice:
                                                    if getattr(args, "duplicates", None) else ""),
                                        on=f", on: [{args.retry_on}]" if args.retry_on else "",
                                        breaker="    breaker: {failures: 5, pause: 250ms, "
-                                               "max_pause: 1s}\n" if args.breaker else ""))
+                                               "max_pause: %dms}\n" % args.breaker_max_pause_ms
+                                               if args.breaker else ""))
         self.url = f"http://127.0.0.1:{self.port}"
         self.permit_wait_s = 0.0    # summed over the process lives that are gone
         self.p = None
@@ -555,6 +556,9 @@ def parser(description=__doc__.split("\n")[0]):
                     help="store.sync: true on the RocksDB store (every write fsynced, grouped)")
     ap.add_argument("--breaker", action=argparse.BooleanOptionalAction, default=True,
                     help="sluice's breaker block (pause the policy during an outage)")
+    ap.add_argument("--breaker-max-pause-ms", type=int, default=1000,
+                    help="the breaker's max_pause: its last pause may run this long past "
+                         "the outage's end")
     ap.add_argument("--after-call-ms", type=int, default=20, help="work after the API call")
     ap.add_argument("--worker", default="python", choices=["python", "go", "typescript"])
     ap.add_argument("--arms", default="sluice,baseline")
