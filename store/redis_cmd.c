@@ -448,6 +448,7 @@ static int acquire_result(const struct rcmd_info *info, char verdict,
         out->claim = STORE_ACQUIRED;
         out->attempt = rec.attempt;
         out->lease = rec.lease;
+        out->lease_expires_ms = rec.lease_expires_ms;
         lease_hint(&rec, hint);
     } else if (verdict == 'H') {
         out->claim = STORE_HELD;

@@ -151,14 +151,13 @@ int store_verify_claim(struct store *st, const char *scope, const char *key,
     return verify_step(st, scope, key, &a, err);
 }
 
-int store_verify_found(struct store *st, const char *scope, const char *key,
-                       uint64_t lease, uint64_t now_ms, uint64_t ttl_ms,
-                       int status, const struct store_header *headers,
-                       size_t n_headers, const uint8_t *body, size_t body_len,
-                       bool body_omitted, struct sc_error *err)
+/* A lookup's answer as found's result: borrowed for encoding only (the
+ * blocking call and a call's start copy it), never cleared. */
+static struct store_record found_result(int status, const struct store_header *headers,
+                                        size_t n_headers, const uint8_t *body,
+                                        size_t body_len, bool body_omitted)
 {
-    /* Borrowed for encoding only: never cleared. */
-    struct store_record result = {
+    return (struct store_record){
         .status = status,
         .headers = (struct store_header *)headers,
         .n_headers = n_headers,
@@ -166,6 +165,16 @@ int store_verify_found(struct store *st, const char *scope, const char *key,
         .body_len = body_omitted ? 0 : body_len,
         .body_omitted = body_omitted,
     };
+}
+
+int store_verify_found(struct store *st, const char *scope, const char *key,
+                       uint64_t lease, uint64_t now_ms, uint64_t ttl_ms,
+                       int status, const struct store_header *headers,
+                       size_t n_headers, const uint8_t *body, size_t body_len,
+                       bool body_omitted, struct sc_error *err)
+{
+    struct store_record result = found_result(status, headers, n_headers, body,
+                                              body_len, body_omitted);
     struct store_verify_args a = {.step = STORE_VERIFY_FOUND, .lease = lease,
                                   .now_ms = now_ms, .ttl_ms = ttl_ms,
                                   .result = &result};
@@ -253,6 +262,8 @@ static int run_now(struct store *st, struct store_call *c, enum store_op op,
     case STORE_OP_PAUSE_SET:
         return st->ops->pause_set(st, a->scope, a->now_ms, a->until_ms,
                                   &c->err);
+    case STORE_OP_VERIFY:
+        return verify_step(st, a->scope, a->key, a->verify, &c->err);
     default:
         sc_error_set(&c->err, "store %s: no shared buckets or slots",
                      st->ops->name);
@@ -298,6 +309,63 @@ int store_holder_look_async(struct store_loop *sl, struct store_call *c,
     struct store_args a = {.scope = scope, .holder = holder};
 
     return start(sl, c, STORE_OP_HOLDER_LOOK, &a);
+}
+
+static int verify_async(struct store_loop *sl, struct store_call *c,
+                        const char *scope, const char *key,
+                        const struct store_verify_args *va)
+{
+    struct store_args a = {.scope = scope, .key = key, .now_ms = va->now_ms,
+                           .ttl_ms = va->ttl_ms, .verify = va};
+
+    return start(sl, c, STORE_OP_VERIFY, &a);
+}
+
+int store_verify_claim_async(struct store_loop *sl, struct store_call *c,
+                             const char *scope, const char *key, uint64_t lease,
+                             uint64_t now_ms, uint64_t deadline_ms, bool again)
+{
+    struct store_verify_args a = {.step = STORE_VERIFY_CLAIM, .lease = lease,
+                                  .now_ms = now_ms, .deadline_ms = deadline_ms,
+                                  .again = again};
+
+    return verify_async(sl, c, scope, key, &a);
+}
+
+int store_verify_found_async(struct store_loop *sl, struct store_call *c,
+                             const char *scope, const char *key, uint64_t lease,
+                             uint64_t now_ms, uint64_t ttl_ms, int status,
+                             const struct store_header *headers, size_t n_headers,
+                             const uint8_t *body, size_t body_len,
+                             bool body_omitted)
+{
+    struct store_record result = found_result(status, headers, n_headers, body,
+                                              body_len, body_omitted);
+    struct store_verify_args a = {.step = STORE_VERIFY_FOUND, .lease = lease,
+                                  .now_ms = now_ms, .ttl_ms = ttl_ms,
+                                  .result = &result};
+
+    return verify_async(sl, c, scope, key, &a);
+}
+
+int store_verify_absent_async(struct store_loop *sl, struct store_call *c,
+                              const char *scope, const char *key, uint64_t lease,
+                              uint64_t now_ms, uint64_t ttl_ms)
+{
+    struct store_verify_args a = {.step = STORE_VERIFY_ABSENT, .lease = lease,
+                                  .now_ms = now_ms, .ttl_ms = ttl_ms};
+
+    return verify_async(sl, c, scope, key, &a);
+}
+
+int store_verify_failed_async(struct store_loop *sl, struct store_call *c,
+                              const char *scope, const char *key, uint64_t lease,
+                              uint64_t now_ms)
+{
+    struct store_verify_args a = {.step = STORE_VERIFY_FAILED, .lease = lease,
+                                  .now_ms = now_ms};
+
+    return verify_async(sl, c, scope, key, &a);
 }
 
 int store_notify_set(struct store *st, const char *const *scopes, size_t n,

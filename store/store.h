@@ -146,6 +146,7 @@ struct store_acquire_out {
     uint64_t lease;          /* ACQUIRED: the new lease's fence, which its
                                 complete or release must name; HELD: the
                                 held lease's (to verify it) */
+    uint64_t lease_expires_ms; /* ACQUIRED: the new lease's end (wall ms) */
     uint64_t remaining_ms;   /* HELD */
     uint8_t verify;          /* HELD: the lease's verification mark (enum
                                 verify_state), so that a duplicate is told
@@ -373,6 +374,25 @@ int store_watch_async(struct store_loop *sl, struct store_call *c,
  * liveness keys. */
 int store_holder_look_async(struct store_loop *sl, struct store_call *c,
                             const char *scope, const char *holder);
+
+/* The verification steps above, as calls on the loop (c->rc as the
+ * blocking ones return): one round trip each on Redis, never a blocked
+ * loop; RocksDB answers at once. */
+int store_verify_claim_async(struct store_loop *sl, struct store_call *c,
+                             const char *scope, const char *key, uint64_t lease,
+                             uint64_t now_ms, uint64_t deadline_ms, bool again);
+int store_verify_found_async(struct store_loop *sl, struct store_call *c,
+                             const char *scope, const char *key, uint64_t lease,
+                             uint64_t now_ms, uint64_t ttl_ms, int status,
+                             const struct store_header *headers, size_t n_headers,
+                             const uint8_t *body, size_t body_len,
+                             bool body_omitted);
+int store_verify_absent_async(struct store_loop *sl, struct store_call *c,
+                              const char *scope, const char *key, uint64_t lease,
+                              uint64_t now_ms, uint64_t ttl_ms);
+int store_verify_failed_async(struct store_loop *sl, struct store_call *c,
+                              const char *scope, const char *key, uint64_t lease,
+                              uint64_t now_ms);
 /* Whether holder (a record's) names another process than this one: false
  * for "" (not known) and on a backend whose leases are all this
  * process's. */

@@ -48,6 +48,7 @@ struct store_args {
     bool body_omitted;
     /* buckets and slots */
     const char *partition, *holder;
+    const struct store_verify_args *verify; /* verify (declared below) */
     uint64_t t_ns, tau_ns, max_wait_ns, pause_ns, hold_ms;
     uint64_t seen_ms;       /* permit, following a quota: when t, tau were
                                advertised (Unix ms); 0: not following */
@@ -77,6 +78,7 @@ enum store_op {
     STORE_OP_RELEASE_UNSENT,
     STORE_OP_WATCH,         /* get, marking a live lease (store_watch_async) */
     STORE_OP_HOLDER_LOOK,   /* is a lease's holder alive (store_holder_look_async) */
+    STORE_OP_VERIFY,        /* a verification's step (store_verify_*_async) */
 };
 
 /* A step of a lease's verification (store.h, store_verify_*). */

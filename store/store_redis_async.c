@@ -379,7 +379,9 @@ static void fill(struct req *q, struct store_call *c, const redisReply *r)
     struct redis_lease_hint hint = {0};
 
     q->filled = true;
-    if (r) {
+    if (r && info->op == STORE_OP_VERIFY) {
+        c->rc = redis_verify_result(cn->st, info, r, &c->err);
+    } else if (r) {
         c->rc = rcmd_result(cn->st, info, r,
                             &(struct rcmd_out){
                                 .rec = info->op == STORE_OP_GET ||
@@ -625,7 +627,13 @@ static int req_new(struct rloop *rl, enum store_op op,
     q->loop = rl;
     q->cn = NULL; /* routed by the caller */
     q->cmd = q->cmd_inline;
-    if ((rc = rcmd_build(st, op, a, &cmd, err)) == 0) {
+    if (op == STORE_OP_VERIFY) {
+        rc = redis_verify_build(st, a->scope, a->key, a->verify, &cmd, err);
+        cmd.info.op = op; /* the build starts from a zeroed command */
+    } else {
+        rc = rcmd_build(st, op, a, &cmd, err);
+    }
+    if (rc == 0) {
         q->cmd_len = redis_format_argv(q->cmd, sizeof q->cmd_inline, cmd.argc,
                                        cmd.argv, cmd.len);
         if (q->cmd_len > sizeof q->cmd_inline &&

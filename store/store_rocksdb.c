@@ -522,6 +522,7 @@ static int take_lease(struct rocks_store *st, const struct record_key *k,
     if ((rc = save(st, k, &next, wo, err)) == 0) {
         out->attempt = next.attempt;
         out->lease = next.lease;
+        out->lease_expires_ms = next.lease_expires_ms;
     }
     return rc;
 }

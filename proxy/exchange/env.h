@@ -45,13 +45,14 @@ struct ex_env {
      * wall clock ms, or 0 when none started (the lease then waits out its
      * expiry, as without verify). NULL: the process verifies nothing. */
     uint64_t (*verify_begin)(void *arg, struct exchange *ex);
-    /* Fleet mode: ex met the lease `fence` of its key whose holder (or,
-     * with again, whose pending verification's verifier) is gone: claims
-     * that lease and verifies it in the background with ex's upstream and
-     * T. D as verify_begin's, 0 when none started (another sidecar claimed
-     * it first). NULL: never. */
+    /* Fleet mode: ex met the lease `fence` of its key, ending at
+     * expires_ms (wall), whose holder (or, with again, whose pending
+     * verification's verifier) is gone: claims that lease and verifies it
+     * in the background with ex's upstream and T. D as verify_begin's, 0
+     * when none started (the lease ends before a lookup could go). NULL:
+     * never. */
     uint64_t (*verify_take_up)(void *arg, struct exchange *ex, uint64_t fence,
-                               bool again);
+                               uint64_t expires_ms, bool again);
     void *verify_arg;
 };
 

@@ -186,6 +186,7 @@ struct exchange {
     bool claimed;               /* holds the in-memory claim */
     bool leased;                /* holds the durable lease */
     uint64_t lease;             /* its fence (store_acquire_out.lease) */
+    uint64_t lease_expires_ms;  /* ... and its end (wall ms) */
     bool lease_with_permit;     /* the lease came with the fleet's permit:
                                    unsent, it is given back uncounted */
     char key_buf[256];

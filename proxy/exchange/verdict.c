@@ -106,6 +106,7 @@ static void lease_held_marked(struct exchange *ex, const struct verify_lease_vie
 
     if (a == VA_START && fence && ex->env->verify_take_up)
         deadline = ex->env->verify_take_up(ex->env->verify_arg, ex, fence,
+                                           l->expires_ms,
                                            l->state == VERIFY_PENDING);
     if (deadline) {
         a = VA_PENDING;
@@ -177,6 +178,7 @@ bool ex_take_lease(struct exchange *ex)
     case STORE_ACQUIRED:
         ex->attempt = out->attempt;
         ex->lease = out->lease;
+        ex->lease_expires_ms = out->lease_expires_ms;
         ex->leased = true;
         atomic_fetch_add(ex->env->leases_active, 1);
         if (ex->claimed)

@@ -2,10 +2,13 @@
  * timer moves it through policies/verify.h's schedule, each lookup is an
  * exchange it owns running the policy's plain plan, and each result is
  * written to the store for the very lease it was started for (the store
- * drops it otherwise). The store calls here are the blocking ones: RocksDB
- * answers them at once; on Redis each is one round trip on this loop,
- * bounded by store.timeout, and a verification makes one read and at most
- * two writes (rare: only unknown outcomes and dead holders have them). */
+ * drops it otherwise). Its store steps (the claim, then one result) are
+ * calls on the loop, one at a time: RocksDB answers them at once; on Redis
+ * each is a round trip that blocks nothing, and a verification whose work
+ * is done waits for its last write before it is freed. The request that
+ * starts one is answered with its deadline while the claim is on its way:
+ * a claim refused (another sidecar's came first, the lease ended) only
+ * drops this verification. */
 #include "proxy/server/verification.h"
 
 #include <errno.h>
@@ -36,6 +39,10 @@ struct verification {
     struct event *timer;
     struct exchange *ex;        /* the lookup out, or NULL */
     bool lookup_ended;          /* its answer is decided, to be read */
+    struct store_call call;     /* its store step in flight */
+    bool calling;               /* ... that call is in flight */
+    enum verify_state writing;  /* ... a result (VERIFY_NONE: the claim) */
+    bool ended;                 /* done: freed once that call completes */
     TAILQ_ENTRY(verification) link;
 };
 
@@ -201,9 +208,32 @@ static void applied(struct verification *vf, enum verify_state result, int rc,
                   vf->pol->name, err->text);
 }
 
+static void on_step_done(struct store_call *c);
+
+/* Starts the call a step made (rc: its start's answer) as the one in
+ * flight; a result answered at once (RocksDB) is applied here. */
+static void step_started(struct verification *vf, enum verify_state writing, int rc)
+{
+    if (rc == -EINPROGRESS) {
+        vf->calling = true;
+        vf->writing = writing;
+    } else if (writing != VERIFY_NONE) {
+        applied(vf, writing, rc, &vf->call.err);
+    }
+}
+
+static struct store_call *step_call(struct verification *vf)
+{
+    memset(&vf->call, 0, sizeof vf->call);
+    vf->call.done = on_step_done;
+    vf->call.arg = vf;
+    return &vf->call;
+}
+
 /* Found: the record completes from the lookup's answer, as a response is
- * stored (a body over max_stored_body, or not read whole, is omitted). */
-static int store_found(struct verification *vf, struct sc_error *err)
+ * stored (a body over max_stored_body, or not read whole, is omitted);
+ * the call copies what it writes as it starts. */
+static void store_found(struct verification *vf)
 {
     struct exchange *ex = vf->ex;
     const struct up_response *r = &ex->ureq.resp;
@@ -213,34 +243,36 @@ static int store_found(struct verification *vf, struct sc_error *err)
     int rc;
 
     if (!h) {
-        sc_error_set(err, "out of memory");
-        return -ENOMEM;
+        sc_error_set(&vf->call.err, "out of memory");
+        applied(vf, VERIFY_FOUND, -ENOMEM, &vf->call.err);
+        return;
     }
-    rc = store_verify_found(vf->w->app->store, vf->pol->name, vf->key, vf->fence,
-                            clock_wall_ms(), vf->pol->idem.ttl_ms, r->status, h,
-                            ex_stored_headers(ex, r, h),
-                            omit || !blen ? NULL : evbuffer_pullup(r->body, -1),
-                            omit ? 0 : blen, omit, err);
+    rc = store_verify_found_async(vf->w->env.store, step_call(vf), vf->pol->name,
+                                  vf->key, vf->fence, clock_wall_ms(),
+                                  vf->pol->idem.ttl_ms, r->status, h,
+                                  ex_stored_headers(ex, r, h),
+                                  omit || !blen ? NULL : evbuffer_pullup(r->body, -1),
+                                  omit ? 0 : blen, omit);
     free(h);
-    return rc;
+    step_started(vf, VERIFY_FOUND, rc);
 }
 
 /* The lookup's answer is in (or it was cut at its end): read, logged,
  * found written at once (the answer is at hand only now). */
 static void lookup_read(struct verification *vf)
 {
-    struct sc_error err = {0};
     int status = lookup_status(vf->ex);
     enum verify_class c = verify_classify(&vf->pol->idem.verify, status);
 
     lookup_log(vf, status, c);
     if (verify_lookup_done(&vf->v, c, mono_ms()) == VERIFY_FOUND)
-        applied(vf, VERIFY_FOUND, store_found(vf, &err), &err);
+        store_found(vf);
     lookup_free(vf);
 }
 
 static void verification_free(struct verification *vf)
 {
+    store_call_cancel(&vf->call); /* at shutdown: its answer is not awaited */
     lookup_free(vf);
     if (vf->timer)
         event_free(vf->timer);
@@ -250,23 +282,34 @@ static void verification_free(struct verification *vf)
     free(vf);
 }
 
+/* Freed now, or once its call in flight (the last result) completes. */
+static void end(struct verification *vf)
+{
+    if (vf->calling) {
+        vf->ended = true;
+        evtimer_del(vf->timer);
+        return;
+    }
+    verification_free(vf);
+}
+
 /* The verification ended: absent and failed are written here (found was,
- * with its answer). */
+ * with its answer, and may still be on its way). */
 static void finish(struct verification *vf)
 {
-    struct store *st = vf->w->app->store;
-    struct sc_error err = {0};
+    struct store_loop *sl = vf->w->env.store;
     uint64_t now = clock_wall_ms();
 
-    if (vf->v.state == VERIFY_ABSENT)
-        applied(vf, VERIFY_ABSENT,
-                store_verify_absent(st, vf->pol->name, vf->key, vf->fence, now,
-                                    vf->pol->idem.ttl_ms, &err), &err);
-    else if (vf->v.state == VERIFY_FAILED)
-        applied(vf, VERIFY_FAILED,
-                store_verify_failed(st, vf->pol->name, vf->key, vf->fence, now,
-                                    &err), &err);
-    verification_free(vf);
+    if (!vf->calling && vf->v.state == VERIFY_ABSENT)
+        step_started(vf, VERIFY_ABSENT,
+                     store_verify_absent_async(sl, step_call(vf), vf->pol->name,
+                                               vf->key, vf->fence, now,
+                                               vf->pol->idem.ttl_ms));
+    else if (!vf->calling && vf->v.state == VERIFY_FAILED)
+        step_started(vf, VERIFY_FAILED,
+                     store_verify_failed_async(sl, step_call(vf), vf->pol->name,
+                                               vf->key, vf->fence, now));
+    end(vf);
 }
 
 /* Moves the verification as far as it can go now. */
@@ -350,17 +393,51 @@ static struct verification *verification_new(struct loop *w, struct runtime *rt,
     return vf;
 }
 
+/* The claim's answer: refused, the verification is dropped (another
+ * sidecar's claim came first, or the lease has ended); else its schedule
+ * runs. */
+static void claimed(struct verification *vf, int rc, const struct sc_error *err)
+{
+    if (rc != 0) {
+        if (rc != -EALREADY && rc != -ESTALE && rc != -ENOENT)
+            log_error("policy %s: cannot start a verification: %s",
+                      vf->pol->name, err->text);
+        verification_free(vf);
+    } else if (vf->v.state == VERIFY_FAILED) {
+        /* The lease ends before a first lookup could go: its expiry
+         * settles it, as without verify. */
+        finish(vf);
+    } else {
+        arm(vf, vf->v.due_ms);
+    }
+}
+
+static void on_step_done(struct store_call *c)
+{
+    struct verification *vf = c->arg;
+    enum verify_state wrote = vf->writing;
+
+    vf->calling = false;
+    vf->writing = VERIFY_NONE;
+    if (wrote == VERIFY_NONE) {
+        claimed(vf, c->rc, &c->err);
+        return;
+    }
+    applied(vf, wrote, c->rc, &c->err);
+    if (vf->ended)
+        verification_free(vf);
+}
+
 /* Claims the lease and starts its verification on w: D (wall ms), or 0.
  * Takes a reference on rt for the verification's life. */
 static uint64_t start(struct loop *w, struct runtime *rt, const struct lease_facts *f)
 {
     const struct sc_policy *pol = &rt->cfg->policies[f->policy];
-    struct store *st = w->app->store;
     uint64_t now_wall = clock_wall_ms(), now = mono_ms(), deadline;
     struct verify_lease lease = {.attempt = f->attempt, .expires_ms = f->expires_ms};
     struct verify_params p;
-    struct sc_error err = {0};
     struct verification *vf;
+    bool failed;
     int rc;
 
     if (f->expires_ms <= now_wall || !(vf = verification_new(w, rt, f)))
@@ -368,66 +445,50 @@ static uint64_t start(struct loop *w, struct runtime *rt, const struct lease_fac
     verify_params_set(&p, &pol->idem.verify, f->timeout_ms);
     verify_start(&vf->v, &p, &lease, f->expires_ms - now_wall, now);
     deadline = now_wall + (vf->v.deadline_ms - now);
-    rc = store_verify_claim(st, pol->name, f->key, f->fence, now_wall, deadline,
-                            f->again, &err);
+    failed = vf->v.state == VERIFY_FAILED;
     atomic_fetch_add(&rt->refs, 1); /* held until verification_free */
     vf->rt = rt;
     TAILQ_INSERT_TAIL(&w->verifications, vf, link);
-    if (rc != 0) {
-        if (rc != -EALREADY && rc != -ESTALE && rc != -ENOENT)
-            log_error("policy %s: cannot start a verification: %s", pol->name,
-                      err.text);
-        verification_free(vf);
-        return 0;
+    rc = store_verify_claim_async(w->env.store, step_call(vf), pol->name, f->key,
+                                  f->fence, now_wall, deadline, f->again);
+    if (rc == -EINPROGRESS) {
+        step_started(vf, VERIFY_NONE, rc);
+        return failed ? 0 : deadline;
     }
-    if (vf->v.state == VERIFY_FAILED) {
-        /* The lease ends before a first lookup could go: its expiry
-         * settles it, as without verify. */
-        finish(vf);
-        return 0;
-    }
-    arm(vf, vf->v.due_ms);
-    return deadline;
+    claimed(vf, rc, &vf->call.err); /* may free vf */
+    return rc == 0 && !failed ? deadline : 0;
 }
 
-/* The verification of ex's key's lease `fence` with ex's upstream and T;
- * the lease's attempt and expiry are the store's. */
+/* The verification of ex's key's lease `fence`, ending at expires_ms
+ * (wall), with ex's upstream and T. */
 static uint64_t begin_for(struct loop *w, struct exchange *ex, uint64_t fence,
-                          bool again)
+                          uint64_t expires_ms, uint32_t attempt, bool again)
 {
-    struct store_record rec;
-    struct sc_error err = {0};
     struct lease_facts f = {
         .policy = ex->route ? ex->route->policy : -1,
         .upstream = ex->upstream_idx,
         .timeout_ms = ex->timeout_ms,
         .key = ex->key,
         .fence = fence,
+        .attempt = attempt,
+        .expires_ms = expires_ms,
         .again = again,
     };
 
-    if (f.policy < 0 || !ex->key || !fence)
+    if (f.policy < 0 || !ex->key || !fence || !expires_ms)
         return 0;
-    if (store_get(w->app->store, ex->pol->name, ex->key, clock_wall_ms(), &rec,
-                  &err) != 0)
-        return 0;
-    if (rec.state == STORE_IN_PROGRESS && rec.lease == fence) {
-        f.expires_ms = rec.lease_expires_ms;
-        f.attempt = rec.attempt;
-    }
-    store_record_clear(&rec);
-    return f.expires_ms ? start(w, ex->rt, &f) : 0;
+    return start(w, ex->rt, &f);
 }
 
 uint64_t verification_begin(void *loop, struct exchange *ex)
 {
-    return begin_for(loop, ex, ex->lease, false);
+    return begin_for(loop, ex, ex->lease, ex->lease_expires_ms, ex->attempt, false);
 }
 
 uint64_t verification_take_up(void *loop, struct exchange *ex, uint64_t fence,
-                              bool again)
+                              uint64_t expires_ms, bool again)
 {
-    return begin_for(loop, ex, fence, again);
+    return begin_for(loop, ex, fence, expires_ms, 0, again);
 }
 
 /* ---- start-up --------------------------------------------------------------- */

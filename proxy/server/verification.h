@@ -28,16 +28,18 @@ struct loop;
 
 /* ex_env.verify_begin (arg: the loop): claims ex's lease and starts its
  * verification on the loop; its deadline D (wall ms), or 0 when none
- * started (the store refused the claim, the lease ends before a lookup
- * could go, no memory). */
+ * started (the lease ends before a lookup could go, no memory, a claim
+ * the store refused at once). The claim is a call on the loop: on Redis
+ * D is answered while it is on its way, and a refusal then only drops
+ * the verification. */
 uint64_t verification_begin(void *loop, struct exchange *ex);
 
 /* ex_env.verify_take_up (arg: the loop): as verification_begin, for the
- * lease `fence` of ex's key that another, gone, process holds or was
- * verifying (fleet mode): with ex's upstream and T, the lease's attempt
- * and expiry as the store holds them. */
+ * lease `fence` of ex's key, ending at expires_ms (wall), that another,
+ * gone, process holds or was verifying (fleet mode): with ex's upstream
+ * and T. */
 uint64_t verification_take_up(void *loop, struct exchange *ex, uint64_t fence,
-                              bool again);
+                              uint64_t expires_ms, bool again);
 
 /* Start-up, before the loops run (RocksDB: every lease in progress belongs
  * to a process that ended): starts the verification of each lease whose

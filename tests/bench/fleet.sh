@@ -241,8 +241,13 @@ run() {
     # do the work, what the scripts run and plain commands, without EVALSHA and CONFIG.
     # script_us: Redis's own time inside EVALSHA (commandstats' usec, the scripts' commands
     # included), the part of its CPU the scripts are; the rest is reading and writing sockets.
-    cmds=0 inner=0 script_us=0
+    # reads: the sockets' reads Redis made (INFO stats, reset with the rest): round trips per
+    # read above 1 is pipelining, several calls of the sidecars' loops in one read; each read
+    # and its reply's write cost Redis a few µs of its own, whatever they carry.
+    cmds=0 inner=0 script_us=0 reads=0
     for p in "${REDIS_PORTS[@]}"; do
+        reads=$((reads + $(rcli_at "$p" INFO stats | tr -d '\r' |
+            awk -F: '/^total_reads_processed:/ { print $2 + 0 }')))
         rcli_at "$p" INFO commandstats | tr -d '\r' >"$d/commandstats.txt"
         cmds=$((cmds + $(awk -F'[:=,]' '/^cmdstat_/ { n += $3 } END { print n + 0 }' "$d/commandstats.txt")))
         inner=$((inner + $(awk -F'[:=,]' '/^cmdstat_/ && !/^cmdstat_(evalsha|eval|config)[:|]/ { n += $3 }
@@ -253,7 +258,7 @@ run() {
     [ "${#REDIS_PIDS[@]}" -gt 1 ] && echo "Redis CPU per primary:$per" >&2
     local sl_cpu=0
     for i in "${!SL_PIDS[@]}"; do sl_cpu=$((sl_cpu + ${after[$i]} - ${before[$i]})); done
-    python3 "$HERE/fleetstat.py" "$d" "$SIDECARS" "$2" "$3" "$sl_cpu" "$((ra - rb))" "$trips" "$cmds" "$inner" "$script_us"
+    python3 "$HERE/fleetstat.py" "$d" "$SIDECARS" "$2" "$3" "$sl_cpu" "$((ra - rb))" "$trips" "$cmds" "$inner" "$script_us" "$reads"
 }
 
 if phase 1; then

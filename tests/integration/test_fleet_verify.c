@@ -335,8 +335,8 @@ Test(fleet_verify, a_holder_slower_than_max_wait_leaves_the_duplicate_lease_held
 /* Kills sidecar 0 while its request for key is at the partner, then sends
  * the key through sidecar 1 until an answer says the verification is
  * pending there (its holder's liveness key lapsed): the seconds it took. */
-static double kill_holder_then_await_pending_at(const char *target, const char *key,
-                                                const char *extra)
+static double kill_holder_then_await_pending(const char *target, const char *key,
+                                             const char *extra)
 {
     struct call a = CALL(0, target, key, extra);
     struct call b = CALL(1, target, key, NULL);
@@ -369,34 +369,38 @@ static double kill_holder_then_await_pending_at(const char *target, const char *
     return (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
 }
 
-static double kill_holder_then_await_pending(const char *key, const char *extra)
+/* The request through sidecar 0 reached the partner and sidecar 0 was
+ * killed: sidecar 1 verifies its lease, finds the operation, and replays
+ * it (one side effect). */
+static void expect_found_by_another(const char *target, const char *policy,
+                                    const char *key)
 {
-    return kill_holder_then_await_pending_at("/vs/orders", key, extra);
-}
-
-Test(fleet_verify, a_killed_sidecars_executed_request_is_found_by_another)
-{
-    struct call b = CALL(1, "/vs/orders", "fk-found", NULL);
-    double took = kill_holder_then_await_pending("fk-found", "X-Stub-Delay-Ms: 8000\r\n");
+    struct call b = CALL(1, target, key, NULL);
+    double took = kill_holder_then_await_pending(target, key, "X-Stub-Delay-Ms: 8000\r\n");
     json_t *j;
 
     cr_expect_leq(took, 4.5, "taken up once the key lapsed (3 s): %.2f s", took);
-    j = await_verify_of(1, "vs", "fk-found", "found");
+    j = await_verify_of(1, policy, key, "found");
     cr_expect(json_is_true(json_object_get(j, "verified")));
     json_decref(j);
     cr_assert_eq(post(&b), 0);
     cr_expect_eq(b.r.status, 200, "%s", b.r.body);
     cr_expect_str_eq(h_header_str(&b.r, "Sluice-Verified"), "true");
     cr_expect_str_eq(h_header_str(&b.r, "Sluice-Outcome"), "replayed");
-    cr_expect_eq(h_stub_key_stat(&stub, "fk-found", "side_effects"), 1);
+    cr_expect_eq(h_stub_key_stat(&stub, key, "side_effects"), 1);
     h_resp_free(&b.r);
+}
+
+Test(fleet_verify, a_killed_sidecars_executed_request_is_found_by_another)
+{
+    expect_found_by_another("/vs/orders", "vs", "fk-found");
 }
 
 Test(fleet_verify, a_killed_sidecars_unexecuted_request_is_absent_and_goes_first)
 {
     struct call b = CALL(1, "/vs/orders", "fk-absent", NULL);
 
-    kill_holder_then_await_pending("fk-absent",
+    kill_holder_then_await_pending("/vs/orders", "fk-absent",
                                    "X-Stub-Delay-Ms: 8000\r\nX-Stub-Drop: unexecuted\r\n");
     json_decref(await_verify_of(1, "vs", "fk-absent", "absent"));
     cr_assert_eq(post(&b), 0);
@@ -411,20 +415,7 @@ Test(fleet_verify, a_killed_sidecars_unexecuted_request_is_absent_and_goes_first
  * the holder's liveness key is looked at on its own. */
 Test(fleet_verify, a_killed_sidecars_request_on_a_locally_paced_policy_is_found_by_another)
 {
-    struct call b = CALL(1, "/vl/orders", "fl-found", NULL);
-    double took = kill_holder_then_await_pending_at("/vl/orders", "fl-found",
-                                                    "X-Stub-Delay-Ms: 8000\r\n");
-    json_t *j;
-
-    cr_expect_leq(took, 4.5, "taken up once the key lapsed (3 s): %.2f s", took);
-    j = await_verify_of(1, "vl", "fl-found", "found");
-    cr_expect(json_is_true(json_object_get(j, "verified")));
-    json_decref(j);
-    cr_assert_eq(post(&b), 0);
-    cr_expect_eq(b.r.status, 200, "%s", b.r.body);
-    cr_expect_str_eq(h_header_str(&b.r, "Sluice-Verified"), "true");
-    cr_expect_eq(h_stub_key_stat(&stub, "fl-found", "side_effects"), 1);
-    h_resp_free(&b.r);
+    expect_found_by_another("/vl/orders", "vl", "fl-found");
 }
 
 /* A duplicate already waiting on sidecar 1 (duplicates: wait) when the

@@ -8,6 +8,10 @@
 #ifndef SLUICE_TESTS_UNIT_STORE_VERIFY_CASES_H
 #define SLUICE_TESTS_UNIT_STORE_VERIFY_CASES_H
 
+#include <unistd.h>
+
+#include <event2/event.h>
+
 enum { NONE = 0, PENDING, FOUND, ABSENT, FAILED }; /* enum verify_state */
 
 static uint64_t vtake(const char *key, uint64_t now)
@@ -161,6 +165,91 @@ Test(VERIFY_SUITE, a_pending_mark_is_claimed_again_at_start_up)
                                     false, &err), -EALREADY);
     cr_expect_eq(store_verify_claim(st, SCOPE, "k6", lease, t0 + 1, t0 + 7000,
                                     true, &err), 0, "%s", err.text);
+}
+
+/* The same steps as calls on a loop (what a verification makes): RocksDB
+ * answers at once, Redis on the loop, never blocking it. */
+struct vcall {
+    struct store_call c;
+    int done;
+};
+
+static void vcall_done(struct store_call *c)
+{
+    ((struct vcall *)c->arg)->done = 1;
+}
+
+static struct store_call *vcall(struct vcall *v)
+{
+    memset(v, 0, sizeof *v);
+    v->c.done = vcall_done;
+    v->c.arg = v;
+    return &v->c;
+}
+
+/* The call's result: at once, or once the loop completed it (5 s at most). */
+static int vrun(struct event_base *base, struct vcall *v, int rc)
+{
+    if (rc != -EINPROGRESS)
+        return rc;
+    for (int i = 0; i < 5000 && !v->done; i++) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        if (!v->done)
+            usleep(1000);
+    }
+    cr_assert(v->done, "the call never completed");
+    return v->c.rc;
+}
+
+Test(VERIFY_SUITE, each_step_is_also_a_call_on_the_loop)
+{
+    struct event_base *base = event_base_new();
+    uint64_t a = vtake("ka", t0), b = vtake("kb", t0), c = vtake("kc", t0);
+    struct store_loop *sl;
+    struct store_record rec;
+    struct vcall v;
+
+    cr_assert_not_null(base);
+    cr_assert_eq(store_loop_new(st, base, &sl, &err), 0, "%s", err.text);
+    cr_assert_eq(vrun(base, &v, store_verify_claim_async(sl, vcall(&v), SCOPE, "ka", a,
+                                                         t0 + 1, t0 + 9000, false)),
+                 0, "%s", v.c.err.text);
+    cr_expect_eq(vrun(base, &v, store_verify_claim_async(sl, vcall(&v), SCOPE, "ka", a,
+                                                         t0 + 2, t0 + 9000, false)),
+                 -EALREADY, "one verification of a lease at a time");
+    cr_assert_eq(vrun(base, &v, store_verify_found_async(sl, vcall(&v), SCOPE, "ka", a,
+                                                         t0 + 10, TTL, 201, NULL, 0,
+                                                         (const uint8_t *)"ok", 2,
+                                                         false)),
+                 0, "%s", v.c.err.text);
+    rec = vget("ka", t0 + 11);
+    cr_expect_eq(rec.state, STORE_COMPLETED);
+    cr_expect_eq(rec.status, 201);
+    cr_expect(rec.verified);
+    cr_expect_eq(rec.body_len, 2);
+    store_record_clear(&rec);
+    cr_assert_eq(vrun(base, &v, store_verify_claim_async(sl, vcall(&v), SCOPE, "kb", b,
+                                                         t0, t0 + 5000, false)), 0);
+    cr_assert_eq(vrun(base, &v, store_verify_absent_async(sl, vcall(&v), SCOPE, "kb", b,
+                                                          t0 + 100, TTL)),
+                 0, "%s", v.c.err.text);
+    rec = vget("kb", t0 + 101);
+    cr_expect_eq(rec.verify, ABSENT);
+    cr_expect_eq(rec.lease_expires_ms, t0 + 100);
+    store_record_clear(&rec);
+    cr_assert_eq(vrun(base, &v, store_verify_claim_async(sl, vcall(&v), SCOPE, "kc", c,
+                                                         t0, t0 + 5000, false)), 0);
+    cr_assert_eq(vrun(base, &v, store_verify_failed_async(sl, vcall(&v), SCOPE, "kc", c,
+                                                          t0 + 5000)),
+                 0, "%s", v.c.err.text);
+    rec = vget("kc", t0 + 5001);
+    cr_expect_eq(rec.verify, FAILED);
+    store_record_clear(&rec);
+    cr_expect_eq(vrun(base, &v, store_verify_absent_async(sl, vcall(&v), SCOPE, "kc", c + 1,
+                                                          t0 + 5002, TTL)),
+                 -ESTALE, "another lease's result is dropped");
+    store_loop_free(sl);
+    event_base_free(base);
 }
 
 #endif

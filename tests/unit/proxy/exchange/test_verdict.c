@@ -28,14 +28,16 @@ TestSuite(verdict, .init = up, .fini = fixture_down);
 
 static struct {
     int calls;
-    uint64_t fence, deadline;
+    uint64_t fence, deadline, expires_ms;
     bool again;
 } took;
 
-static uint64_t fake_take_up(void *arg, struct exchange *ex, uint64_t fence, bool again)
+static uint64_t fake_take_up(void *arg, struct exchange *ex, uint64_t fence,
+                             uint64_t expires_ms, bool again)
 {
     took.calls++;
     took.fence = fence;
+    took.expires_ms = expires_ms;
     took.again = again;
     return took.deadline;
 }
@@ -90,6 +92,7 @@ Test(verdict, a_gone_holders_lease_is_verified_here)
         .remaining_ms = 20000, .lease = 42, .holder_gone = true});
     cr_expect_eq(took.calls, 1);
     cr_expect_eq(took.fence, 42, "the held lease, not the request's own");
+    cr_expect_eq(took.expires_ms, fx.now.wall_ms + 20000, "the held lease's end");
     cr_expect_not(took.again);
     cr_expect_eq(ex.instr.delay_ms, 1500, "D, not the lease's 20 s");
     cr_expect(ex.instr.verify_pending);
