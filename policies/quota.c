@@ -375,14 +375,19 @@ static void read_old(struct parse *p, const struct quota_headers *h)
 
 /* X-RateLimit-Reset: a Unix time above 10^9 (decimals allowed, a time past
  * is now), else whole seconds from the response. */
-static bool x_moment(const struct parse *p, const char *v, uint64_t *moment)
+/* *whole: a Unix time in whole seconds (no fraction given), which may be
+ * up to 1 s after the partner's true reset. */
+static bool x_moment(const struct parse *p, const char *v, uint64_t *moment,
+                     bool *whole)
 {
     uint64_t s, ms, at_ms;
 
     if (!parse_count(v, &s, &ms))
         return false;
+    *whole = false;
     if (s <= UNIX_FROM)
         return ms == 0 && !strchr(v, '.') && moment_after(p, s, moment);
+    *whole = !strchr(v, '.');
     at_ms = s * 1000 + ms;
     if (at_ms <= p->now_wall_ms) {
         *moment = p->now;
@@ -398,13 +403,13 @@ static void read_x(struct parse *p, const struct quota_headers *h)
 {
     struct quota_item *it;
     uint64_t r, moment, q = 0;
-    bool has_q = false;
+    bool has_q = false, whole = false;
 
     if (!h->x_remaining && !h->x_reset)
         return;
     if (!h->x_remaining || !h->x_reset ||
         !parse_count(h->x_remaining, &r, NULL) ||
-        !x_moment(p, h->x_reset, &moment)) {
+        !x_moment(p, h->x_reset, &moment, &whole)) {
         p->ignored++;
         return;
     }
@@ -414,6 +419,7 @@ static void read_x(struct parse *p, const struct quota_headers *h)
         return;
     it->r = r;
     it->moment = moment;
+    it->whole_unix = whole;
     it->q = q;
     it->has_q = has_q;
 }
@@ -450,15 +456,29 @@ static void same_window(const struct quota *q, struct quota_item *it,
         it->moment = old->moment;
 }
 
-/* What remains, net of the requests in flight, spent evenly until m. */
+/* When what remains is to be spent (rule in quota.h): by the moment, or a
+ * second before it when the reset came as a whole Unix second, which every
+ * answer of a window names alike (no answer says it more closely, as the
+ * delta seconds of the other styles do, same_window) and which may be up
+ * to 1 s after the partner's reset: spent until it, the window's last
+ * permits would fall into the next window, which then starts short. An
+ * answer within that last second spends what it says until the moment. */
+static uint64_t spend_by(const struct quota_item *it, uint64_t now)
+{
+    return it->whole_unix && it->moment > now + SEC ? it->moment - SEC
+                                                    : it->moment;
+}
+
+/* What remains, net of the requests in flight, spent evenly until the
+ * item's spend_by. */
 static double allowance(const struct quota_item *it, uint64_t now,
                         uint32_t inflight)
 {
     uint64_t left = it->r > inflight ? it->r - inflight : 0;
 
-    if (it->moment <= now)
+    if (it->spend_by <= now)
         return 0;   /* unused: the item is past its moment already */
-    return (double)left * 1e9 / (double)(it->moment - now);
+    return (double)left * 1e9 / (double)(it->spend_by - now);
 }
 
 /* The window's last permit is left (rule in quota.h): the smallest r - f
@@ -496,6 +516,7 @@ void quota_update(struct quota *q, const struct quota_headers *h, uint64_t now,
         struct quota_item *it = &p.items[i];
 
         same_window(q, it, now);
+        it->spend_by = spend_by(it, now);
         it->allow = allowance(it, now, inflight);
         if (it->r == 0 && it->moment > now && it->moment > res->pause_until)
             res->pause_until = it->moment;
@@ -512,8 +533,10 @@ void quota_update(struct quota *q, const struct quota_headers *h, uint64_t now,
 static double item_allows(const struct quota *q, const struct quota_item *it,
                           uint64_t t)
 {
-    if (t < it->moment)
+    if (t < it->spend_by)
         return it->allow;
+    if (t < it->moment)
+        return 0;   /* spent: nothing more until the reset */
     if (it->has_q && it->has_w)
         return (double)it->q / (double)it->w;
     return q->rate;
@@ -557,9 +580,14 @@ uint64_t quota_next_change(const struct quota *q, uint64_t t)
 {
     uint64_t next = UINT64_MAX;
 
-    for (uint32_t i = 0; i < q->n; i++)
-        if (q->items[i].moment > t && q->items[i].moment < next)
-            next = q->items[i].moment;
+    for (uint32_t i = 0; i < q->n; i++) {
+        const struct quota_item *it = &q->items[i];
+
+        if (it->spend_by > t && it->spend_by < next)
+            next = it->spend_by;
+        if (it->moment > t && it->moment < next)
+            next = it->moment;
+    }
     return next;
 }
 
@@ -593,7 +621,7 @@ bool quota_reset_tops_up(const struct quota *q, uint64_t m)
 
         /* Another window still running with nothing left net of those in
          * flight, or a limit of 0 from here on: the partner allows none. */
-        if (it->moment > m ? !(it->allow > 0) : it->has_q && it->q == 0)
+        if (it->moment > m ? !(item_allows(q, it, m) > 0) : it->has_q && it->q == 0)
             return false;
     }
     return true;

@@ -19,9 +19,14 @@
  * not requests) is ignored, alone, and counted.
  *
  * Until an item's moment m (the response's arrival + t) it allows
- * (r - f) / (m - now) permits per second, f being the policy's requests in
+ * (r - f) / (s - now) permits per second, f being the policy's requests in
  * flight when the response came (its own excluded): what remains, spent
- * evenly; after m, q / w when both are known, else the configured rate. The
+ * evenly by s, which is m, or m - 1 s when the reset is a Unix time in
+ * whole seconds (X-RateLimit-Reset: 1767225660; it may be up to 1 s after
+ * the partner's true reset, and every answer of the window says the same)
+ * and the answer came more than a second before m; from s to m nothing
+ * more (the rate falls to min_rate, the floor); after m, q / w when both
+ * are known, else the configured rate. The
  * effective rate is min(rate, max(min_rate, the smallest allowance)); the
  * capacity min(burst, the smallest r before its moment, q after it when
  * known), at least 1.
@@ -85,10 +90,14 @@ struct quota_item {
                                  response */
     uint64_t q, r;            /* limit (when has_q), remaining */
     uint64_t moment;          /* its reset, ns */
-    double allow;             /* permits per second it allows before moment */
+    uint64_t spend_by;        /* what remains is spent by then, ns: moment,
+                                 or 1 s before it (whole_unix) */
+    double allow;             /* permits per second it allows before
+                                 spend_by (none from there to moment) */
     uint32_t w;               /* window, seconds (when has_w) */
     uint8_t style;            /* enum quota_style */
     bool has_q, has_w;
+    bool whole_unix;          /* its reset a Unix time in whole seconds */
     char name[QUOTA_NAME_MAX]; /* the draft's name (cut); "" in other styles */
 };
 

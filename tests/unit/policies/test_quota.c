@@ -560,15 +560,19 @@ Test(quota, an_answer_leaving_one_permit_tops_up)
 struct pw_sent {
     uint64_t answer_at;
     uint64_t r, t;
+    char unix_reset[24];
 };
 
-Test(quota, each_window_gets_the_advertised_limit_and_no_more)
+/* The simulation: the partner's answers in the draft's style (t, delta
+ * seconds) or the X- style (a Unix time). Fills used[] per window and
+ * returns the requests the partner refused. */
+static uint64_t partner_windows(bool x_style, uint64_t used[PW_WINDOWS + 1])
 {
     static struct pw_sent sent[PW_Q * PW_WINDOWS * 2];
-    uint64_t used[PW_WINDOWS + 1] = {0}, refused = 0, head = 0, tail = 0;
+    uint64_t refused = 0, head = 0, tail = 0;
     uint64_t end_all = PW_EPOCH + PW_WINDOWS * PW_W * SEC;
     struct tbucket b;
-    char rl[64];
+    char rl[64], rs[24];
 
     quota_init(&q, 100, 1, 10);
     tbucket_init(&b, 100, 10, NOW0);
@@ -576,10 +580,13 @@ Test(quota, each_window_gets_the_advertised_limit_and_no_more)
         quota_bucket_sync(&q, &b, now);
         for (; head < tail && sent[head].answer_at <= now; head++) {
             struct quota_result res;
+            uint32_t in_flight = (uint32_t)(tail - head - 1);
 
             snprintf(rl, sizeof rl, "a;r=%llu;t=%llu", (unsigned long long)sent[head].r,
                      (unsigned long long)sent[head].t);
-            res = feed(now, DRAFT("a;q=20;w=2", rl), (uint32_t)(tail - head - 1));
+            snprintf(rs, sizeof rs, "%llu", (unsigned long long)sent[head].r);
+            res = x_style ? feed(now, XRL("20", rs, sent[head].unix_reset), in_flight)
+                          : feed(now, DRAFT("a;q=20;w=2", rl), in_flight);
             quota_bucket_sync(&q, &b, now);
             if (res.top_up)
                 tbucket_top_up(&b, now);
@@ -589,6 +596,7 @@ Test(quota, each_window_gets_the_advertised_limit_and_no_more)
         while (tbucket_take(&b, now)) {
             uint64_t k = now < PW_EPOCH ? 0 : (now - PW_EPOCH) / (PW_W * SEC) + 1;
             uint64_t wend = PW_EPOCH + k * PW_W * SEC;
+            uint64_t wend_wall_ms = WALL0 + (wend - NOW0) / MS;
 
             cr_assert_lt(tail, sizeof sent / sizeof sent[0]);
             if (used[k] >= PW_Q)
@@ -598,10 +606,35 @@ Test(quota, each_window_gets_the_advertised_limit_and_no_more)
             sent[tail].answer_at = now + PW_LAT;
             sent[tail].r = PW_Q - used[k];
             sent[tail].t = (wend - now + SEC - 1) / SEC;
+            /* The window's end as a Unix time, rounded up (as the stub's). */
+            snprintf(sent[tail].unix_reset, sizeof sent[tail].unix_reset, "%llu",
+                     (unsigned long long)((wend_wall_ms + 999) / 1000));
             tail++;
         }
     }
-    cr_expect_eq(refused, 0, "the partner refused none");
+    return refused;
+}
+
+Test(quota, each_window_gets_the_advertised_limit_and_no_more)
+{
+    uint64_t used[PW_WINDOWS + 1] = {0};
+
+    cr_expect_eq(partner_windows(false, used), 0, "the partner refused none");
+    for (int k = 2; k <= PW_WINDOWS; k++)
+        cr_expect_eq(used[k], PW_Q, "window %d: %llu of %d", k,
+                     (unsigned long long)used[k], PW_Q);
+}
+
+/* The same partner in the X- style: its reset a whole Unix second, up to
+ * 1 s after the window's end (here 630 ms), the same in every answer of a
+ * window, so no answer says more. Spent evenly until that second, the
+ * window's last permits would fall into the next one, which then starts
+ * short: each window would get about 0.78 of its limit. */
+Test(quota, a_whole_second_unix_reset_is_spent_by_its_earliest_moment)
+{
+    uint64_t used[PW_WINDOWS + 1] = {0};
+
+    cr_expect_eq(partner_windows(true, used), 0, "the partner refused none");
     for (int k = 2; k <= PW_WINDOWS; k++)
         cr_expect_eq(used[k], PW_Q, "window %d: %llu of %d", k,
                      (unsigned long long)used[k], PW_Q);
