@@ -615,14 +615,20 @@ static uint64_t partner_windows(bool x_style, uint64_t used[PW_WINDOWS + 1])
     return refused;
 }
 
-Test(quota, each_window_gets_the_advertised_limit_and_no_more)
+/* The partner refused none, and from the second window on each got Q. */
+static void expect_every_window_full(bool x_style)
 {
     uint64_t used[PW_WINDOWS + 1] = {0};
 
-    cr_expect_eq(partner_windows(false, used), 0, "the partner refused none");
+    cr_expect_eq(partner_windows(x_style, used), 0, "the partner refused none");
     for (int k = 2; k <= PW_WINDOWS; k++)
         cr_expect_eq(used[k], PW_Q, "window %d: %llu of %d", k,
                      (unsigned long long)used[k], PW_Q);
+}
+
+Test(quota, each_window_gets_the_advertised_limit_and_no_more)
+{
+    expect_every_window_full(false);
 }
 
 /* The same partner in the X- style: its reset a whole Unix second, up to
@@ -632,12 +638,7 @@ Test(quota, each_window_gets_the_advertised_limit_and_no_more)
  * short: each window would get about 0.78 of its limit. */
 Test(quota, a_whole_second_unix_reset_is_spent_by_its_earliest_moment)
 {
-    uint64_t used[PW_WINDOWS + 1] = {0};
-
-    cr_expect_eq(partner_windows(true, used), 0, "the partner refused none");
-    for (int k = 2; k <= PW_WINDOWS; k++)
-        cr_expect_eq(used[k], PW_Q, "window %d: %llu of %d", k,
-                     (unsigned long long)used[k], PW_Q);
+    expect_every_window_full(true);
 }
 
 /* ---- a bucket that follows --------------------------------------------------- */
