@@ -374,9 +374,9 @@ static void read_old(struct parse *p, const struct quota_headers *h)
 /* ---- X-RateLimit-* --------------------------------------------------- */
 
 /* X-RateLimit-Reset: a Unix time above 10^9 (decimals allowed, a time past
- * is now), else whole seconds from the response. */
-/* *whole: a Unix time in whole seconds (no fraction given), which may be
- * up to 1 s after the partner's true reset. */
+ * is now), else whole seconds from the response. *whole: a Unix time in
+ * whole seconds (no fraction given), which may be up to 1 s after the
+ * partner's true reset. */
 static bool x_moment(const struct parse *p, const char *v, uint64_t *moment,
                      bool *whole)
 {
