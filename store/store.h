@@ -287,7 +287,6 @@ int store_leases_each(struct store *st, uint64_t now_ms, store_lease_fn fn,
 int store_live_refresh(struct store *st, const char *scope, uint64_t ttl_ms,
                        struct sc_error *err);
 
-
 /* ---- asynchronous calls: the request path -------------------------------- */
 
 struct event_base;
