@@ -140,13 +140,42 @@ static int verify_step(struct store *st, const char *scope, const char *key,
     return st->ops->verify(st, scope, key, a, err);
 }
 
+/* Each step's arguments, for its blocking call and its call on a loop. */
+static struct store_verify_args claim_args(uint64_t lease, uint64_t now_ms,
+                                           uint64_t deadline_ms, bool again)
+{
+    return (struct store_verify_args){.step = STORE_VERIFY_CLAIM, .lease = lease,
+                                      .now_ms = now_ms, .deadline_ms = deadline_ms,
+                                      .again = again};
+}
+
+static struct store_verify_args found_args(uint64_t lease, uint64_t now_ms,
+                                           uint64_t ttl_ms,
+                                           const struct store_record *result)
+{
+    return (struct store_verify_args){.step = STORE_VERIFY_FOUND, .lease = lease,
+                                      .now_ms = now_ms, .ttl_ms = ttl_ms,
+                                      .result = result};
+}
+
+static struct store_verify_args absent_args(uint64_t lease, uint64_t now_ms,
+                                            uint64_t ttl_ms)
+{
+    return (struct store_verify_args){.step = STORE_VERIFY_ABSENT, .lease = lease,
+                                      .now_ms = now_ms, .ttl_ms = ttl_ms};
+}
+
+static struct store_verify_args failed_args(uint64_t lease, uint64_t now_ms)
+{
+    return (struct store_verify_args){.step = STORE_VERIFY_FAILED, .lease = lease,
+                                      .now_ms = now_ms};
+}
+
 int store_verify_claim(struct store *st, const char *scope, const char *key,
                        uint64_t lease, uint64_t now_ms, uint64_t deadline_ms,
                        bool again, struct sc_error *err)
 {
-    struct store_verify_args a = {.step = STORE_VERIFY_CLAIM, .lease = lease,
-                                  .now_ms = now_ms, .deadline_ms = deadline_ms,
-                                  .again = again};
+    struct store_verify_args a = claim_args(lease, now_ms, deadline_ms, again);
 
     return verify_step(st, scope, key, &a, err);
 }
@@ -175,9 +204,7 @@ int store_verify_found(struct store *st, const char *scope, const char *key,
 {
     struct store_record result = found_result(status, headers, n_headers, body,
                                               body_len, body_omitted);
-    struct store_verify_args a = {.step = STORE_VERIFY_FOUND, .lease = lease,
-                                  .now_ms = now_ms, .ttl_ms = ttl_ms,
-                                  .result = &result};
+    struct store_verify_args a = found_args(lease, now_ms, ttl_ms, &result);
 
     return verify_step(st, scope, key, &a, err);
 }
@@ -186,8 +213,7 @@ int store_verify_absent(struct store *st, const char *scope, const char *key,
                         uint64_t lease, uint64_t now_ms, uint64_t ttl_ms,
                         struct sc_error *err)
 {
-    struct store_verify_args a = {.step = STORE_VERIFY_ABSENT, .lease = lease,
-                                  .now_ms = now_ms, .ttl_ms = ttl_ms};
+    struct store_verify_args a = absent_args(lease, now_ms, ttl_ms);
 
     return verify_step(st, scope, key, &a, err);
 }
@@ -195,8 +221,7 @@ int store_verify_absent(struct store *st, const char *scope, const char *key,
 int store_verify_failed(struct store *st, const char *scope, const char *key,
                         uint64_t lease, uint64_t now_ms, struct sc_error *err)
 {
-    struct store_verify_args a = {.step = STORE_VERIFY_FAILED, .lease = lease,
-                                  .now_ms = now_ms};
+    struct store_verify_args a = failed_args(lease, now_ms);
 
     return verify_step(st, scope, key, &a, err);
 }
@@ -325,9 +350,7 @@ int store_verify_claim_async(struct store_loop *sl, struct store_call *c,
                              const char *scope, const char *key, uint64_t lease,
                              uint64_t now_ms, uint64_t deadline_ms, bool again)
 {
-    struct store_verify_args a = {.step = STORE_VERIFY_CLAIM, .lease = lease,
-                                  .now_ms = now_ms, .deadline_ms = deadline_ms,
-                                  .again = again};
+    struct store_verify_args a = claim_args(lease, now_ms, deadline_ms, again);
 
     return verify_async(sl, c, scope, key, &a);
 }
@@ -341,9 +364,7 @@ int store_verify_found_async(struct store_loop *sl, struct store_call *c,
 {
     struct store_record result = found_result(status, headers, n_headers, body,
                                               body_len, body_omitted);
-    struct store_verify_args a = {.step = STORE_VERIFY_FOUND, .lease = lease,
-                                  .now_ms = now_ms, .ttl_ms = ttl_ms,
-                                  .result = &result};
+    struct store_verify_args a = found_args(lease, now_ms, ttl_ms, &result);
 
     return verify_async(sl, c, scope, key, &a);
 }
@@ -352,8 +373,7 @@ int store_verify_absent_async(struct store_loop *sl, struct store_call *c,
                               const char *scope, const char *key, uint64_t lease,
                               uint64_t now_ms, uint64_t ttl_ms)
 {
-    struct store_verify_args a = {.step = STORE_VERIFY_ABSENT, .lease = lease,
-                                  .now_ms = now_ms, .ttl_ms = ttl_ms};
+    struct store_verify_args a = absent_args(lease, now_ms, ttl_ms);
 
     return verify_async(sl, c, scope, key, &a);
 }
@@ -362,8 +382,7 @@ int store_verify_failed_async(struct store_loop *sl, struct store_call *c,
                               const char *scope, const char *key, uint64_t lease,
                               uint64_t now_ms)
 {
-    struct store_verify_args a = {.step = STORE_VERIFY_FAILED, .lease = lease,
-                                  .now_ms = now_ms};
+    struct store_verify_args a = failed_args(lease, now_ms);
 
     return verify_async(sl, c, scope, key, &a);
 }

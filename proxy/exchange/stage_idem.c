@@ -149,7 +149,7 @@ static enum ex_verdict holder_look(struct exchange *ex, uint64_t now)
     ex->holder_looked_ns = now;
     if (ex->scall->rc == 0 && ex->scall->acq.holder_gone)
         ex_lease_held_record(ex, &ex->replay, ex_wall_ms(ex), true);
-    else if (ex->scall->rc != 0 && ex->scall->rc != -EOPNOTSUPP)
+    else if (ex->scall->rc != 0)
         log_warn("policy %s: cannot tell whether a lease's holder is alive "
                  "(taken for alive): %s", ex->pol->name, ex->scall->err.text);
     return EXV_NEXT;

@@ -120,6 +120,24 @@ static void lease_held_marked(struct exchange *ex, const struct verify_lease_vie
     ex->instr.verify_pending = a == VA_PENDING;
 }
 
+/* A held lease as the verification's rules see it (policies/verify.h):
+ * its mark, the mark's deadline and its end, wall ms; holder_gone: its
+ * holder (or verifier) has no liveness key. */
+static struct verify_lease_view held_view(const struct exchange *ex, uint8_t verify,
+                                          uint64_t deadline_ms, uint64_t expires_ms,
+                                          bool holder_gone)
+{
+    return (struct verify_lease_view){
+        .verify_enabled = ex->pol->idem.verify.enabled,
+        .upstream_known = true,
+        .holder_alive = !holder_gone,
+        .state = (enum verify_state)verify,
+        .verifier_alive = !holder_gone,
+        .deadline_ms = deadline_ms,
+        .expires_ms = expires_ms,
+    };
+}
+
 void ex_lease_held_record(struct exchange *ex, const struct store_record *rec,
                           uint64_t now_ms, bool holder_gone)
 {
@@ -127,15 +145,8 @@ void ex_lease_held_record(struct exchange *ex, const struct store_record *rec,
      * until a look at its liveness key says otherwise (ex_not_free in
      * stage_idem.c). With RocksDB every holder is this process (a lease
      * of an ended one was taken up at start-up). */
-    struct verify_lease_view l = {
-        .verify_enabled = ex->pol->idem.verify.enabled,
-        .upstream_known = true,
-        .holder_alive = !holder_gone,
-        .state = (enum verify_state)rec->verify,
-        .verifier_alive = !holder_gone,
-        .deadline_ms = rec->verify_deadline_ms,
-        .expires_ms = rec->lease_expires_ms,
-    };
+    struct verify_lease_view l = held_view(ex, rec->verify, rec->verify_deadline_ms,
+                                           rec->lease_expires_ms, holder_gone);
 
     lease_held_marked(ex, &l, holder_gone ? rec->lease : 0, now_ms);
 }
@@ -144,15 +155,8 @@ void ex_lease_held_record(struct exchange *ex, const struct store_record *rec,
 static void lease_held_acquire(struct exchange *ex, const struct store_acquire_out *out)
 {
     uint64_t wall = ex_wall_ms(ex);
-    struct verify_lease_view l = {
-        .verify_enabled = ex->pol->idem.verify.enabled,
-        .upstream_known = true,
-        .holder_alive = !out->holder_gone,
-        .state = (enum verify_state)out->verify,
-        .verifier_alive = !out->holder_gone,
-        .deadline_ms = out->verify_deadline_ms,
-        .expires_ms = wall + out->remaining_ms,
-    };
+    struct verify_lease_view l = held_view(ex, out->verify, out->verify_deadline_ms,
+                                           wall + out->remaining_ms, out->holder_gone);
 
     lease_held_marked(ex, &l, out->lease, wall);
 }
