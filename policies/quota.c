@@ -104,6 +104,7 @@ static struct quota_item *add_item(struct parse *p, enum quota_style style,
     memset(it, 0, sizeof *it);
     it->style = (uint8_t)style;
     it->id = id;
+    it->whole_s = true; /* but a Unix time with a fraction (read_x) */
     return it;
 }
 
@@ -374,9 +375,9 @@ static void read_old(struct parse *p, const struct quota_headers *h)
 /* ---- X-RateLimit-* --------------------------------------------------- */
 
 /* X-RateLimit-Reset: a Unix time above 10^9 (decimals allowed, a time past
- * is now), else whole seconds from the response. *whole: a Unix time in
- * whole seconds (no fraction given), which may be up to 1 s after the
- * partner's true reset. */
+ * is now), else whole seconds from the response. *whole: in whole seconds
+ * (a Unix time without a fraction, or seconds from the response), so up to
+ * 1 s after the partner's true reset. */
 static bool x_moment(const struct parse *p, const char *v, uint64_t *moment,
                      bool *whole)
 {
@@ -384,10 +385,9 @@ static bool x_moment(const struct parse *p, const char *v, uint64_t *moment,
 
     if (!parse_count(v, &s, &ms))
         return false;
-    *whole = false;
-    if (s <= UNIX_FROM)
-        return ms == 0 && !strchr(v, '.') && moment_after(p, s, moment);
     *whole = !strchr(v, '.');
+    if (s <= UNIX_FROM)
+        return ms == 0 && *whole && moment_after(p, s, moment);
     at_ms = s * 1000 + ms;
     if (at_ms <= p->now_wall_ms) {
         *moment = p->now;
@@ -419,7 +419,7 @@ static void read_x(struct parse *p, const struct quota_headers *h)
         return;
     it->r = r;
     it->moment = moment;
-    it->whole_unix = whole;
+    it->whole_s = whole;
     it->q = q;
     it->has_q = has_q;
 }
@@ -457,16 +457,16 @@ static void same_window(const struct quota *q, struct quota_item *it,
 }
 
 /* When what remains is to be spent (rule in quota.h): by the moment, or a
- * second before it when the reset came as a whole Unix second, which every
- * answer of a window names alike (no answer says it more closely, as the
- * delta seconds of the other styles do, same_window) and which may be up
- * to 1 s after the partner's reset: spent until it, the window's last
- * permits would fall into the next window, which then starts short. An
- * answer within that last second spends what it says until the moment. */
+ * second before it when the reset came in whole seconds (every style but a
+ * Unix time with a fraction), which may lie up to 1 s after the partner's
+ * reset: spent until it, the window's last permits would fall into the
+ * next window, which then starts short. A Unix time is named alike by
+ * every answer of a window; delta seconds narrow it as answers come
+ * (same_window), but a sidecar of a fleet sees few of them. An answer
+ * within that last second spends what it says until the moment. */
 static uint64_t spend_by(const struct quota_item *it, uint64_t now)
 {
-    return it->whole_unix && it->moment > now + SEC ? it->moment - SEC
-                                                    : it->moment;
+    return it->whole_s && it->moment > now + SEC ? it->moment - SEC : it->moment;
 }
 
 /* What remains, net of the requests in flight, spent evenly until the
@@ -547,7 +547,13 @@ double quota_rate(const struct quota *q, uint64_t t)
     double least = q->rate;
 
     for (uint32_t i = 0; i < q->n; i++) {
-        double a = item_allows(q, &q->items[i], t);
+        const struct quota_item *it = &q->items[i];
+        double a = item_allows(q, it, t);
+
+        /* Spent by spend_by: nothing until the reset, as after r = 0 (not
+         * min_rate, which would start one more there, past what remains). */
+        if (it->spend_by <= t && t < it->moment)
+            return 0;
         if (a < least)
             least = a;
     }
@@ -589,6 +595,25 @@ uint64_t quota_next_change(const struct quota *q, uint64_t t)
             next = it->moment;
     }
     return next;
+}
+
+uint64_t quota_resume_at(const struct quota *q, uint64_t t)
+{
+    /* Each pass moves t past one more item's gap, or ends. */
+    for (uint32_t pass = 0; pass <= q->n; pass++) {
+        uint64_t to = t;
+
+        for (uint32_t i = 0; i < q->n; i++) {
+            const struct quota_item *it = &q->items[i];
+
+            if (it->spend_by <= t && t < it->moment && it->moment > to)
+                to = it->moment;
+        }
+        if (to == t)
+            break;
+        t = to;
+    }
+    return t;
 }
 
 uint64_t quota_wall_ms_at(const struct quota *q, uint64_t t)

@@ -21,11 +21,12 @@
  * Until an item's moment m (the response's arrival + t) it allows
  * (r - f) / (s - now) permits per second, f being the policy's requests in
  * flight when the response came (its own excluded): what remains, spent
- * evenly by s, which is m, or m - 1 s when the reset is a Unix time in
- * whole seconds (X-RateLimit-Reset: 1767225660; it may be up to 1 s after
- * the partner's true reset, and every answer of the window says the same)
- * and the answer came more than a second before m; from s to m nothing
- * more (the rate falls to min_rate, the floor); after m, q / w when both
+ * evenly by s, which is m - 1 s when the reset is in whole seconds (every
+ * style but an X-RateLimit-Reset Unix time with a fraction: it may be up
+ * to 1 s after the partner's true reset) and the answer came more than a
+ * second before m, else m; from s to m nothing more (the rate is 0 there,
+ * as after r = 0: min_rate would start one past what remains); after m,
+ * q / w when both
  * are known, else the configured rate. The
  * effective rate is min(rate, max(min_rate, the smallest allowance)); the
  * capacity min(burst, the smallest r before its moment, q after it when
@@ -91,13 +92,13 @@ struct quota_item {
     uint64_t q, r;            /* limit (when has_q), remaining */
     uint64_t moment;          /* its reset, ns */
     uint64_t spend_by;        /* what remains is spent by then, ns: moment,
-                                 or 1 s before it (whole_unix) */
+                                 or 1 s before it (whole_s) */
     double allow;             /* permits per second it allows before
                                  spend_by (none from there to moment) */
     uint32_t w;               /* window, seconds (when has_w) */
     uint8_t style;            /* enum quota_style */
     bool has_q, has_w;
-    bool whole_unix;          /* its reset a Unix time in whole seconds */
+    bool whole_s;             /* its reset in whole seconds */
     char name[QUOTA_NAME_MAX]; /* the draft's name (cut); "" in other styles */
 };
 
@@ -150,6 +151,11 @@ bool quota_limits(const struct quota *q, uint64_t t);
 /* The first moment after t at which the rate or the capacity changes (an
  * item's reset); UINT64_MAX when none is coming. */
 uint64_t quota_next_change(const struct quota *q, uint64_t t);
+
+/* t, or when t lies where an item's remaining permits are spent already
+ * (after its spend_by, before its reset: the rate is 0 there), the first
+ * moment after t that no item holds so: when permits may start again. */
+uint64_t quota_resume_at(const struct quota *q, uint64_t t);
 
 /* The Unix ms of the newest news in q at now: its latest response with
  * items, or a reset moment passed since (which changes the numbers as an

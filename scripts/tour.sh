@@ -323,13 +323,14 @@ step 9 "The partner advertises its quota: the demo policy follows it (quota: {fo
 run "curl -s http://127.0.0.1:9901/policies"
 note "expect: {\"policies\":{\"demo\":{\"rate\":2,\"effective_rate\":2,...,\"source\":\"config\",...}}}"
 expect_field source config
-run "curl -s -o /dev/null -X POST http://127.0.0.1:8080/demo/sync -H 'X-Stub-Set-Header: RateLimit-Policy: \"demo\";q=120;w=60' -H 'X-Stub-Set-Header: RateLimit: \"demo\";r=30;t=60'"
+run "curl -s -o /dev/null -X POST http://127.0.0.1:8080/demo/sync -H 'X-Stub-Set-Header: RateLimit-Policy: \"demo\";q=120;w=60' -H 'X-Stub-Set-Header: RateLimit: \"demo\";r=30;t=61'"
 note "expect: nothing printed; the demo upstream's answer said: 30 requests left in the next"
-note "        60 s, then 120 a minute (the stub sets those headers when asked to)"
+note "        61 s, then 120 a minute (the stub sets those headers when asked to)"
 expect_upstream_calls 1
 run "curl -s http://127.0.0.1:9901/policies"
 note "expect: {...\"effective_rate\":0.5,...,\"source\":\"partner\",...,\"advertised\":{...\"remaining\":30,...}}:"
-note "        30 spread over 60 s; at the reset the rate comes back to 2/s (120 a minute)"
+note "        30 spread over the 60 s before the reset's last second (resets come in whole"
+note "        seconds); at the reset the rate comes back to 2/s (120 a minute)"
 expect_field source partner
 if checking; then
     is "effective_rate" "$(body | sed -n 's/.*"effective_rate":\([0-9.]*\).*/\1/p')" 0.5

@@ -90,11 +90,14 @@ static void build_bucket(struct redis_store *st, enum store_op op,
         num(cmd, 6, a->next_tau_ns / 1000);
         num(cmd, 7, a->reset_ms);
         num(cmd, 8, a->top_up);
-        if (a->flight) {
-            redis_arg_str(cmd, a->flight);
-            num(cmd, 9, a->hold_ms);
-            num(cmd, 10, a->top_up_f);
-        }
+        /* Without a set of requests in flight its three arguments are
+         * empty: the quiet times come after them. */
+        redis_arg_str(cmd, a->flight ? a->flight : "");
+        num(cmd, 9, a->flight ? a->hold_ms : 0);
+        num(cmd, 10, a->flight ? a->top_up_f : 0);
+        /* Rounded up: a quiet time never ends a hair early. */
+        num(cmd, 11, (a->next_quiet_ns + 999) / 1000);
+        num(cmd, 12, (a->quiet_ns + 999) / 1000);
     }
 }
 

@@ -148,8 +148,9 @@
  * policy that follows its partner's quota the newest advertised numbers
  * qt, qtau and when they were advertised qa, and when those numbers change
  * next (their reset qr, in Redis's clock) to which (qn, qntau, from the
- * news of Unix ms qra), as one string "tat:pu[:qt:qtau:qa[:qr:qn:qntau:qra]]"
- * (decimals), read with one GET and written with one
+ * news of Unix ms qra) after how long a quiet time qg (none: 0), as one
+ * string "tat:pu[:qt:qtau:qa[:qr:qn:qntau:qra[:qg]]]" (decimals), read
+ * with one GET and written with one
  * SET that sets its expiry too. An absent key is a full bucket. A hash
  * there is the form of an earlier release: read the same (its fields have
  * these names), and replaced by the string at the next write, so a fleet
@@ -171,7 +172,7 @@
     "             qt = tonumber(f[3]), qtau = tonumber(f[4]),\n"             \
     "             qa = tonumber(f[5]), qr = tonumber(f[6]),\n"               \
     "             qn = tonumber(f[7]), qntau = tonumber(f[8]),\n"            \
-    "             qra = tonumber(f[9])}\n"                                   \
+    "             qra = tonumber(f[9]), qg = tonumber(f[10]) or 0}\n"       \
     "  if not (b.qa and b.qn and b.qntau and b.qra) then b.qr = nil end\n"   \
     "  return b\n"                                                           \
     "end\n"                                                                  \
@@ -184,8 +185,8 @@
     "  if b.qa then\n"                                                       \
     "    v = v .. string.format(':%.0f:%.0f:%.0f', b.qt, b.qtau, b.qa)\n"    \
     "    if b.qr then\n"                                                     \
-    "      v = v .. string.format(':%.0f:%.0f:%.0f:%.0f', b.qr, b.qn,\n"       \
-    "                             b.qntau, b.qra)\n"                          \
+    "      v = v .. string.format(':%.0f:%.0f:%.0f:%.0f:%.0f', b.qr, b.qn,\n"  \
+    "                             b.qntau, b.qra, b.qg)\n"                    \
     "    end\n"                                                              \
     "    keep = math.max(keep, 600000)\n"                                    \
     "  end\n"                                                                \
@@ -230,7 +231,11 @@ static const char ACQUIRE[] =
  * out (it is at most what remains) turned a burst at the window's start
  * into a hole at its end, where the permits left were lost; and starts
  * reserved at a low rate held the next window back as long as that rate
- * gave them. A pause is not re-timed: it is the partner's word. ARGV[9]
+ * gave them. A pause keeps its end, the partner's word: the tokens are
+ * counted from it, so the first start after it is still its end, and
+ * only the starts reserved past it are re-timed (counted from now, a
+ * pause's wait read as starts reserved at the old rate stretched by a
+ * lower one: a quiet time of 1 s at 10/s became 3.4 s at 2.3/s). ARGV[9]
  * '1': the caller's answer (newer than the bucket's news) left one permit,
  * which goes at once: the bucket holds one token (policies/quota.h's
  * top-up; its f counts the fleet's requests in flight, so the partner
@@ -239,25 +244,43 @@ static const char ACQUIRE[] =
  * (another sidecar's) took the one left. KEYS[2], ARGV[10], ARGV[11]: the set of the bucket's
  * requests in flight, the caller's name there and how long after its start
  * it may stay (its sidecar gone): a granted permit puts it there
- * (FLIGHT_END takes it out). Answers {granted, wait µs, paused}. */
+ * (FLIGHT_END takes it out); without KEYS[2] the three are empty. ARGV[13]
+ * the quiet time the next change starts (µs; 0: none), ARGV[14] the
+ * caller's own, from now: the window's remaining permits are spent (by a
+ * second before a reset in whole seconds, policies/quota.h) and nothing
+ * starts until its reset, when the numbers after it begin with one token,
+ * never a burst: tat at least the quiet time's end + tau. A quiet time is
+ * a pause, as an advertised r = 0 is (a refusal in it answers paused): a
+ * sidecar of an earlier release reads it as one, and no rate of its GCRA
+ * numbers says "none until then" (a rate of 0 has no T; min_rate would
+ * start one more there, past what remains). An answer that comes within
+ * it, newer, does not end it. Answers {granted, wait µs, paused}. */
 static const char PERMIT[] =
     BUCKET
     "local now = redis_now()\n"
     "local b = bucket_get(KEYS[1])\n"
     "local T, tau, advertised = tonumber(ARGV[1]), tonumber(ARGV[2]), false\n"
     "local function retime(to, totau)\n"
-    "  if not (b.qt and b.qt > 0 and b.qtau and to > 0) or b.pu > now or\n"
+    "  if not (b.qt and b.qt > 0 and b.qtau and to > 0) or\n"
     "     (b.qt == to and b.qtau == totau) then return end\n"
-    "  local n = math.min(b.qtau, b.qtau - (b.tat - now)) / b.qt\n"
+    "  local from = math.max(now, b.pu)\n"
+    "  local n = math.min(b.qtau, b.qtau - (b.tat - from)) / b.qt\n"
     "  n = math.min(n, totau / to)\n"
-    "  b.tat = math.ceil(now + totau - n * to)\n"
+    "  b.tat = math.ceil(from + totau - n * to)\n"
+    "end\n"
+    "local function quiet_until(t)\n"
+    "  if t > now then b.pu = math.max(b.pu, t) end\n"
+    "  b.tat = math.max(b.tat, t + b.qtau)\n"
     "end\n"
     "local up = ARGV[9] == '1' and tonumber(ARGV[4]) > (b.qa or 0) and KEYS[2] and\n"
     "           redis.call('ZCARD', KEYS[2]) <= tonumber(ARGV[12] or '-1')\n"
+    "local quiet = 0\n"
     "if ARGV[4] then\n"
     "  if b.qr and now >= b.qr then\n"
+    "    local from = b.qr + b.qg\n"
     "    retime(b.qn, b.qntau)\n"
     "    b.qt, b.qtau, b.qa, b.qr, advertised = b.qn, b.qntau, b.qra, nil, true\n"
+    "    if b.qg > 0 then quiet_until(from) end\n"
     "  end\n"
     "  if tonumber(ARGV[4]) >= (b.qa or 0) then\n"
     "    local ri = tonumber(ARGV[5] or '0') or 0\n"
@@ -266,12 +289,15 @@ static const char PERMIT[] =
     "    if ri > 0 then\n"
     "      b.qr, b.qn = now + ri, tonumber(ARGV[6])\n"
     "      b.qntau, b.qra = tonumber(ARGV[7]), tonumber(ARGV[8])\n"
+    "      b.qg = tonumber(ARGV[13] or '0') or 0\n"
     "    end\n"
+    "    quiet = tonumber(ARGV[14] or '0') or 0\n"
     "  elseif b.qt then\n"
     "    T, tau = b.qt, b.qtau\n"
     "  end\n"
     "end\n"
     "if up and b.pu <= now and b.tat - tau > now then b.tat = now + tau end\n"
+    "if quiet > 0 then quiet_until(now + quiet) end\n"
     "local ok, wait, paused = reserve(b, T, tau, tonumber(ARGV[3]), now)\n"
     "if ok or advertised then bucket_put(KEYS[1], b, now) end\n"
     "if ok and KEYS[2] then\n"
@@ -388,12 +414,16 @@ static const char PAUSE_SET[] =
 /* KEYS[1] the bucket; ARGV: T, tau, pause (µs). pause 0 empties it (the
  * next start no earlier than now + T: gcra_empty); more pauses it until
  * now + pause, then one start per T (gcra_pause_until). Never moves tat or
- * the pause's end back; a followed quota's numbers are kept. */
+ * the pause's end back; a followed quota's numbers are kept, and are the
+ * T and tau used: its permits are reserved with them (PERMIT), so tat set
+ * by the caller's configured tolerance, smaller, let starts before the
+ * pause's end (tat - the followed tau). */
 static const char BUCKET_PAUSE[] =
     BUCKET
     "local now = redis_now()\n"
     "local b = bucket_get(KEYS[1])\n"
     "local T, tau, pause = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])\n"
+    "if b.qa and b.qt and b.qt > 0 and b.qtau then T, tau = b.qt, b.qtau end\n"
     "local from = now + T\n"
     "if pause > 0 then\n"
     "  from = now + pause\n"

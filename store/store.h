@@ -436,11 +436,17 @@ int store_permit_async(struct store_loop *sl, struct store_call *c,
 /* A followed quota's numbers as one sidecar knows them (contract §12). */
 struct store_follow {
     uint64_t t_ns, tau_ns;  /* the interval and tolerance it follows now */
+    uint64_t quiet_ns;      /* nothing starts before now + quiet_ns, nor
+                               more than one token then: what remains of
+                               the window is spent, until its reset (0:
+                               none); t_ns, tau_ns are the numbers after */
     uint64_t seen_ms;       /* when they were advertised (Unix ms; 0: no
                                news yet) */
     uint64_t reset_in_ns;   /* when they change next (a reset), from now;
                                0: no change known */
     uint64_t next_t_ns, next_tau_ns; /* the numbers after that reset */
+    uint64_t next_quiet_ns; /* that change starts a quiet time this long
+                               (what remains spent by then: quiet_ns) */
     uint64_t reset_ms;      /* the reset's Unix ms: the news it is then */
     bool top_up;            /* the answer of seen_ms left one permit: the
                                bucket may give it at once (policies/quota.h),

@@ -54,6 +54,7 @@ struct store_args {
                                advertised (Unix ms); 0: not following */
     uint64_t reset_in_ns, next_t_ns, next_tau_ns, reset_ms; /* and their
                                next change (struct store_follow) */
+    uint64_t quiet_ns, next_quiet_ns; /* (the same) */
     bool top_up;            /* ... and the one permit left of its answer */
     uint32_t top_up_f;
     const char *flight;     /* permit, following a quota: the request's name

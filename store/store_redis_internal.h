@@ -98,7 +98,7 @@ struct rcmd {
     uint8_t now[8], expires[8], lease[8], kept_attempt[4];
     char at[24], now_dec[24], until_dec[24];
     char live[REDIS_KEY_MAX];    /* acquire: the prefix of liveness keys */
-    char num[11][24];             /* decimal arguments of bucket scripts */
+    char num[13][24];             /* decimal arguments of bucket scripts */
     uint8_t blob_inline[RCMD_BLOB_INLINE]; /* an encoded record */
     uint8_t *blob;               /* one too large for it (owned), or NULL */
 };

@@ -242,6 +242,19 @@ const struct ex_stage stage_permit_fleet = {
  * (its permits pause until it), so each sidecar keeps about one request
  * reserved in Redis and the order stays in its lanes: a request joining an
  * urgent lane waits for the head before it, not for a queue in Redis. */
+/* Where what remains of a window is spent before its reset (quota.h),
+ * nothing starts until the reset: a quiet time in the fleet's bucket, not
+ * a rate of 0 (no GCRA numbers say that) nor min_rate (one more start
+ * there, past what remains). The numbers sent are those after it. */
+static void follow_numbers(const struct quota *q, uint64_t t, uint64_t *t_ns,
+                           uint64_t *tau_ns, uint64_t *quiet_ns)
+{
+    uint64_t from = quota_resume_at(q, t);
+
+    gcra_numbers(quota_rate(q, from), quota_capacity(q, from), t_ns, tau_ns);
+    *quiet_ns = from - t;
+}
+
 /* A followed quota (contract §12): this sidecar's numbers, as its permits
  * follow what it read, and when that was advertised, or when a reset it
  * knows of passed since (then its numbers are the window's after it, newer
@@ -257,12 +270,13 @@ static int start_permit_follow(struct exchange *ex)
     permits_view(ex->bucket->pm, now, &v);
     /* As a local bucket's numbers: never a hair faster than followed. */
     gcra_numbers(v.rate, v.capacity, &f.t_ns, &f.tau_ns);
+    if (quota_resume_at(&v.quota, now) > now)
+        follow_numbers(&v.quota, now, &f.t_ns, &f.tau_ns, &f.quiet_ns);
     f.seen_ms = quota_news_wall_ms(&v.quota, now);
-    m = quota_next_change(&v.quota, now);
+    m = quota_next_change(&v.quota, now + f.quiet_ns);
     if (f.seen_ms && m != UINT64_MAX) {
         f.reset_in_ns = m - now;
-        gcra_numbers(quota_rate(&v.quota, m), quota_capacity(&v.quota, m),
-                     &f.next_t_ns, &f.next_tau_ns);
+        follow_numbers(&v.quota, m, &f.next_t_ns, &f.next_tau_ns, &f.next_quiet_ns);
         f.reset_ms = quota_wall_ms_at(&v.quota, m);
     }
     f.top_up = v.top_up_ms && v.top_up_ms == f.seen_ms;

@@ -35,6 +35,7 @@ AFTER = int(os.environ.get("WINDOWS_AFTER", "4"))     # windows after it
 STYLES = os.environ.get("STYLES", "draft old x").split()
 ARMS = os.environ.get("ARMS", "follow guess exact").split()
 SIDECARS = int(os.environ.get("SIDECARS", "1"))
+DELAY_MS = int(os.environ.get("DELAY_MS", "0"))       # the partner's answer time
 
 
 def free_port():
@@ -121,7 +122,8 @@ def arm(build, tmp, style, policy):
         sp = free_port()
         stub = subprocess.Popen([f"{build}/sluice-stub", "--listen", f"127.0.0.1:{sp}",
                                  "--quota", str(Q), "--quota-window", str(W),
-                                 "--quota-style", style], stdout=subprocess.DEVNULL)
+                                 "--quota-style", style, "--delay-ms", str(DELAY_MS)],
+                                stdout=subprocess.DEVNULL)
         t_epoch = time.monotonic()   # the stub's windows start about now
         pids.append(stub.pid)
         if SIDECARS > 1:

@@ -5,6 +5,7 @@
 # partner halves its quota mid-run. About 3 x 3 x 18 s. Bounded: fixed windows, every process stopped
 # by its pid.
 # Environment: QUOTA (20), WINDOW (2 s), CLIENTS (64), WINDOWS_BEFORE (5), WINDOWS_AFTER (4),
+#   DELAY_MS (0: the partner's answer time),
 #   SIDECARS (1; N > 1: fleet mode, N sluices with shared: redis on one redis-server),
 #   ARMS ("follow guess exact"),
 #   STYLES ("draft old x"), BUILD_DIR (build-bench-lanes/), NO_BUILD=1.

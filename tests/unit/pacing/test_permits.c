@@ -347,7 +347,7 @@ Test(permits, an_advertised_quota_sets_the_rate_net_of_those_in_flight)
 {
     static struct sc_lane one[] = {{.name = "", .share = 100, .max_wait_ms = 60000}};
     struct sim *s = sim_new(one, 1, 100, 10);
-    struct quota_headers h = {.x_limit = "100", .x_remaining = "7", .x_reset = "10"};
+    struct quota_headers h = {.x_limit = "100", .x_remaining = "7", .x_reset = "11"};
     struct quota_result res = {0};
     struct permits_view v;
     enum permit_ask r;
@@ -356,14 +356,15 @@ Test(permits, an_advertised_quota_sets_the_rate_net_of_those_in_flight)
     for (int i = 0; i < 3; i++)
         ask(s, 0, NOW0, SEC, &r);
     cr_expect_eq(s->pm.flight, 3);
-    /* One answered: 2 still in flight, 7 remain: (7 - 2) / 10 s. */
+    /* One answered: 2 still in flight, 7 remain: (7 - 2) / 10 s (by 1 s
+     * before the reset: whole seconds). */
     permits_answered(&s->pm, &h, NOW0, 1767225600000ull, -1, &res);
     cr_expect_eq(res.items, 1);
     permits_view(&s->pm, NOW0, &v);
     cr_expect_float_eq(v.rate, 0.5, 1e-9, "rate %g", v.rate);
     cr_expect(v.limited);
     cr_expect_eq(v.capacity, 7, "the bucket holds no more than remains");
-    permits_view(&s->pm, NOW0 + 11 * SEC, &v);
+    permits_view(&s->pm, NOW0 + 12 * SEC, &v);
     cr_expect_float_eq(v.rate, 100, 1e-9, "after the reset: the configured rate");
     sim_free(s);
 }
@@ -416,7 +417,7 @@ Test(permits, a_held_permit_is_not_in_flight_for_the_quota)
 {
     static struct sc_lane one[] = {{.name = "", .share = 100, .max_wait_ms = 60000}};
     struct sim *s = sim_new(one, 1, 100, 10);
-    struct quota_headers h = {.x_limit = "100", .x_remaining = "9", .x_reset = "10"};
+    struct quota_headers h = {.x_limit = "100", .x_remaining = "9", .x_reset = "11"};
     struct quota_result res = {0};
     struct permits_view v;
     enum permit_ask r;

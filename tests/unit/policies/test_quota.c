@@ -85,22 +85,23 @@ Test(quota, a_ratelimit_item_without_its_policy_has_no_limit_or_window)
     cr_expect_str_eq(q.items[0].name, "tok", "a Token names it too");
     cr_expect_not(q.items[0].has_q);
     cr_expect_not(q.items[0].has_w);
-    cr_expect_float_eq(quota_rate(&q, NOW0), 2.0, 1e-9);
+    cr_expect_float_eq(quota_rate(&q, NOW0), 2.5, 1e-9,
+                       "spent by 1 s before its reset (whole seconds)");
     cr_expect_float_eq(quota_rate(&q, NOW0 + 5 * SEC), 100.0, 1e-9,
                        "after its reset, without q and w: the configured rate");
 }
 
 Test(quota, the_older_draft_is_one_item_with_an_optional_window)
 {
-    struct quota_result res = feed(NOW0, OLD("100;w=60", "30", "10"), 0);
+    struct quota_result res = feed(NOW0, OLD("100;w=60", "30", "11"), 0);
 
     cr_assert_eq(res.items, 1);
     cr_expect_eq(q.items[0].style, QUOTA_OLD_DRAFT);
     cr_expect_str_eq(q.items[0].name, "");
     cr_expect_eq(q.items[0].q, 100);
     cr_expect_eq(q.items[0].w, 60);
-    cr_expect_float_eq(quota_rate(&q, NOW0), 3.0, 1e-9);
-    cr_expect_float_eq(quota_rate(&q, NOW0 + 10 * SEC), 100.0 / 60, 1e-9, "q / w");
+    cr_expect_float_eq(quota_rate(&q, NOW0), 3.0, 1e-9, "30 by 1 s before its reset");
+    cr_expect_float_eq(quota_rate(&q, NOW0 + 11 * SEC), 100.0 / 60, 1e-9, "q / w");
     feed(NOW0, OLD("100", "30", "10"), 0);
     cr_expect(q.items[0].has_q);
     cr_expect_not(q.items[0].has_w);
@@ -134,20 +135,20 @@ Test(quota, a_unix_time_in_the_past_is_now)
 Test(quota, every_style_present_counts_and_the_most_restrictive_governs)
 {
     struct quota_headers h = {
-        .policy = "\"a\";q=1000;w=3600", .ratelimit = "\"a\";r=500;t=100",
-        .limit = "60", .remaining = "30", .reset = "10",
-        .x_limit = "10", .x_remaining = "8", .x_reset = "2",
+        .policy = "\"a\";q=1000;w=3600", .ratelimit = "\"a\";r=500;t=101",
+        .limit = "60", .remaining = "30", .reset = "11",
+        .x_limit = "10", .x_remaining = "8", .x_reset = "3",
     };
     struct quota_result res = feed(NOW0, h, 0);
 
     cr_expect_eq(res.items, 3);
-    /* a: 5/s; older draft: 3/s; X: 4/s. */
+    /* Each spent by 1 s before its reset: a 5/s, older draft 3/s, X 4/s. */
     cr_expect_float_eq(quota_rate(&q, NOW0), 3.0, 1e-9);
-    /* After 2 s the X item has reset (to the configured rate: no window). */
-    cr_expect_float_eq(quota_rate(&q, NOW0 + 2 * SEC), 3.0, 1e-9);
-    cr_expect_float_eq(quota_rate(&q, NOW0 + 10 * SEC), 5.0, 1e-9);
-    /* After 100 s, a allows q / w = 0.28/s: below min_rate (1/s). */
-    cr_expect_float_eq(quota_rate(&q, NOW0 + 100 * SEC), 1.0, 1e-9);
+    /* After 3 s the X item has reset (to the configured rate: no window). */
+    cr_expect_float_eq(quota_rate(&q, NOW0 + 3 * SEC), 3.0, 1e-9);
+    cr_expect_float_eq(quota_rate(&q, NOW0 + 11 * SEC), 5.0, 1e-9);
+    /* After 101 s, a allows q / w = 0.28/s: below min_rate (1/s). */
+    cr_expect_float_eq(quota_rate(&q, NOW0 + 101 * SEC), 1.0, 1e-9);
 }
 
 static const char *const header_names[] = {
@@ -323,7 +324,8 @@ Test(quota, a_later_moment_within_a_second_is_the_same_window)
     /* 400 ms later, t = 10 again: its moment is 400 ms after the kept one. */
     feed(NOW0 + 400 * MS, DRAFT(NULL, "a;r=19;t=10"), 0);
     cr_expect_eq(q.items[0].moment, NOW0 + 10 * SEC, "the earlier one is kept");
-    cr_expect_float_eq(quota_rate(&q, NOW0 + 400 * MS), 19 / 9.6, 1e-9);
+    cr_expect_float_eq(quota_rate(&q, NOW0 + 400 * MS), 19 / 8.6, 1e-9,
+                       "by 1 s before the kept moment");
     /* An earlier moment is the earlier one: taken. */
     feed(NOW0 + 1 * SEC, DRAFT(NULL, "a;r=18;t=8"), 0);
     cr_expect_eq(q.items[0].moment, NOW0 + 9 * SEC);
@@ -356,20 +358,42 @@ Test(quota, the_same_item_is_the_same_name_or_style)
 
 Test(quota, requests_in_flight_are_spent_already)
 {
-    feed(NOW0, DRAFT(NULL, "a;r=50;t=10"), 20);
-    cr_expect_float_eq(quota_rate(&q, NOW0), 3.0, 1e-9, "(50 - 20) / 10 s");
-    feed(NOW0, DRAFT(NULL, "a;r=50;t=10"), 60);
+    feed(NOW0, DRAFT(NULL, "a;r=50;t=11"), 20);
+    cr_expect_float_eq(quota_rate(&q, NOW0), 3.0, 1e-9, "(50 - 20) / (11 - 1) s");
+    feed(NOW0, DRAFT(NULL, "a;r=50;t=11"), 60);
     cr_expect_float_eq(quota_rate(&q, NOW0), 1.0, 1e-9, "nothing left: min_rate");
 }
 
 Test(quota, the_rate_is_fixed_until_a_moment_not_recomputed_as_time_passes)
 {
-    feed(NOW0, DRAFT(NULL, "a;r=50;t=10"), 0);
-    /* (50 - f) / (m - now) was computed at the response: 5/s spends it by m;
-     * recomputing with the same r later would overspend. */
+    feed(NOW0, DRAFT(NULL, "a;r=50;t=11"), 0);
+    /* (50 - f) / (m - 1 s - now) was computed at the response: 5/s spends
+     * it by 1 s before m; recomputing with the same r later would
+     * overspend. */
     cr_expect_float_eq(quota_rate(&q, NOW0 + 9 * SEC), 5.0, 1e-9);
-    cr_expect_eq(quota_next_change(&q, NOW0), NOW0 + 10 * SEC);
-    cr_expect_eq(quota_next_change(&q, NOW0 + 10 * SEC), UINT64_MAX);
+    cr_expect_eq(quota_next_change(&q, NOW0), NOW0 + 10 * SEC, "spent");
+    cr_expect_float_eq(quota_rate(&q, NOW0 + 10500 * MS), 0.0, 1e-9,
+                       "nothing more until its reset, not even min_rate");
+    cr_expect_eq(quota_next_change(&q, NOW0 + 10 * SEC), NOW0 + 11 * SEC, "its reset");
+    cr_expect_eq(quota_next_change(&q, NOW0 + 11 * SEC), UINT64_MAX);
+}
+
+/* Where permits may start again (a fleet's bucket holds a quiet time
+ * until then, stage_permit): the reset after a window's spent end; with
+ * two windows spent one after the other, the later reset. An answer
+ * within the last second spends until its reset: no quiet. */
+Test(quota, permits_resume_at_the_reset_after_a_spent_end)
+{
+    feed(NOW0, DRAFT(NULL, "a;r=50;t=11"), 0);
+    cr_expect_eq(quota_resume_at(&q, NOW0 + 9 * SEC), NOW0 + 9 * SEC, "still spending");
+    cr_expect_eq(quota_resume_at(&q, NOW0 + 10 * SEC), NOW0 + 11 * SEC, "spent: its reset");
+    cr_expect_eq(quota_resume_at(&q, NOW0 + 11 * SEC), NOW0 + 11 * SEC, "reset");
+    feed(NOW0, DRAFT(NULL, "a;r=5;t=3, b;r=5;t=4"), 0);
+    /* a spent by 2 s, its reset at 3 s; b spent by 3 s, its reset at 4 s. */
+    cr_expect_eq(quota_resume_at(&q, NOW0 + 2 * SEC), NOW0 + 4 * SEC, "both, one after the other");
+    feed(NOW0, DRAFT(NULL, "a;r=5;t=1"), 0);
+    cr_expect_eq(quota_resume_at(&q, NOW0 + 500 * MS), NOW0 + 500 * MS,
+                 "an answer in the last second spends until its reset");
 }
 
 Test(quota, never_above_rate_nor_below_min_rate)
@@ -389,7 +413,7 @@ Test(quota, never_above_rate_nor_below_min_rate)
 Test(quota, a_response_with_items_replaces_the_state)
 {
     feed(NOW0, DRAFT(NULL, "a;r=10;t=10, b;r=5;t=10"), 0);
-    feed(NOW0 + SEC, XRL(NULL, "80", "10"), 0);
+    feed(NOW0 + SEC, XRL(NULL, "80", "11"), 0);
     cr_assert_eq(q.n, 1, "a and b are gone");
     cr_expect_eq(q.items[0].style, QUOTA_X);
     cr_expect_float_eq(quota_rate(&q, NOW0 + SEC), 8.0, 1e-9);
@@ -437,13 +461,14 @@ Test(quota, r_0_pauses_until_the_latest_exhausted_moment)
 
 Test(quota, accrual_counts_the_rise_at_a_coming_reset)
 {
-    feed(NOW0, DRAFT("a;q=600;w=60", "a;r=20;t=10"), 0);
-    /* 2/s for 10 s, then 10/s. */
+    feed(NOW0, DRAFT("a;q=600;w=60", "a;r=20;t=11"), 0);
+    /* 2/s for 10 s, nothing in the last second, then 10/s. */
     cr_expect_eq(quota_accrue_ns(&q, NOW0, false, 10 * TB_ONE), 5 * SEC);
     cr_expect_eq(quota_accrue_ns(&q, NOW0, false, 20 * TB_ONE), 10 * SEC);
-    /* The 21st is the reset's top-up, at 10 s: then 9 at 10/s. */
-    cr_expect_eq(quota_accrue_ns(&q, NOW0, false, 30 * TB_ONE), 10 * SEC + 900 * MS);
-    cr_expect_eq(quota_accrue_ns(&q, NOW0 + 8 * SEC, false, 14 * TB_ONE), 2900 * MS);
+    /* The 21st is the reset's top-up, at 11 s: then 9 at 10/s. */
+    cr_expect_eq(quota_accrue_ns(&q, NOW0, false, 21 * TB_ONE), 11 * SEC);
+    cr_expect_eq(quota_accrue_ns(&q, NOW0, false, 30 * TB_ONE), 11 * SEC + 900 * MS);
+    cr_expect_eq(quota_accrue_ns(&q, NOW0 + 8 * SEC, false, 14 * TB_ONE), 3900 * MS);
     cr_expect_eq(quota_accrue_ns(&q, NOW0, false, 0), 0);
 }
 
@@ -451,14 +476,15 @@ Test(quota, a_bucket_predicts_with_the_quota)
 {
     struct tbucket b;
 
-    feed(NOW0, DRAFT("a;q=600;w=60", "a;r=20;t=10"), 0);
+    feed(NOW0, DRAFT("a;q=600;w=60", "a;r=20;t=11"), 0);
     tbucket_init(&b, 100, 50, NOW0);
     quota_bucket_sync(&q, &b, NOW0);
     cr_expect_float_eq(tbucket_tokens(&b, NOW0), 20.0, 1e-9, "capacity: r");
-    /* 20 held, then 2/s until the reset, its top-up, then 10/s. */
+    /* 20 held, then 2/s until 1 s before the reset, nothing until it,
+     * its top-up, then 10/s. */
     cr_expect_eq(tbucket_wait_ns(&b, NOW0, 40, quota_accrue_ns, &q), 10 * SEC);
-    cr_expect_eq(tbucket_wait_ns(&b, NOW0, 41, quota_accrue_ns, &q), 10 * SEC);
-    cr_expect_eq(tbucket_wait_ns(&b, NOW0, 50, quota_accrue_ns, &q), 10 * SEC + 900 * MS);
+    cr_expect_eq(tbucket_wait_ns(&b, NOW0, 41, quota_accrue_ns, &q), 11 * SEC);
+    cr_expect_eq(tbucket_wait_ns(&b, NOW0, 50, quota_accrue_ns, &q), 11 * SEC + 900 * MS);
     cr_expect_eq(tbucket_wait_ns(&b, NOW0, 40, NULL, NULL), 10 * SEC,
                  "the bucket's own rate (2/s) sees no rise");
     cr_expect_eq(tbucket_wait_ns(&b, NOW0, 50, NULL, NULL), 15 * SEC);

@@ -1408,6 +1408,94 @@ Test(store, past_their_reset_the_bucket_paces_to_the_numbers_after_it)
     aloop_free(&a);
 }
 
+/* A permit's start between lo_ms (excluded) and hi_ms from its ask. */
+static void expect_start_in(const struct store_call *c, unsigned lo_ms, unsigned hi_ms,
+                            const char *what)
+{
+    cr_expect(c->permit.wait_ns > lo_ms * NS_PER_MS && c->permit.wait_ns <= hi_ms * NS_PER_MS,
+              "%s: %llu ns", what, (unsigned long long)c->permit.wait_ns);
+}
+
+/* The window's remaining permits spent by a second before its reset
+ * (policies/quota.h), the change there starts a quiet time: nothing until
+ * the reset, then its numbers from one token (never a burst). Here the
+ * change comes after 200 ms and the quiet lasts 300 ms: a sidecar asking
+ * within it with no news of its own waits for its end, the next one
+ * interval after. */
+Test(store, a_spent_window_is_a_quiet_time_until_its_reset)
+{
+    struct aloop a = aloop_new(st);
+    struct waiter w = {0};
+    struct store_follow f = {.t_ns = 100 * NS_PER_MS, .tau_ns = 900 * NS_PER_MS,
+                             .seen_ms = 1000, .reset_in_ns = 200 * NS_PER_MS,
+                             .next_t_ns = 100 * NS_PER_MS, .next_tau_ns = 900 * NS_PER_MS,
+                             .next_quiet_ns = 300 * NS_PER_MS, .reset_ms = 1200};
+    struct store_call c;
+
+    cr_expect_eq(follow_f(&a, &w, &f).permit.wait_ns, 0, "a full bucket before the change");
+    usleep(250 * 1000);
+    c = follow(&a, &w, 100 * NS_PER_MS, 1);
+    expect_start_in(&c, 200, 260, "quiet until 500 ms, 250 ms in");
+    c = follow(&a, &w, 100 * NS_PER_MS, 1);
+    expect_start_in(&c, 300, 360, "one token at its end, then one per 100 ms");
+    aloop_free(&a);
+}
+
+/* A sidecar whose own window is spent says so with its numbers (those
+ * after the reset) and the quiet time left: the bucket holds nothing
+ * until then. Newer numbers within it re-time only the starts reserved
+ * past its end: the one start reserved there (at 100 ms, tolerance
+ * 900 ms) becomes one at 400 ms, so the next start is 400 ms after the
+ * end. Counted from now instead, the quiet's wait read as six starts of
+ * 100 ms became six of 400 ms (2.4 s); left as it was, the old
+ * tolerance's excess put it at 1.1 s. */
+Test(store, a_quiet_time_keeps_its_end_through_newer_numbers)
+{
+    struct aloop a = aloop_new(st);
+    struct waiter w = {0};
+    struct store_follow spent = {.t_ns = 100 * NS_PER_MS, .tau_ns = 900 * NS_PER_MS,
+                                 .seen_ms = 1000, .quiet_ns = 500 * NS_PER_MS};
+    struct store_follow newer = {.t_ns = 400 * NS_PER_MS, .tau_ns = 400 * NS_PER_MS,
+                                 .seen_ms = 2000};
+    struct store_call c;
+
+    c = follow_f(&a, &w, &spent);
+    expect_start_in(&c, 450, 500, "nothing before the quiet's end");
+    c = follow_f(&a, &w, &newer);
+    expect_start_in(&c, 850, 900, "the start above took the quiet's end, the next is one "
+                                  "new interval (400 ms) after it");
+    aloop_free(&a);
+}
+
+/* A pause told with the policy's configured numbers (a 429's hint, an
+ * advertised r = 0, the breaker: 100/s, burst 10) on a bucket that follows
+ * a quota (one per 100 ms, capacity 10) holds the followed starts too:
+ * with tat set by the configured tolerance (90 ms), a start by the
+ * followed one (900 ms) fell 810 ms inside the pause. */
+Test(store, a_pause_holds_a_followed_bucket_by_its_own_numbers)
+{
+    struct aloop a = aloop_new(st);
+    struct waiter w = {0};
+    struct store_follow f = {.t_ns = 100 * NS_PER_MS, .tau_ns = 900 * NS_PER_MS,
+                             .seen_ms = 1000};
+    struct store_call c;
+    int n;
+
+    follow_f(&a, &w, &f);
+    call_init(&c, &w);
+    n = w.done + 1;
+    cr_assert_eq(store_bucket_pause_async(a.sl, &c, SCOPE, NULL, 10 * NS_PER_MS,
+                                          90 * NS_PER_MS, 500 * NS_PER_MS),
+                 -EINPROGRESS, "%s", c.err.text);
+    cr_assert(run_until(a.base, &w, n, WAIT_MS));
+    cr_assert_eq(c.rc, 0, "%s", c.err.text);
+    c = follow_f(&a, &w, &f);
+    expect_start_in(&c, 450, 500, "the first start at the pause's end");
+    c = follow_f(&a, &w, &f);
+    expect_start_in(&c, 550, 600, "then one per 100 ms");
+    aloop_free(&a);
+}
+
 /* A followed quota's request out of the fleet's set of requests in
  * flight: how many the set still holds. */
 static uint32_t flight_end(struct aloop *a, struct waiter *w, const char *name)
