@@ -25,12 +25,12 @@
  * style but an X-RateLimit-Reset Unix time with a fraction: it may be up
  * to 1 s after the partner's true reset) and the answer came more than a
  * second before m, else m; from s to m nothing more (the rate is 0 there,
- * as after r = 0: min_rate would start one past what remains); after m,
- * q / w when both
- * are known, else the configured rate. The
- * effective rate is min(rate, max(min_rate, the smallest allowance)); the
- * capacity min(burst, the smallest r before its moment, q after it when
- * known), at least 1.
+ * as after r = 0: min_rate would start one past what remains; a fleet's
+ * bucket holds it as a pause, quota_resume_at); after m, q / w when both
+ * are known, else the configured rate. The effective rate is min(rate,
+ * max(min_rate, the smallest allowance)) outside such a gap; the capacity
+ * min(burst, the smallest r before its moment, q after it when known), at
+ * least 1.
  *
  * Top-ups: the bucket is raised to one whole token (tbucket_top_up), when
  * it holds less and no pause runs past that moment, and when the partner
