@@ -93,9 +93,16 @@ static void check_at(const struct quota *q, uint64_t t)
     double r = quota_rate(q, t);
     uint32_t cap = quota_capacity(q, t);
     uint64_t next = quota_next_change(q, t);
+    uint64_t resume = quota_resume_at(q, t);
 
-    FUZZ_CHECK(r >= q->min_rate && r <= q->rate, "rate %g not in [%g, %g]", r,
-               q->min_rate, q->rate);
+    /* 0 exactly where a spent window waits for its reset, and permits go
+     * again where that wait ends. */
+    FUZZ_CHECK(resume >= t, "resume %llu before %llu", (unsigned long long)resume,
+               (unsigned long long)t);
+    FUZZ_CHECK(resume > t ? r == 0 : r >= q->min_rate && r <= q->rate,
+               "rate %g not in [%g, %g] (resume in %llu ns)", r, q->min_rate, q->rate,
+               (unsigned long long)(resume - t));
+    FUZZ_CHECK(quota_resume_at(q, resume) == resume, "still waiting where they resume");
     FUZZ_CHECK(cap >= 1 && cap <= q->burst, "capacity %u, burst %u", cap,
                q->burst);
     FUZZ_CHECK(next > t, "next change %llu not after %llu",
