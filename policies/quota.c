@@ -530,6 +530,12 @@ void quota_update(struct quota *q, const struct quota_headers *h, uint64_t now,
 
 /* ---- queries --------------------------------------------------------- */
 
+/* Spent at t: past the item's spend_by, before its reset (rule in quota.h). */
+static bool spent_at(const struct quota_item *it, uint64_t t)
+{
+    return it->spend_by <= t && t < it->moment;
+}
+
 static double item_allows(const struct quota *q, const struct quota_item *it,
                           uint64_t t)
 {
@@ -552,7 +558,7 @@ double quota_rate(const struct quota *q, uint64_t t)
 
         /* Spent by spend_by: nothing until the reset, as after r = 0 (not
          * min_rate, which would start one more there, past what remains). */
-        if (it->spend_by <= t && t < it->moment)
+        if (spent_at(it, t))
             return 0;
         if (a < least)
             least = a;
@@ -606,7 +612,7 @@ uint64_t quota_resume_at(const struct quota *q, uint64_t t)
         for (uint32_t i = 0; i < q->n; i++) {
             const struct quota_item *it = &q->items[i];
 
-            if (it->spend_by <= t && t < it->moment && it->moment > to)
+            if (spent_at(it, t) && it->moment > to)
                 to = it->moment;
         }
         if (to == t)

@@ -235,13 +235,6 @@ const struct ex_stage stage_permit_fleet = {
     .flags = STAGE_WATCH,
 };
 
-/* A fleet's lanes (contract §13): permit_lanes picked this request, by
- * the shares, among this sidecar's waiters, and holds the bucket; it now
- * asks the fleet's bucket for its start, within what is left of its lane's
- * max_wait. While that start is ahead, this sidecar's lanes grant nothing
- * (its permits pause until it), so each sidecar keeps about one request
- * reserved in Redis and the order stays in its lanes: a request joining an
- * urgent lane waits for the head before it, not for a queue in Redis. */
 /* Where what remains of a window is spent before its reset (quota.h),
  * nothing starts until the reset: a quiet time in the fleet's bucket, not
  * a rate of 0 (no GCRA numbers say that) nor min_rate (one more start
@@ -255,6 +248,13 @@ static void follow_numbers(const struct quota *q, uint64_t t, uint64_t *t_ns,
     *quiet_ns = from - t;
 }
 
+/* A fleet's lanes (contract §13): permit_lanes picked this request, by
+ * the shares, among this sidecar's waiters, and holds the bucket; it now
+ * asks the fleet's bucket for its start, within what is left of its lane's
+ * max_wait. While that start is ahead, this sidecar's lanes grant nothing
+ * (its permits pause until it), so each sidecar keeps about one request
+ * reserved in Redis and the order stays in its lanes: a request joining an
+ * urgent lane waits for the head before it, not for a queue in Redis. */
 /* A followed quota (contract §12): this sidecar's numbers, as its permits
  * follow what it read, and when that was advertised, or when a reset it
  * knows of passed since (then its numbers are the window's after it, newer
