@@ -121,12 +121,9 @@ int redis_arg_record(struct rcmd *cmd, const struct store_record *rec,
 
 /* The record a new key gets, naming this process its holder; a
  * takeover's script keeps the stored created_ms and counts on from the
- * stored attempt. Last in ARGV, this process's id and the prefix of
- * liveness keys: the script tells whether a held lease's holder is
- * gone. */
-static int build_acquire(struct redis_store *st, struct rcmd *cmd,
-                         enum redis_script script, const struct store_args *a,
-                         struct sc_error *err)
+ * stored attempt. */
+static struct store_record fresh_lease(const struct redis_store *st,
+                                       const struct store_args *a)
 {
     struct store_record fresh = {
         .state = STORE_IN_PROGRESS,
@@ -135,29 +132,54 @@ static int build_acquire(struct redis_store *st, struct rcmd *cmd,
         .lease_expires_ms = add_sat(a->now_ms, a->lease_ms),
         .lease = store_lease_draw(),
     };
-    int rc;
 
     memcpy(fresh.fingerprint, a->fp, STORE_FP_LEN);
     memcpy(fresh.holder, st->holder, sizeof fresh.holder);
     /* The attempt count outlives the lease by ttl. */
     fresh.expires_ms = add_sat(fresh.lease_expires_ms, a->ttl_ms);
-    redis_live_prefix(st, a->scope, cmd->live);
-    redis_evalsha(cmd, script);
+    return fresh;
+}
+
+/* now, fingerprint, the new key's record, its PXAT ms. */
+static int claim_args(struct redis_store *st, struct rcmd *cmd,
+                      const struct store_args *a, struct sc_error *err)
+{
+    struct store_record fresh = fresh_lease(st, a);
+    int rc;
+
     redis_arg(cmd, cmd->now, 8);
     redis_arg(cmd, a->fp, STORE_FP_LEN);
     if ((rc = redis_arg_record(cmd, &fresh, err)) != 0)
         return rc;
     fmt_at(cmd->at, fresh.expires_ms);
     redis_arg_str(cmd, cmd->at);
-    if (script == SCRIPT_PERMIT_LEASE)
-        redis_bucket_args(cmd, a->t_ns, a->tau_ns, a->max_wait_ns);
+    return 0;
+}
+
+/* The claim's arguments, then this process's id and the prefix of
+ * liveness keys: the script tells whether a held lease's holder is
+ * gone. */
+static int build_acquire(struct redis_store *st, struct rcmd *cmd,
+                         const struct store_args *a, struct sc_error *err)
+{
+    int rc;
+
+    redis_live_prefix(st, a->scope, cmd->live);
+    redis_evalsha(cmd, SCRIPT_ACQUIRE);
+    if ((rc = claim_args(st, cmd, a, err)) != 0)
+        return rc;
     redis_arg_str(cmd, st->holder);
     redis_arg_str(cmd, cmd->live);
     return 0;
 }
 
-/* acquire's arguments with a lease that covers the longest wait, then the
- * bucket's: its key is the script's second, in the record's hash tag. */
+/* The script of a keyed request's lookup, permit and lease serves several
+ * requests of one bucket at once (redis_scripts.c), so its keys are the
+ * bucket's first, in the record's hash tag, and the record's; its
+ * arguments the bucket's numbers, this process's id and the liveness
+ * keys' prefix, shared, and then the claim's (store_redis_async.c joins
+ * the commands of one loop by those parts). The lease covers the longest
+ * wait for the permit. */
 static int build_permit_lease(struct redis_store *st, struct rcmd *cmd,
                               const struct store_args *a, struct sc_error *err)
 {
@@ -165,7 +187,17 @@ static int build_permit_lease(struct redis_store *st, struct rcmd *cmd,
 
     covered.lease_ms = add_sat(a->lease_ms, (a->max_wait_ns + 999999) / 1000000);
     redis_bucket_key(st, a->scope, a->partition, cmd->key2);
-    return build_acquire(st, cmd, SCRIPT_PERMIT_LEASE, &covered, err);
+    redis_live_prefix(st, a->scope, cmd->live);
+    cmd->info.script = SCRIPT_PERMIT_LEASE;
+    redis_arg_str(cmd, "EVALSHA");
+    redis_arg_str(cmd, redis_script_sha(SCRIPT_PERMIT_LEASE));
+    redis_arg_str(cmd, "2");
+    redis_arg_str(cmd, cmd->key2);
+    redis_arg_str(cmd, cmd->key);
+    redis_bucket_args(cmd, a->t_ns, a->tau_ns, a->max_wait_ns);
+    redis_arg_str(cmd, st->holder);
+    redis_arg_str(cmd, cmd->live);
+    return claim_args(st, cmd, &covered, err);
 }
 
 /* attempt, created_ms and fingerprint as the lease was taken when the
@@ -309,7 +341,7 @@ int rcmd_build(struct redis_store *st, enum store_op op,
         build_watch(st, cmd);
         return 0;
     case STORE_OP_ACQUIRE:
-        return build_acquire(st, cmd, SCRIPT_ACQUIRE, a, err);
+        return build_acquire(st, cmd, a, err);
     case STORE_OP_PERMIT_LEASE:
         return build_permit_lease(st, cmd, a, err);
     case STORE_OP_COMPLETE:
@@ -555,6 +587,12 @@ static int script_result(const struct redis_store *st,
     const redisReply *v;
     char verdict;
 
+    /* The keyed request's script answers one reply per request it served
+     * (redis_scripts.c): a command sent alone gets an array of one, a
+     * joined one's share of the reply is given as it is. */
+    if (info->op == STORE_OP_PERMIT_LEASE && r->type == REDIS_REPLY_ARRAY &&
+        r->elements == 1 && r->element[0]->type == REDIS_REPLY_ARRAY)
+        r = r->element[0];
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
         r->element[0]->type != REDIS_REPLY_STRING || r->element[0]->len != 1)
         return redis_unexpected(st, info, err);

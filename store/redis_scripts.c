@@ -54,10 +54,12 @@
     "  end\n"                                                                \
     "  return 0\n"                                                           \
     "end\n"                                                                  \
-    /* One command: the value and its expiry (PXAT ms; '0': none). */       \
-    "local function save(v, at)\n"                                           \
-    "  if at ~= '0' then redis.call('SET', KEYS[1], v, 'PXAT', at)\n"        \
-    "  else redis.call('SET', KEYS[1], v) end\n"                             \
+    /* One command: the value and its expiry (PXAT ms; '0': none), at k \
+     * (KEYS[1] when not given). */                                         \
+    "local function save(v, at, k)\n"                                        \
+    "  k = k or KEYS[1]\n"                                                   \
+    "  if at ~= '0' then redis.call('SET', k, v, 'PXAT', at)\n"              \
+    "  else redis.call('SET', k, v) end\n"                                   \
     "end\n"                                                                  \
     "local function readable(r)\n"                                           \
     "  local v = r:byte(1)\n"                                                \
@@ -68,15 +70,22 @@
     "local function fence(r)\n"                                             \
     "  if r:byte(1) >= 3 then return r:sub(72, 79) end\n"                   \
     "  return ''\n"                                                          \
+    "end\n"                                                                  \
+    /* The live record at k at now (8 bytes): its value, or false when    \
+     * absent or expired; false and the value when this cannot read it. */ \
+    "local function live_at(k, now)\n"                                       \
+    "  local r = redis.call('GET', k)\n"                                     \
+    "  if r and not readable(r) then return false, r end\n"                  \
+    "  if r and le_cmp(r:sub(8, 15), now) <= 0 then return false end\n"      \
+    "  return r\n"                                                           \
     "end\n"
 
 /* ARGV[1] is now. cur: the live record; false when absent or expired at
  * now. */
 #define PRELUDE                                                              \
     RECORD_FNS                                                               \
-    "local cur = redis.call('GET', KEYS[1])\n"                               \
-    "if cur and not readable(cur) then return {'X', cur} end\n"              \
-    "if cur and le_cmp(cur:sub(8, 15), ARGV[1]) <= 0 then cur = false end\n"
+    "local cur, bad = live_at(KEYS[1], ARGV[1])\n"                           \
+    "if bad then return {'X', bad} end\n"
 
 /* Waiting duplicates (contract §6, fleet mode): a script that ends the
  * lease of r, the record as it was (a completion, a release, a
@@ -97,51 +106,52 @@
     "  else redis.call('PUBLISH', ch, k) end\n"                             \
     "end\n"
 
-/* Holders (contract §11). A v5 lease names the process responsible for it
- * (the one that took it, or the one verifying it); the last two ARGV are
- * this process's id and the prefix of the scope's liveness keys
+/* A claim on a key and the lease it takes, as functions (the keyed
+ * request's script runs them for each request it serves).
+ *
+ * Holders (contract §11). A v5 lease names the process responsible for it
+ * (the one that took it, or the one verifying it); me is this process's id
+ * and live the prefix of the scope's liveness keys
  * (<prefix>{<scope>}:live:<id>, refreshed by each live sidecar). A lease
  * that names none (taken by an earlier release) counts as held by a live
  * process: nothing is inferred from what is not known; nor is this
  * process ever gone to itself (its own key may lapse while Redis is
- * unreachable, but it knows its requests are still out). */
-#define HOLDERS                                                              \
-    "local na = #ARGV\n"                                                     \
-    "local function holder_gone()\n"                                        \
-    "  if cur:byte(1) ~= 5 then return 0 end\n"                              \
-    "  local h = (cur:sub(89, 120):gsub('%z+$', ''))\n"                      \
-    "  if h ~= '' and h ~= ARGV[na - 1] and\n"                              \
-    "     redis.call('EXISTS', ARGV[na] .. h) == 0 then return 1 end\n"      \
+ * unreachable, but it knows its requests are still out).
+ *
+ * claim_check: r the live record (false: none), fp the request's
+ * fingerprint, now (8 bytes): a different request, a result, or another's
+ * live lease answers the claim (its reply); a held lease's answer says
+ * whether its holder is gone (1) or not (0). nil: the key may be taken.
+ *
+ * take_lease: the lease to write over r, from `new`, the record a new key
+ * gets (attempt 1, created now, its lease and expiry set, this process its
+ * holder); a takeover keeps the record's created_ms and counts one more
+ * attempt. The holder is in the record, so it lasts exactly as long as
+ * the lease it names. */
+#define CLAIM_FNS                                                            \
+    "local function holder_gone(r, me, live)\n"                             \
+    "  if r:byte(1) ~= 5 then return 0 end\n"                                \
+    "  local h = (r:sub(89, 120):gsub('%z+$', ''))\n"                        \
+    "  if h ~= '' and h ~= me and\n"                                         \
+    "     redis.call('EXISTS', live .. h) == 0 then return 1 end\n"          \
     "  return 0\n"                                                           \
-    "end\n"
-
-/* A claim on the live record cur (ARGV[2] the request's fingerprint): a
- * different request, a result, or another's live lease answers it; a held
- * lease's answer says whether its holder is gone (1) or not (0). */
-#define CLAIM_CHECKS                                                         \
-    HOLDERS                                                                  \
-    "if cur then\n"                                                          \
-    "  if cur:sub(40, 71) ~= ARGV[2] then return {'M'} end\n"                \
-    "  if cur:byte(2) == 2 then return {'D', cur} end\n"                     \
-    "  if le_cmp(cur:sub(24, 31), ARGV[1]) > 0 then\n"                       \
-    "    return {'H', cur, holder_gone()}\n"                                 \
-    "  end\n"                                                                \
-    "end\n"
-
-/* Writes the lease as `new`: ARGV[3] the record a new key gets (attempt 1,
- * created now, its lease and expiry set, this process its holder),
- * ARGV[4] its PXAT ms ('0': none). A takeover keeps the record's
- * created_ms and counts one more attempt. The holder is in the record, so
- * it lasts exactly as long as the lease it names. */
-#define TAKE_LEASE                                                           \
-    "local new = ARGV[3]\n"                                                  \
-    "if cur then\n"                                                          \
-    "  local n = struct.unpack('<I4', cur, 4)\n"                             \
-    "  if n < 4294967295 then n = n + 1 end\n"                               \
-    "  new = new:sub(1, 3) .. struct.pack('<I4', n) .. new:sub(8, 15) ..\n"  \
-    "        cur:sub(16, 23) .. new:sub(24)\n"                               \
     "end\n"                                                                  \
-    "save(new, ARGV[4])\n"
+    "local function claim_check(r, fp, now, me, live)\n"                    \
+    "  if not r then return nil end\n"                                       \
+    "  if r:sub(40, 71) ~= fp then return {'M'} end\n"                       \
+    "  if r:byte(2) == 2 then return {'D', r} end\n"                         \
+    "  if le_cmp(r:sub(24, 31), now) > 0 then\n"                             \
+    "    return {'H', r, holder_gone(r, me, live)}\n"                        \
+    "  end\n"                                                                \
+    "  return nil\n"                                                         \
+    "end\n"                                                                  \
+    "local function take_lease(r, new)\n"                                   \
+    "  if not r then return new end\n"                                       \
+    "  local n = struct.unpack('<I4', r, 4)\n"                               \
+    "  if n < 4294967295 then n = n + 1 end\n"                               \
+    "  return new:sub(1, 3) .. struct.pack('<I4', n) .. new:sub(8, 15) ..\n" \
+    "         r:sub(16, 23) .. new:sub(24)\n"                                \
+    "end\n"
 
 /* The GCRA of a shared bucket (redis_bucket.c has its keys and its value):
  * the theoretical arrival time tat and the pause's end pu, and for a
@@ -210,8 +220,12 @@
  * id, the liveness keys' prefix. */
 static const char ACQUIRE[] =
     PRELUDE
-    CLAIM_CHECKS
-    TAKE_LEASE
+    CLAIM_FNS
+    "local na = #ARGV\n"
+    "local r = claim_check(cur, ARGV[2], ARGV[1], ARGV[na - 1], ARGV[na])\n"
+    "if r then return r end\n"
+    "local new = take_lease(cur, ARGV[3])\n"
+    "save(new, ARGV[4])\n"
     "return {'A', new}\n";
 
 /* KEYS[1] a shared bucket; ARGV: T, tau, max_wait (µs), and for a policy
@@ -308,28 +322,50 @@ static const char PERMIT[] =
     "if ok then return {1, wait, 0} end\n"
     "return {0, wait, paused}\n";
 
-/* A keyed request's lookup, permit and lease in one round trip (contract
- * §10): KEYS[1] the record, KEYS[2] its policy's bucket (one hash tag, one
- * Cluster slot); ARGV: now, fingerprint, the new key's record, PXAT ms,
- * T, tau, max_wait (µs), this process's id, the liveness keys' prefix. A
- * replay, a mismatch or a live lease answer before the bucket is asked (a
- * duplicate spends no permit); a refused permit writes nothing and answers
- * {'R', the record or '', wait, paused}; otherwise the permit is reserved
- * and the lease written: {'A', new, wait}. The caller's lease covers the
- * wait (ARGV[3] is made so). A fresh key costs five commands: GET, TIME,
- * GET and SET of the bucket, SET of the record. */
+/* Keyed requests' lookups, permits and leases, one round trip for each
+ * (contract §10), and one script call for as many requests of one bucket
+ * as a sidecar's loop has at once (store_redis_async.c joins them; the
+ * cost is mostly per call, not per request). KEYS[1] the policy's bucket,
+ * KEYS[1 + i] request i's record (one hash tag, one Cluster slot); ARGV:
+ * T, tau, max_wait (µs), this process's id, the liveness keys' prefix,
+ * then for each request: now, fingerprint, the new key's record, PXAT ms.
+ * Answers one reply per request, in order, each as if it had come alone
+ * right after those before it (their leases and permits): a replay, a
+ * mismatch or a live lease answers before the bucket is asked (a
+ * duplicate spends no permit); a refused permit writes nothing and
+ * answers {'R', the record or '', wait, paused}; otherwise the permit is
+ * reserved and the lease written: {'A', new, wait}. The caller's lease
+ * covers the wait (its record is made so). Redis's clock is read once,
+ * the bucket read and written once for all of them. A fresh key costs
+ * five commands alone (GET, TIME, GET and SET of the bucket, SET of the
+ * record), two more with each request joined. */
 static const char PERMIT_LEASE[] =
-    PRELUDE
+    RECORD_FNS
     BUCKET
-    CLAIM_CHECKS
-    "local now = redis_now()\n"
-    "local b = bucket_get(KEYS[2])\n"
-    "local ok, wait, paused = reserve(b, tonumber(ARGV[5]), tonumber(ARGV[6]),\n"
-    "                                 tonumber(ARGV[7]), now)\n"
-    "if not ok then return {'R', cur or '', wait, paused} end\n"
-    "bucket_put(KEYS[2], b, now)\n"
-    TAKE_LEASE
-    "return {'A', new, wait}\n";
+    CLAIM_FNS
+    "local T, tau, maxw = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])\n"
+    "local me, live = ARGV[4], ARGV[5]\n"
+    "local now, b, taken\n"
+    "local function one(k, wall, fp, new, pxat)\n"
+    "  local cur, bad = live_at(k, wall)\n"
+    "  if bad then return {'X', bad} end\n"
+    "  local r = claim_check(cur, fp, wall, me, live)\n"
+    "  if r then return r end\n"
+    "  if not b then now = redis_now() b = bucket_get(KEYS[1]) end\n"
+    "  local ok, wait, paused = reserve(b, T, tau, maxw, now)\n"
+    "  if not ok then return {'R', cur or '', wait, paused} end\n"
+    "  taken = true\n"
+    "  new = take_lease(cur, new)\n"
+    "  save(new, pxat, k)\n"
+    "  return {'A', new, wait}\n"
+    "end\n"
+    "local out = {}\n"
+    "for i = 2, #KEYS do\n"
+    "  local o = 4 * i - 2\n"
+    "  out[i - 1] = one(KEYS[i], ARGV[o], ARGV[o + 1], ARGV[o + 2], ARGV[o + 3])\n"
+    "end\n"
+    "if taken then bucket_put(KEYS[1], b, now) end\n"
+    "return out\n";
 
 /* ARGV: now, the completed record (status, headers, body, times and the
  * completing lease's fence set; attempt, created_ms and fingerprint as the
