@@ -587,10 +587,11 @@ static int script_result(const struct redis_store *st,
     const redisReply *v;
     char verdict;
 
-    /* The keyed request's script answers one reply per request it served
-     * (redis_scripts.c): a command sent alone gets an array of one, a
-     * joined one's share of the reply is given as it is. */
-    if (info->op == STORE_OP_PERMIT_LEASE && r->type == REDIS_REPLY_ARRAY &&
+    /* The scripts that serve several requests at once answer one reply
+     * per request (redis_join.h): a command sent alone gets an array of
+     * one, a joined one's part of the reply is given as it is. */
+    if ((info->op == STORE_OP_PERMIT_LEASE || info->op == STORE_OP_COMPLETE) &&
+        r->type == REDIS_REPLY_ARRAY &&
         r->elements == 1 && r->element[0]->type == REDIS_REPLY_ARRAY)
         r = r->element[0];
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||

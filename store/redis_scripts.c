@@ -45,7 +45,8 @@
 
 #include <openssl/evp.h>
 
-/* Functions of every record script. KEYS[1] is the record. */
+/* Functions of every record script. KEYS[1] is the record (of a script
+ * that serves several, each function is given its own). */
 #define RECORD_FNS                                                           \
     "local function le_cmp(a, b)\n"                                          \
     "  for i = 8, 1, -1 do\n"                                                \
@@ -93,17 +94,19 @@
  * key when a duplicate's WATCH marked the record (flags bits 2 and 3,
  * record.h), on its policy's channel <prefix>{<scope>}:done, sharded with
  * bit 3 (a Cluster: the channel's hash tag is the record's, so its slot
- * too). Unmarked, the common case, it costs one byte's test. KEYS[1] is
- * <prefix>{<scope>}:k:<key>, and a prefix holds no brace. */
+ * too). Unmarked, the common case, it costs one byte's test. k (KEYS[1]
+ * when not given) is <prefix>{<scope>}:k:<key>, and a prefix holds no
+ * brace. */
 #define NOTIFY_DONE                                                          \
-    "local function notify_done(r)\n"                                       \
+    "local function notify_done(r, k)\n"                                    \
     "  local f = r:byte(3)\n"                                               \
     "  if bit.band(f, 12) == 0 then return end\n"                           \
-    "  local p = KEYS[1]:find('}:k:', 1, true)\n"                           \
+    "  k = k or KEYS[1]\n"                                                  \
+    "  local p = k:find('}:k:', 1, true)\n"                                 \
     "  if not p then return end\n"                                          \
-    "  local ch, k = KEYS[1]:sub(1, p) .. ':done', KEYS[1]:sub(p + 4)\n"    \
-    "  if bit.band(f, 8) ~= 0 then redis.call('SPUBLISH', ch, k)\n"         \
-    "  else redis.call('PUBLISH', ch, k) end\n"                             \
+    "  local ch, key = k:sub(1, p) .. ':done', k:sub(p + 4)\n"              \
+    "  if bit.band(f, 8) ~= 0 then redis.call('SPUBLISH', ch, key)\n"       \
+    "  else redis.call('PUBLISH', ch, key) end\n"                           \
     "end\n"
 
 /* A claim on a key and the lease it takes, as functions (the keyed
@@ -367,11 +370,15 @@ static const char PERMIT_LEASE[] =
     "if taken then bucket_put(KEYS[1], b, now) end\n"
     "return out\n";
 
-/* ARGV: now, the completed record (status, headers, body, times and the
- * completing lease's fence set; attempt, created_ms and fingerprint as the
- * caller knows them from the lease it took, else 0), PXAT ms. The attempt,
- * created_ms and fingerprint are the stored record's; the first result
- * stays. Fenced: only the lease that holds the key completes it.
+/* Completions, as many as a loop has at once for one slot
+ * (store_redis_async.c joins them, redis_join.h): KEYS[i] record i;
+ * ARGV[3i - 2 .. 3i] its now, the completed record (status, headers,
+ * body, times and the completing lease's fence set; attempt, created_ms
+ * and fingerprint as the caller knows them from the lease it took, else
+ * 0), PXAT ms. Answers one reply per record, in order, each as if it had
+ * come alone after those before it. The attempt, created_ms and
+ * fingerprint are the stored record's; the first result stays. Fenced:
+ * only the lease that holds the key completes it.
  *
  * One command on the common path: the result is written and the old value
  * read back by the same SET (its GET option), and then checked. Why that is
@@ -385,31 +392,38 @@ static const char PERMIT_LEASE[] =
 static const char COMPLETE[] =
     NOTIFY_DONE
     RECORD_FNS
-    "local d, at = ARGV[2], ARGV[3]\n"
-    "local old\n"
-    "if at ~= '0' then old = redis.call('SET', KEYS[1], d, 'PXAT', at, 'GET')\n"
-    "else old = redis.call('SET', KEYS[1], d, 'GET') end\n"
-    "local function put_back()\n"
-    "  if not old then redis.call('DEL', KEYS[1]) return end\n"
+    "local function put_back(k, old)\n"
+    "  if not old then redis.call('DEL', k) return end\n"
     "  local x = 0\n"
     "  for i = 15, 8, -1 do x = x * 256 + old:byte(i) end\n"
     /* As C's PEXPIREAT_MAX: a saturated expiry is kept without a TTL. */
     "  if x > 0 and x <= 4611686018427387904 then\n"
-    "    redis.call('SET', KEYS[1], old, 'PXAT', string.format('%.0f', x))\n"
-    "  else redis.call('SET', KEYS[1], old) end\n"
+    "    redis.call('SET', k, old, 'PXAT', string.format('%.0f', x))\n"
+    "  else redis.call('SET', k, old) end\n"
     "end\n"
-    "if not old then put_back() return {'N'} end\n"
-    "if not readable(old) then put_back() return {'X', old} end\n"
-    "if le_cmp(old:sub(8, 15), ARGV[1]) <= 0 then put_back() return {'N'} end\n"
-    "if old:byte(2) == 2 then put_back() return {'E'} end\n"
-    "if fence(old) ~= d:sub(72, 79) then put_back() return {'S', old} end\n"
-    "if old:sub(4, 7) ~= d:sub(4, 7) or old:sub(16, 23) ~= d:sub(16, 23) or\n"
-    "   old:sub(40, 71) ~= d:sub(40, 71) then\n"
-    "  save(d:sub(1, 3) .. old:sub(4, 7) .. d:sub(8, 15) .. old:sub(16, 23) ..\n"
-    "       d:sub(24, 39) .. old:sub(40, 71) .. d:sub(72), at)\n"
+    "local function complete(k, now, d, at)\n"
+    "  local old\n"
+    "  if at ~= '0' then old = redis.call('SET', k, d, 'PXAT', at, 'GET')\n"
+    "  else old = redis.call('SET', k, d, 'GET') end\n"
+    "  if not old then put_back(k, old) return {'N'} end\n"
+    "  if not readable(old) then put_back(k, old) return {'X', old} end\n"
+    "  if le_cmp(old:sub(8, 15), now) <= 0 then put_back(k, old) return {'N'} end\n"
+    "  if old:byte(2) == 2 then put_back(k, old) return {'E'} end\n"
+    "  if fence(old) ~= d:sub(72, 79) then put_back(k, old) return {'S', old} end\n"
+    "  if old:sub(4, 7) ~= d:sub(4, 7) or old:sub(16, 23) ~= d:sub(16, 23) or\n"
+    "     old:sub(40, 71) ~= d:sub(40, 71) then\n"
+    "    save(d:sub(1, 3) .. old:sub(4, 7) .. d:sub(8, 15) .. old:sub(16, 23) ..\n"
+    "         d:sub(24, 39) .. old:sub(40, 71) .. d:sub(72), at, k)\n"
+    "  end\n"
+    "  notify_done(old, k)\n"
+    "  return {'O'}\n"
     "end\n"
-    "notify_done(old)\n"
-    "return {'O'}\n";
+    "local out = {}\n"
+    "for i = 1, #KEYS do\n"
+    "  local o = 3 * i - 2\n"
+    "  out[i] = complete(KEYS[i], ARGV[o], ARGV[o + 1], ARGV[o + 2])\n"
+    "end\n"
+    "return out\n";
 
 /* ARGV: now, the releasing lease's fence (8 bytes), the new expires_ms (8
  * bytes), PXAT ms, the attempt count to keep (4 bytes: the releasing

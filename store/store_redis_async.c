@@ -61,6 +61,7 @@
 
 #include <event2/event.h>
 
+#include "store/redis_join.h"
 #include "store/redis_slot.h"
 #include "store/store_redis_internal.h"
 #include "util/clock.h"
@@ -84,6 +85,9 @@
 /* TRYAGAIN (a multi-key script while its slot migrates) and CLUSTERDOWN:
  * sent again this much later, while its call's deadline allows. */
 #define TRYAGAIN_MS 10
+/* Joined calls kept for reuse (one per bucket per pass is the common
+ * case). */
+#define JOINS_KEPT 16
 
 enum conn_state {
     CONN_DOWN,       /* no connection; retry is armed */
@@ -114,6 +118,9 @@ struct rconn {
     struct event *retry;        /* the next connection attempt */
     struct event *watchdog;     /* replies and connects that take too long */
     TAILQ_HEAD(, req) reqs;     /* in flight, oldest first */
+    TAILQ_HEAD(, req) pend;     /* keyed requests' leases to join (among
+                                   reqs): sent when flush runs */
+    struct event *flush;        /* at the end of the loop's pass */
     int down_rc;                /* what calls lost with the connection get */
     char why[200];              /* why it is down */
 };
@@ -128,6 +135,9 @@ struct rloop {
     unsigned n_conn;            /* 2 with replicas_ack, else 1 */
     bool freeing;               /* in loop_free: no completion runs */
     struct freelist reqs;       /* spare reqs: none allocated per call */
+    struct freelist joins;      /* spare struct joins */
+    char *jbuf;                 /* a joined call's command, grown as */
+    size_t jcap;                /*   needed, kept for the next */
     TAILQ_HEAD(, req) later;    /* cluster: TRYAGAIN / CLUSTERDOWN, sent
                                    again when again fires */
     struct event *again;
@@ -153,7 +163,17 @@ struct req {
     struct redis_conn *ac;      /* sent on */
     uint64_t wait_seq;          /* the WAIT that covers it; 0: none */
     bool filled;                /* its call has the command's result */
+    bool pending;               /* in its connection's pend, not sent */
+    TAILQ_ENTRY(req) plink;
     char cmd_inline[REQ_CMD_INLINE];
+};
+
+/* A joined call of keyed requests (redis_join.h): its members, in the
+ * order of the reply's parts. */
+struct join {
+    struct rloop *loop;
+    unsigned n;
+    struct req *m[REDIS_JOIN_MAX];
 };
 
 static void conn_connect(struct rconn *cn);
@@ -412,6 +432,8 @@ static bool settle(struct req *q)
     struct store_call *c = q->call;
 
     TAILQ_REMOVE(&cn->reqs, q, link);
+    if (q->pending)
+        TAILQ_REMOVE(&cn->pend, q, plink);
     req_free(q);
     if (c)
         c->pending = NULL;
@@ -608,6 +630,169 @@ static void on_reply(struct redis_conn *ac, redisReply *reply, void *priv)
     finish(q, reply);
 }
 
+/* ---- keyed requests joined (redis_join.h) ---- */
+
+/* q, sent on cn, could not go: its call ends with rc. */
+static void fail_unsent(struct req *q, int rc, const char *why)
+{
+    if (q->call) {
+        q->call->rc = rc;
+        sc_error_set(&q->call->err, "store: redis at %s: %s: %s",
+                     q->cn->st->addr, q->info.name, why);
+        q->filled = true;
+    }
+    finish(q, NULL);
+}
+
+/* The layout of q's command when it may join others (a keyed request's
+ * lookup, permit and lease; a completion), else NULL. */
+static const struct redis_join_layout *layout_of(const struct req *q)
+{
+    if (q->info.op == STORE_OP_PERMIT_LEASE)
+        return &REDIS_JOIN_PERMIT_LEASE;
+    if (q->info.op == STORE_OP_COMPLETE)
+        return &REDIS_JOIN_COMPLETE;
+    return NULL;
+}
+
+/* Whether q, sent, is followed by a WAIT (a completion with
+ * replicas_ack): it completes when that answers. */
+static bool waits(const struct rconn *cn, const struct req *q)
+{
+    return q->info.op == STORE_OP_COMPLETE && cn->st->replicas_ack;
+}
+
+/* q, a command that may join others, waits for the end of the loop's
+ * pass (flush), where those of one bucket or slot go as one call: still
+ * one round trip each, and one script call for them all. */
+static void pend(struct rconn *cn, struct req *q)
+{
+    if (TAILQ_EMPTY(&cn->pend))
+        event_active(cn->flush, EV_TIMEOUT, 0);
+    TAILQ_INSERT_TAIL(&cn->pend, q, plink);
+    q->pending = true;
+}
+
+/* The joined call's reply: each request's part to its own on_reply, as
+ * if it had gone alone; anything else (an error such as NOSCRIPT or
+ * MOVED, which no part of the call ran past; NULL: the connection went)
+ * to each of them, which then goes again alone or ends with it. */
+static void on_joined(struct redis_conn *ac, redisReply *reply, void *priv)
+{
+    struct join *j = priv;
+    bool parts = reply && reply->type == REDIS_REPLY_ARRAY &&
+                 reply->elements == j->n;
+
+    for (unsigned i = 0; i < j->n; i++)
+        on_reply(ac, parts ? reply->element[i] : reply, j->m[i]);
+    freelist_give(&j->loop->joins, j);
+}
+
+/* The joined command of j's members in the loop's buffer; its length, 0:
+ * none (out of memory). */
+static size_t join_format(struct rloop *rl, const struct join *j)
+{
+    const struct redis_join_layout *l = layout_of(j->m[0]);
+    const char *cmd[REDIS_JOIN_MAX];
+    size_t len[REDIS_JOIN_MAX], n;
+
+    for (unsigned i = 0; i < j->n; i++) {
+        cmd[i] = j->m[i]->cmd;
+        len[i] = j->m[i]->cmd_len;
+    }
+    n = redis_join(l, rl->jbuf, rl->jcap, cmd, len, j->n);
+    if (n > rl->jcap) {
+        char *b = realloc(rl->jbuf, n);
+
+        if (!b)
+            return 0;
+        rl->jbuf = b;
+        rl->jcap = n;
+        n = redis_join(l, rl->jbuf, rl->jcap, cmd, len, j->n);
+    }
+    return n;
+}
+
+/* Sends j's members as one call; false: they go alone. Completions
+ * with replicas_ack: one WAIT covers them all. */
+static bool send_join(struct rconn *cn, struct join *j)
+{
+    size_t n = join_format(cn->loop, j);
+    uint64_t seq;
+
+    if (!n || redis_conn_send(cn->ac, cn->loop->jbuf, n, on_joined, j) != 0)
+        return false;
+    seq = waits(cn, j->m[0]) ? cover(cn) : 0;
+    for (unsigned i = 0; i < j->n; i++) {
+        j->m[i]->ac = cn->ac;
+        j->m[i]->wait_seq = seq;
+    }
+    return true;
+}
+
+/* Sends j's members each alone, as any call goes. */
+static void send_alone(struct rconn *cn, const struct join *j)
+{
+    for (unsigned i = 0; i < j->n; i++) {
+        struct req *q = j->m[i];
+
+        if (!cn->ac)
+            finish(q, NULL); /* lost since it was started: cn->why says how */
+        else if (redis_conn_send(cn->ac, q->cmd, q->cmd_len, on_reply, q) != 0)
+            fail_unsent(q, -ENOTCONN, "not connected: closing");
+        else {
+            q->ac = cn->ac;
+            if (waits(cn, q))
+                q->wait_seq = cover(cn);
+        }
+    }
+}
+
+/* Takes out of pend the first request and those that fit with it (up to
+ * REDIS_JOIN_MAX), into j. A request whose call gave up (cancelled) ends
+ * here, unsent: no lease is taken only to be given back. */
+static void join_collect(struct rconn *cn, struct join *j)
+{
+    struct req *q = TAILQ_FIRST(&cn->pend), *next, *head = NULL;
+
+    j->n = 0;
+    for (; q && j->n < REDIS_JOIN_MAX; q = next) {
+        next = TAILQ_NEXT(q, plink);
+        if (head && (head->info.op != q->info.op ||
+                     !redis_join_fits(layout_of(q), head->cmd, head->cmd_len,
+                                      q->cmd, q->cmd_len)))
+            continue;
+        TAILQ_REMOVE(&cn->pend, q, plink);
+        q->pending = false;
+        if (!q->call) {
+            finish(q, NULL);
+            continue;
+        }
+        head = head ? head : q;
+        j->m[j->n++] = q;
+    }
+}
+
+/* The end of the loop's pass: the pending commands go, joined by script
+ * and bucket or slot; alone when only one is there (or out of memory). */
+static void on_flush(evutil_socket_t fd, short what, void *arg)
+{
+    struct rconn *cn = arg;
+    struct join spare, *j;
+
+    while (!TAILQ_EMPTY(&cn->pend)) {
+        if (!(j = freelist_take(&cn->loop->joins)))
+            j = &spare;
+        j->loop = cn->loop;
+        join_collect(cn, j);
+        if (j != &spare && j->n > 1 && cn->ac && send_join(cn, j))
+            continue; /* on_joined gives j back */
+        send_alone(cn, j);
+        if (j != &spare)
+            freelist_give(&cn->loop->joins, j);
+    }
+}
+
 /* The call's command, formatted once (kept for a retry). 0 or -EINVAL /
  * -ENOMEM with err. */
 static int req_new(struct rloop *rl, enum store_op op,
@@ -666,7 +851,8 @@ static void set_deadline(struct rconn *cn, struct req *q)
 {
     uint64_t now = clock_mono_ns();
 
-    q->deadline_ns = now + timeout_ns(cn) * (q->wait_seq ? STORE_WAIT_TIMEOUTS : 1);
+    q->deadline_ns = now + timeout_ns(cn) *
+                           (q->wait_seq || waits(cn, q) ? STORE_WAIT_TIMEOUTS : 1);
     q->drop_ns = now + timeout_ns(cn) * DROP_TIMEOUTS;
 }
 
@@ -901,15 +1087,15 @@ int redis_start(struct store_loop *sl, struct store_call *c, enum store_op op,
                      cn->st->addr, cn->why);
         return -ENOTCONN;
     }
-    if (redis_conn_send(cn->ac, q->cmd, q->cmd_len, on_reply, q) != 0) {
+    if (layout_of(q)) {
+        pend(cn, q); /* its WAIT, if any, when it is sent */
+    } else if (redis_conn_send(cn->ac, q->cmd, q->cmd_len, on_reply, q) != 0) {
         req_free(q);
         sc_error_set(&c->err, "store: redis at %s: not connected: closing",
                      cn->st->addr);
         return -ENOTCONN;
     }
     q->ac = cn->ac;
-    if (op == STORE_OP_COMPLETE && cn->st->replicas_ack)
-        q->wait_seq = cover(cn);
     set_deadline(cn, q);
     q->call = c;
     c->pending = q;
@@ -936,11 +1122,13 @@ static int conn_init(struct rloop *rl, struct rconn *cn, int node)
     cn->node = node;
     cn->st = (struct redis_store *)rl->base.st;
     TAILQ_INIT(&cn->reqs);
+    TAILQ_INIT(&cn->pend);
     cn->backoff_ms = BACKOFF_MIN_MS;
     cn->retry = evtimer_new(base, on_retry, cn);
     cn->watchdog = evtimer_new(base, on_watchdog, cn);
     cn->reap = evtimer_new(base, on_reap, cn);
-    return cn->retry && cn->watchdog && cn->reap ? 0 : -ENOMEM;
+    cn->flush = event_new(base, -1, 0, on_flush, cn);
+    return cn->retry && cn->watchdog && cn->reap && cn->flush ? 0 : -ENOMEM;
 }
 
 int redis_loop_new(struct store *st, struct event_base *base,
@@ -954,6 +1142,7 @@ int redis_loop_new(struct store *st, struct event_base *base,
     rl->base.st = st;
     rl->base.base = base;
     freelist_init(&rl->reqs, sizeof(struct req), REQS_KEPT);
+    freelist_init(&rl->joins, sizeof(struct join), JOINS_KEPT);
     TAILQ_INIT(&rl->later);
     if (!(rl->again = evtimer_new(base, on_again, rl))) {
         free(rl);
@@ -981,6 +1170,9 @@ static void conn_free(struct rconn *cn)
     struct redis_conn *ac = cn->ac;
 
     cn->ac = NULL;
+    if (cn->flush)
+        event_free(cn->flush); /* the pending end below, unsent */
+    cn->flush = NULL;
     if (ac)
         redis_conn_close(ac); /* runs every callback, with NULL replies */
     if (cn->old)
@@ -1015,5 +1207,7 @@ void redis_loop_free(struct store_loop *sl)
             if (rl->conn[n][i].loop)
                 conn_free(&rl->conn[n][i]);
     freelist_clear(&rl->reqs);
+    freelist_clear(&rl->joins);
+    free(rl->jbuf);
     free(rl);
 }

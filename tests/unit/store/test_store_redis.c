@@ -817,6 +817,142 @@ Test(store, release_unsent_gives_the_attempt_back)
     aloop_free(&a);
 }
 
+/* Redis's count of EVALSHA calls so far. */
+static long long evalsha_calls(void)
+{
+    redisReply *r = raw("INFO commandstats");
+    const char *p = r->type == REDIS_REPLY_STRING ? strstr(r->str, "cmdstat_evalsha:calls=") : NULL;
+    long long n = p ? atoll(p + strlen("cmdstat_evalsha:calls=")) : 0;
+
+    freeReplyObject(r);
+    return n;
+}
+
+/* The keyed requests a loop starts in one pass go as one script call per
+ * bucket (redis_join.h), each answered as if it had gone alone after
+ * those before it: the permits are counted in order, a duplicate of an
+ * earlier one in the same call meets its lease and spends no permit, a
+ * request of another bucket (a partition) or asking another max_wait goes
+ * in a call of its own, and one cancelled before the pass ended is never
+ * sent. */
+Test(store, keyed_requests_of_one_pass_go_as_one_call)
+{
+    struct aloop a = aloop_new(st);
+    struct store_bucket_ask b = {.t_ns = T_NS, .max_wait_ns = 25 * NS_PER_S};
+    struct store_bucket_ask other = b, nowait = b;
+    const char *keys[] = {"j1", "j2", "j1", "j3", "j4", "p1", "w1", "gone"};
+    const struct store_bucket_ask *asks[] = {&b, &b, &b, &b, &b, &other, &nowait, &b};
+    struct waiter w = {0};
+    struct store_call c[8];
+    struct store_record rec;
+    long long before;
+
+    other.partition = "tenant-2";
+    nowait.max_wait_ns = 0;
+    c[0] = permit_lease(&a, &w, "warm", fp_a, 0); /* connected, scripts in */
+    pl_now = t0;
+    /* The bucket starts empty for the calls below: "warm" took the one
+     * token, so the first of them waits one interval. */
+    before = evalsha_calls();
+    for (int i = 0; i < 8; i++) {
+        call_init(&c[i], &w);
+        cr_assert_eq(store_permit_lease_async(a.sl, &c[i], SCOPE, keys[i], fp_a, t0, LEASE,
+                                              TTL, asks[i]), -EINPROGRESS, "%s", c[i].err.text);
+    }
+    store_call_cancel(&c[7]);
+    cr_assert(run_until(a.base, &w, w.done + 7, WAIT_MS));
+    for (int i = 0; i < 7; i++)
+        cr_assert_eq(c[i].rc, 0, "%s: %s", keys[i], c[i].err.text);
+    cr_expect_eq(evalsha_calls() - before, 3, "one call for the bucket's five, one each for "
+                 "the partition's and the other max_wait's");
+
+    cr_expect_eq(c[0].acq.claim, STORE_ACQUIRED);
+    cr_expect(c[0].permit.granted);
+    cr_expect(c[0].permit.wait_ns > T_NS / 2 && c[0].permit.wait_ns <= T_NS);
+    cr_expect_eq(c[1].acq.claim, STORE_ACQUIRED);
+    cr_expect(c[1].permit.granted);
+    cr_expect(c[1].permit.wait_ns > T_NS + T_NS / 2 && c[1].permit.wait_ns <= 2 * T_NS,
+              "the second waits behind the first: %llu", (unsigned long long)c[1].permit.wait_ns);
+    cr_expect_eq(c[2].acq.claim, STORE_HELD, "j1's duplicate meets the lease taken before it");
+    cr_expect_not(c[2].permit.granted);
+    for (int i = 3; i < 5; i++) {
+        cr_expect_eq(c[i].acq.claim, STORE_FREE, "%s: beyond max_wait", keys[i]);
+        cr_expect_not(c[i].permit.granted);
+        cr_expect(c[i].permit.wait_ns > b.max_wait_ns);
+        cr_expect_eq(store_get(st, SCOPE, keys[i], t0, &rec, &err), -ENOENT);
+    }
+    cr_expect_eq(c[5].acq.claim, STORE_ACQUIRED, "the partition's own bucket is full");
+    cr_expect_eq(c[5].permit.wait_ns, 0);
+    cr_expect_eq(c[6].acq.claim, STORE_FREE, "no wait allowed, none free");
+    cr_expect_eq(store_get(st, SCOPE, "gone", t0, &rec, &err), -ENOENT,
+                 "the cancelled call was never sent");
+    aloop_free(&a);
+}
+
+/* The completions a loop starts in one pass go as one script call per
+ * slot, each answered as if it had gone alone: the results are stored
+ * (and replayed), a stale fence is refused with the record kept as it
+ * was, a key with no record is refused and left absent, a second result
+ * for a key completed earlier in the same call is refused and the first
+ * stays; another policy's key (another hash tag, another slot on a
+ * Cluster) goes in a call of its own. */
+Test(store, completions_of_one_pass_go_as_one_call)
+{
+    struct aloop a = aloop_new(st);
+    const char *keys[] = {"c1", "c2", "c3", "c1", "none", "c4"};
+    const char *scopes[] = {SCOPE, SCOPE, SCOPE, SCOPE, SCOPE, "orders"};
+    uint64_t lease[6];
+    struct waiter w = {0};
+    struct store_call c[6];
+    struct store_record rec;
+    struct store_acquire_out out;
+    long long before;
+
+    for (int i = 0; i < 6; i++) {
+        if (i == 3 || i == 4)
+            continue;
+        cr_assert_eq(store_acquire(st, scopes[i], keys[i], fp_a, t0, LEASE, TTL, &out, &err), 0,
+                     "%s", err.text);
+        lease[i] = out.lease;
+    }
+    lease[3] = lease[0]; /* c1 again, after its own completion */
+    lease[4] = 12345;
+    lease[2] ^= 1; /* not c3's lease */
+    c[0] = permit_lease(&a, &w, "warm", fp_a, 0); /* connected, scripts in */
+    before = evalsha_calls();
+    for (int i = 0; i < 6; i++) {
+        call_init(&c[i], &w);
+        cr_assert_eq(store_complete_async(a.sl, &c[i], scopes[i], keys[i], lease[i], t0 + 1, TTL,
+                                          201, HDRS, 3, BIN_BODY, sizeof BIN_BODY, false),
+                     -EINPROGRESS, "%s", c[i].err.text);
+    }
+    cr_assert(run_until(a.base, &w, w.done + 6, WAIT_MS));
+    cr_expect_eq(evalsha_calls() - before, 2, "one call for payments' five, one for orders'");
+    cr_expect_eq(c[0].rc, 0, "%s", c[0].err.text);
+    cr_expect_eq(c[1].rc, 0, "%s", c[1].err.text);
+    cr_expect_eq(c[2].rc, -ESTALE, "%d %s", c[2].rc, c[2].err.text);
+    cr_expect_eq(c[3].rc, -EALREADY, "%d %s", c[3].rc, c[3].err.text);
+    cr_expect_eq(c[4].rc, -ENOENT, "%d %s", c[4].rc, c[4].err.text);
+    cr_expect_eq(c[5].rc, 0, "%s", c[5].err.text);
+    for (int i = 0; i < 6; i++) {
+        int rc = store_get(st, scopes[i], keys[i], t0 + 2, &rec, &err);
+
+        if (i == 4) {
+            cr_expect_eq(rc, -ENOENT, "no record was made for %s", keys[i]);
+            continue;
+        }
+        cr_assert_eq(rc, 0, "%s: %s", keys[i], err.text);
+        if (i == 2) {
+            cr_expect_eq(rec.state, STORE_IN_PROGRESS, "c3 kept its lease");
+        } else {
+            cr_expect_eq(rec.state, STORE_COMPLETED, "%s", keys[i]);
+            expect_bin_result(&rec);
+        }
+        store_record_clear(&rec);
+    }
+    aloop_free(&a);
+}
+
 /* RocksDB shares no buckets: the call is refused at once, clearly. */
 Test(store, permit_lease_needs_a_shared_store)
 {

@@ -1,0 +1,48 @@
+/* Requests' commands joined into one script call (internal to the Redis
+ * backend). Redis spends most of a script call's cost on the call itself,
+ * whatever the script does (tests/bench/fleet.sh), so the scripts a keyed
+ * request runs most, its lookup, permit and lease (PERMIT_LEASE) and its
+ * completion (COMPLETE, redis_scripts.c), serve any number of requests at
+ * once, and the commands one loop issues in a pass (store_redis_async.c)
+ * go as one call per script and slot.
+ *
+ * A script's command for one request (redis_cmd.c) is EVALSHA <sha>
+ * <nkeys> <keys> <args>, its keys and its arguments each the shared ones
+ * first (the same in every command a call joins), then the request's
+ * own; n commands whose shared parts are the same and whose own keys have
+ * the same hash tag (one Cluster slot) make one call of the shared parts
+ * once and each one's own after them, keys then arguments, in order,
+ * whose reply is one reply per request, in the same order. */
+#ifndef SLUICE_STORE_REDIS_JOIN_H
+#define SLUICE_STORE_REDIS_JOIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* At most this many requests in one call. */
+#define REDIS_JOIN_MAX 32
+
+/* How a script's command for one request lays its keys and arguments out. */
+struct redis_join_layout {
+    unsigned shared_keys, own_keys, shared_args, own_args;
+};
+
+/* <bucket> <record> <T> <tau> <max_wait> <id> <live> <now> <fingerprint>
+ * <new record> <PXAT> */
+extern const struct redis_join_layout REDIS_JOIN_PERMIT_LEASE;
+/* <record> <now> <completed record> <PXAT> */
+extern const struct redis_join_layout REDIS_JOIN_COMPLETE;
+
+/* Whether b (a formatted command, RESP) may join a call led by a: both
+ * are commands of layout l with the same shared parts and slot. */
+bool redis_join_fits(const struct redis_join_layout *l, const char *a,
+                     size_t alen, const char *b, size_t blen);
+
+/* Writes the call joining the n commands cmd[i] of layout l (each fits
+ * with cmd[0], 1 <= n <= REDIS_JOIN_MAX) into out, cap bytes, and returns
+ * its length; when that is more than cap, out holds no usable command:
+ * call again with a buffer that large. 0: a command is not of layout l. */
+size_t redis_join(const struct redis_join_layout *l, char *out, size_t cap,
+                  const char *const cmd[], const size_t len[], unsigned n);
+
+#endif

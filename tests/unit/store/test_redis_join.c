@@ -1,0 +1,174 @@
+/* Keyed requests' commands joined into one script call (store/redis_join.c):
+ * what may join, and the joined command, byte for byte. */
+#define _GNU_SOURCE /* memmem */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "store/redis_conn.h"
+#include "store/redis_join.h"
+
+/* A keyed request's command as redis_cmd.c lays it out, formatted. */
+struct fmt {
+    char buf[512];
+    size_t len;
+};
+
+static struct fmt keyed(const char *bucket, const char *record, const char *max_wait,
+                        const char *now)
+{
+    const char *argv[] = {"EVALSHA", "0123456789abcdef0123456789abcdef01234567", "2",
+                          bucket, record, "100000", "0", max_wait, "sidecar-a",
+                          "sluice:{p}:live:", now, "fingerprint\r\nwith a CRLF",
+                          "rec\0ord", "1700000000000"};
+    size_t len[14];
+    struct fmt f;
+
+    for (int i = 0; i < 14; i++)
+        len[i] = strlen(argv[i]);
+    len[12] = 7; /* a record holds NULs */
+    f.len = redis_format_argv(f.buf, sizeof f.buf, 14, argv, len);
+    cr_assert_leq(f.len, sizeof f.buf);
+    return f;
+}
+
+Test(redis_join, requests_of_one_bucket_and_numbers_fit)
+{
+    struct fmt a = keyed("sluice:{p}:b", "sluice:{p}:k:1", "5000", "NOW-0001");
+    struct fmt b = keyed("sluice:{p}:b", "sluice:{p}:k:2", "5000", "NOW-0002");
+    struct fmt other = keyed("sluice:{p}:b:tenant", "sluice:{p}:k:3", "5000", "NOW-0003");
+    struct fmt wait = keyed("sluice:{p}:b", "sluice:{p}:k:4", "0", "NOW-0004");
+
+    cr_expect(redis_join_fits(&REDIS_JOIN_PERMIT_LEASE, a.buf, a.len, b.buf, b.len));
+    cr_expect(redis_join_fits(&REDIS_JOIN_PERMIT_LEASE, a.buf, a.len, a.buf, a.len), "a duplicate key fits too");
+    cr_expect_not(redis_join_fits(&REDIS_JOIN_PERMIT_LEASE, a.buf, a.len, other.buf, other.len), "another bucket");
+    cr_expect_not(redis_join_fits(&REDIS_JOIN_PERMIT_LEASE, a.buf, a.len, wait.buf, wait.len), "another max_wait");
+}
+
+Test(redis_join, other_commands_never_fit)
+{
+    struct fmt a = keyed("sluice:{p}:b", "sluice:{p}:k:1", "5000", "NOW-0001");
+    const char *get[] = {"GET", "sluice:{p}:k:1"};
+    size_t get_len[] = {3, 14};
+    char g[64];
+    size_t gn = redis_format_argv(g, sizeof g, 2, get, get_len);
+    const char *cmd[] = {a.buf};
+    size_t len[] = {a.len};
+
+    cr_expect_not(redis_join_fits(&REDIS_JOIN_PERMIT_LEASE, a.buf, a.len, g, gn));
+    cr_expect_not(redis_join_fits(&REDIS_JOIN_PERMIT_LEASE, g, gn, a.buf, a.len));
+    for (size_t cut = 0; cut < a.len; cut++) {
+        len[0] = cut;
+        cr_assert_eq(redis_join(&REDIS_JOIN_PERMIT_LEASE, NULL, 0, cmd, len, 1), 0, "cut at %zu: refused", cut);
+        cr_assert_not(redis_join_fits(&REDIS_JOIN_PERMIT_LEASE, a.buf, cut, a.buf, a.len));
+    }
+    len[0] = a.len;
+    cr_expect_eq(redis_join(&REDIS_JOIN_PERMIT_LEASE, NULL, 0, cmd, len, 0), 0);
+    cr_expect_eq(redis_join(&REDIS_JOIN_PERMIT_LEASE, NULL, 0, cmd, len, REDIS_JOIN_MAX + 1), 0);
+}
+
+/* Three requests: the bucket once, the records in order, the shared
+ * numbers once, then each request's own four, as one RESP command. */
+Test(redis_join, the_joined_command_byte_for_byte)
+{
+    struct fmt f[3] = {
+        keyed("sluice:{p}:b", "sluice:{p}:k:1", "5000", "NOW-0001"),
+        keyed("sluice:{p}:b", "sluice:{p}:k:2", "5000", "NOW-0002"),
+        keyed("sluice:{p}:b", "sluice:{p}:k:1", "5000", "NOW-0003"),
+    };
+    const char *want_argv[] = {
+        "EVALSHA", "0123456789abcdef0123456789abcdef01234567", "4", "sluice:{p}:b",
+        "sluice:{p}:k:1", "sluice:{p}:k:2", "sluice:{p}:k:1",
+        "100000", "0", "5000", "sidecar-a", "sluice:{p}:live:",
+        "NOW-0001", "fingerprint\r\nwith a CRLF", "rec\0ord", "1700000000000",
+        "NOW-0002", "fingerprint\r\nwith a CRLF", "rec\0ord", "1700000000000",
+        "NOW-0003", "fingerprint\r\nwith a CRLF", "rec\0ord", "1700000000000",
+    };
+    size_t want_len[24];
+    const char *cmd[3];
+    size_t len[3], n, wn;
+    char want[1024], out[1024], small[16];
+
+    for (int i = 0; i < 24; i++)
+        want_len[i] = strlen(want_argv[i]);
+    want_len[14] = want_len[18] = want_len[22] = 7;
+    wn = redis_format_argv(want, sizeof want, 24, want_argv, want_len);
+    for (int i = 0; i < 3; i++) {
+        cmd[i] = f[i].buf;
+        len[i] = f[i].len;
+    }
+    n = redis_join(&REDIS_JOIN_PERMIT_LEASE, out, sizeof out, cmd, len, 3);
+    cr_assert_eq(n, wn);
+    cr_expect_eq(memcmp(out, want, n), 0, "%.*s", (int)n, out);
+    cr_expect_eq(redis_join(&REDIS_JOIN_PERMIT_LEASE, small, sizeof small, cmd, len, 3), wn,
+                 "too small a buffer: the length it needs");
+    n = redis_join(&REDIS_JOIN_PERMIT_LEASE, out, sizeof out, cmd, len, 1);
+    cr_expect_eq(n, f[0].len, "one request joined alone is its own command");
+    cr_expect_eq(memcmp(out, f[0].buf, n), 0);
+}
+
+/* Eleven requests: the key count takes two digits. */
+Test(redis_join, a_two_digit_key_count)
+{
+    struct fmt f = keyed("sluice:{p}:b", "sluice:{p}:k:1", "5000", "NOW-0001");
+    const char *cmd[11];
+    size_t len[11], n;
+    static char out[8192];
+
+    for (int i = 0; i < 11; i++) {
+        cmd[i] = f.buf;
+        len[i] = f.len;
+    }
+    n = redis_join(&REDIS_JOIN_PERMIT_LEASE, out, sizeof out, cmd, len, 11);
+    cr_assert_gt(n, 0);
+    cr_assert_leq(n, sizeof out);
+    cr_expect_eq(memcmp(out, "*64\r\n", 5), 0, "9 + 5 x 11 arguments");
+    cr_expect(memmem(out, n, "$2\r\n12\r\n", 8) != NULL, "12 keys");
+}
+
+/* A completion's command: the record's key, then now, the record, PXAT. */
+static struct fmt completion(const char *record, const char *now)
+{
+    const char *argv[] = {"EVALSHA", "fedcba9876543210fedcba9876543210fedcba98", "1",
+                          record, now, "done\0record", "0"};
+    size_t len[7];
+    struct fmt f;
+
+    for (int i = 0; i < 7; i++)
+        len[i] = strlen(argv[i]);
+    len[5] = 11;
+    f.len = redis_format_argv(f.buf, sizeof f.buf, 7, argv, len);
+    return f;
+}
+
+/* Completions join when their keys share a hash tag (one Cluster slot),
+ * whatever else the key holds. */
+Test(redis_join, completions_of_one_slot_fit_and_join)
+{
+    struct fmt f[2] = {completion("sluice:{p}:k:1", "NOW-0001"),
+                       completion("sluice:{p}:k:2", "NOW-0002")};
+    struct fmt other = completion("sluice:{q}:k:1", "NOW-0003");
+    struct fmt keyed_one = keyed("sluice:{p}:b", "sluice:{p}:k:1", "5000", "NOW-0001");
+    const char *want_argv[] = {"EVALSHA", "fedcba9876543210fedcba9876543210fedcba98", "2",
+                               "sluice:{p}:k:1", "sluice:{p}:k:2",
+                               "NOW-0001", "done\0record", "0",
+                               "NOW-0002", "done\0record", "0"};
+    size_t want_len[11];
+    const char *cmd[] = {f[0].buf, f[1].buf};
+    size_t len[] = {f[0].len, f[1].len}, n, wn;
+    char want[512], out[512];
+
+    cr_expect(redis_join_fits(&REDIS_JOIN_COMPLETE, f[0].buf, f[0].len, f[1].buf, f[1].len));
+    cr_expect_not(redis_join_fits(&REDIS_JOIN_COMPLETE, f[0].buf, f[0].len, other.buf,
+                                  other.len), "another slot");
+    cr_expect_not(redis_join_fits(&REDIS_JOIN_COMPLETE, f[0].buf, f[0].len, keyed_one.buf,
+                                  keyed_one.len), "another layout");
+    cr_expect_not(redis_join_fits(&REDIS_JOIN_PERMIT_LEASE, f[0].buf, f[0].len, f[1].buf,
+                                  f[1].len));
+    for (int i = 0; i < 11; i++)
+        want_len[i] = strlen(want_argv[i]);
+    want_len[6] = want_len[9] = 11;
+    wn = redis_format_argv(want, sizeof want, 11, want_argv, want_len);
+    n = redis_join(&REDIS_JOIN_COMPLETE, out, sizeof out, cmd, len, 2);
+    cr_assert_eq(n, wn);
+    cr_expect_eq(memcmp(out, want, n), 0, "%.*s", (int)n, out);
+}
