@@ -327,8 +327,8 @@ static const char PERMIT[] =
 
 /* Keyed requests' lookups, permits and leases, one round trip for each
  * (contract §10), and one script call for as many requests of one bucket
- * as a sidecar's loop has at once (store_redis_async.c joins them; the
- * cost is mostly per call, not per request). KEYS[1] the policy's bucket,
+ * as a sidecar's loop has at once (store_redis_async.c joins them: what
+ * a script call costs by itself is paid once). KEYS[1] the policy's bucket,
  * KEYS[1 + i] request i's record (one hash tag, one Cluster slot); ARGV:
  * T, tau, max_wait (µs), this process's id, the liveness keys' prefix,
  * then for each request: now, fingerprint, the new key's record, PXAT ms.

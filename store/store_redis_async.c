@@ -25,6 +25,13 @@
  * exactly once, with a NULL reply when it goes, and that is where a req is
  * freed.
  *
+ * A keyed request's lookup, permit and lease, and a completion, wait for
+ * the end of the loop's pass (an event made active by the first of them),
+ * where those of one bucket or slot go as one script call (redis_join.h),
+ * a struct join the callback argument, whose reply's parts go to each
+ * req's callback as if each had gone alone; a call cancelled by then is
+ * not sent.
+ *
  * With sentinels (redis_sentinel.c) the address connected to is the one
  * they name now: a lost connection or a write refused as READONLY (a
  * demoted primary) asks them again and reconnects with the same backoff;
@@ -85,8 +92,8 @@
 /* TRYAGAIN (a multi-key script while its slot migrates) and CLUSTERDOWN:
  * sent again this much later, while its call's deadline allows. */
 #define TRYAGAIN_MS 10
-/* Joined calls kept for reuse (one per bucket per pass is the common
- * case). */
+/* Joined calls kept for reuse (one per bucket or slot per pass is the
+ * common case). */
 #define JOINS_KEPT 16
 
 enum conn_state {
@@ -118,8 +125,8 @@ struct rconn {
     struct event *retry;        /* the next connection attempt */
     struct event *watchdog;     /* replies and connects that take too long */
     TAILQ_HEAD(, req) reqs;     /* in flight, oldest first */
-    TAILQ_HEAD(, req) pend;     /* keyed requests' leases to join (among
-                                   reqs): sent when flush runs */
+    TAILQ_HEAD(, req) pend;     /* calls that may join (among reqs), not
+                                   sent yet: flush sends them */
     struct event *flush;        /* at the end of the loop's pass */
     int down_rc;                /* what calls lost with the connection get */
     char why[200];              /* why it is down */
@@ -168,8 +175,8 @@ struct req {
     char cmd_inline[REQ_CMD_INLINE];
 };
 
-/* A joined call of keyed requests (redis_join.h): its members, in the
- * order of the reply's parts. */
+/* A joined call (redis_join.h): its members, in the order of the reply's
+ * parts. */
 struct join {
     struct rloop *loop;
     unsigned n;
@@ -630,7 +637,7 @@ static void on_reply(struct redis_conn *ac, redisReply *reply, void *priv)
     finish(q, reply);
 }
 
-/* ---- keyed requests joined (redis_join.h) ---- */
+/* ---- calls joined (redis_join.h): keyed requests', completions ---- */
 
 /* q, sent on cn, could not go: its call ends with rc. */
 static void fail_unsent(struct req *q, int rc, const char *why)
