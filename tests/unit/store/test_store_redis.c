@@ -953,6 +953,58 @@ Test(store, completions_of_one_pass_go_as_one_call)
     aloop_free(&a);
 }
 
+/* An error of a whole joined call goes to each request in it: after
+ * SCRIPT FLUSH the joined call meets NOSCRIPT, and each request goes
+ * again alone (its script loaded again) and is answered as it would have
+ * been; with Redis gone, each fails with the store's reason. */
+Test(store, a_joined_call_s_error_is_each_request_s)
+{
+    struct aloop a = aloop_new(st);
+    struct store_bucket_ask b = {.t_ns = 1000, .max_wait_ns = 60 * NS_PER_S};
+    const char *keys[] = {"e1", "e2", "e1"};
+    struct waiter w = {0};
+    struct store_call c[3];
+
+    c[0] = permit_lease(&a, &w, "warm", fp_a, 0); /* connected, scripts in */
+    cr_assert(redis_server_cmd(&srv, "SCRIPT FLUSH"));
+    for (int i = 0; i < 3; i++) {
+        call_init(&c[i], &w);
+        cr_assert_eq(store_permit_lease_async(a.sl, &c[i], SCOPE, keys[i], fp_a, t0, LEASE,
+                                              TTL, &b), -EINPROGRESS, "%s", c[i].err.text);
+    }
+    cr_assert(run_until(a.base, &w, w.done + 3, WAIT_MS));
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(c[i].rc, 0, "%s: %s", keys[i], c[i].err.text);
+    cr_expect_eq(c[0].acq.claim, STORE_ACQUIRED);
+    cr_expect_eq(c[1].acq.claim, STORE_ACQUIRED);
+    cr_expect_eq(c[2].acq.claim, STORE_HELD, "e1's duplicate, sent again after e1");
+
+    redis_server_stop(&srv);
+    {
+        int want = w.done;
+
+        for (int i = 0; i < 3; i++) {
+            char key[16];
+            int rc;
+
+            snprintf(key, sizeof key, "down%d", i);
+            call_init(&c[i], &w);
+            rc = store_permit_lease_async(a.sl, &c[i], SCOPE, key, fp_a, t0, LEASE, TTL, &b);
+            if (rc == -EINPROGRESS)
+                want++;
+            else
+                c[i].rc = rc; /* refused at once: the connection is known gone */
+        }
+        cr_assert(run_until(a.base, &w, want, WAIT_MS));
+    }
+    for (int i = 0; i < 3; i++) {
+        cr_expect_lt(c[i].rc, 0, "call %d", i);
+        cr_expect(strstr(c[i].err.text, "redis at"), "%s", c[i].err.text);
+    }
+    cr_assert_eq(redis_server_start(&srv, srv.port, NULL), 0, "restart");
+    aloop_free(&a);
+}
+
 /* RocksDB shares no buckets: the call is refused at once, clearly. */
 Test(store, permit_lease_needs_a_shared_store)
 {
