@@ -368,13 +368,15 @@ static void check_route_lane(struct cfg_loader *lc, struct sc_route *r,
                              yaml_node_t *const *vals)
 {
     const struct sc_config *cfg = lc->cfg;
-    const struct sc_policy *p = r->policy >= 0 ? &cfg->policies[r->policy]
-                                               : NULL;
+    /* An index past the policies: the route's policy value was refused
+     * (an error is listed), so there is no lane to check. */
+    bool known = r->policy >= 0 && (size_t)r->policy < cfg->n_policies;
+    const struct sc_policy *p = known ? &cfg->policies[r->policy] : NULL;
     bool named = r->lane && *r->lane;
     char lanes[512];
 
     r->lane_index = -1;
-    if (policy_unresolved(r, vals[RT_POLICY]))
+    if (policy_unresolved(r, vals[RT_POLICY]) || (r->policy >= 0 && !known))
         return;
     if (p && p->n_lanes && !named) {
         r->lane_index = (long)p->n_lanes - 1;
