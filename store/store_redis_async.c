@@ -639,7 +639,7 @@ static void on_reply(struct redis_conn *ac, redisReply *reply, void *priv)
 
 /* ---- calls joined (redis_join.h): keyed requests', completions ---- */
 
-/* q, sent on cn, could not go: its call ends with rc. */
+/* q could not be sent: its call (if any) ends with rc, why saying so. */
 static void fail_unsent(struct req *q, int rc, const char *why)
 {
     if (q->call) {
@@ -858,8 +858,7 @@ static void set_deadline(struct rconn *cn, struct req *q)
 {
     uint64_t now = clock_mono_ns();
 
-    q->deadline_ns = now + timeout_ns(cn) *
-                           (q->wait_seq || waits(cn, q) ? STORE_WAIT_TIMEOUTS : 1);
+    q->deadline_ns = now + timeout_ns(cn) * (waits(cn, q) ? STORE_WAIT_TIMEOUTS : 1);
     q->drop_ns = now + timeout_ns(cn) * DROP_TIMEOUTS;
 }
 
@@ -994,16 +993,14 @@ static void send_again(struct rloop *rl, struct req *q)
     TAILQ_INSERT_TAIL(&q->cn->reqs, q, link);
     if (!q->call || !to || !to->ac ||
         redis_conn_send(to->ac, q->cmd, q->cmd_len, on_reply, q) != 0) {
-        if (q->call) {
+        if (!to && q->call) {
             q->call->rc = -ENOTCONN;
-            if (to)
-                sc_error_set(&q->call->err, "store: redis at %s: %s: the slot's "
-                             "primary is not connected", q->cn->st->addr, q->info.name);
-            else
-                q->call->err = err;
+            q->call->err = err; /* the slot has no known primary */
             q->filled = true;
+            finish(q, NULL);
+        } else {
+            fail_unsent(q, -ENOTCONN, "the slot's primary is not connected");
         }
-        finish(q, NULL);
         return;
     }
     q->ac = to->ac;
