@@ -140,20 +140,28 @@ static struct store_record fresh_lease(const struct redis_store *st,
     return fresh;
 }
 
+/* The new key's record and its PXAT ms. */
+static int lease_args(struct rcmd *cmd, const struct store_record *fresh,
+                      struct sc_error *err)
+{
+    int rc;
+
+    if ((rc = redis_arg_record(cmd, fresh, err)) != 0)
+        return rc;
+    fmt_at(cmd->at, fresh->expires_ms);
+    redis_arg_str(cmd, cmd->at);
+    return 0;
+}
+
 /* now, fingerprint, the new key's record, its PXAT ms. */
 static int claim_args(struct redis_store *st, struct rcmd *cmd,
                       const struct store_args *a, struct sc_error *err)
 {
     struct store_record fresh = fresh_lease(st, a);
-    int rc;
 
     redis_arg(cmd, cmd->now, 8);
     redis_arg(cmd, a->fp, STORE_FP_LEN);
-    if ((rc = redis_arg_record(cmd, &fresh, err)) != 0)
-        return rc;
-    fmt_at(cmd->at, fresh.expires_ms);
-    redis_arg_str(cmd, cmd->at);
-    return 0;
+    return lease_args(cmd, &fresh, err);
 }
 
 /* The claim's arguments, then this process's id and the prefix of
@@ -177,13 +185,16 @@ static int build_acquire(struct redis_store *st, struct rcmd *cmd,
  * requests of one bucket at once (redis_scripts.c), so its keys are the
  * bucket's first, in the record's hash tag, and the record's; its
  * arguments the bucket's numbers, this process's id and the liveness
- * keys' prefix, shared, and then the claim's (store_redis_async.c joins
- * the commands of one loop by those parts). The lease covers the longest
- * wait for the permit. */
+ * keys' prefix, shared, and then the new key's record and its PXAT
+ * (store_redis_async.c joins the commands of one loop by those parts; the
+ * script reads now and the fingerprint from the record). A fresh key's
+ * answer does not carry its lease back: info keeps it. The lease covers
+ * the longest wait for the permit. */
 static int build_permit_lease(struct redis_store *st, struct rcmd *cmd,
                               const struct store_args *a, struct sc_error *err)
 {
     struct store_args covered = *a;
+    struct store_record fresh;
 
     covered.lease_ms = add_sat(a->lease_ms, (a->max_wait_ns + 999999) / 1000000);
     redis_bucket_key(st, a->scope, a->partition, cmd->key2);
@@ -197,7 +208,11 @@ static int build_permit_lease(struct redis_store *st, struct rcmd *cmd,
     redis_bucket_args(cmd, a->t_ns, a->tau_ns, a->max_wait_ns);
     redis_arg_str(cmd, st->holder);
     redis_arg_str(cmd, cmd->live);
-    return claim_args(st, cmd, &covered, err);
+    fresh = fresh_lease(st, &covered);
+    cmd->info.fresh.lease = fresh.lease;
+    cmd->info.fresh.lease_expires_ms = fresh.lease_expires_ms;
+    memcpy(cmd->info.fresh.fp, fresh.fingerprint, STORE_FP_LEN);
+    return lease_args(cmd, &fresh, err);
 }
 
 /* attempt, created_ms and fingerprint as the lease was taken when the
@@ -230,7 +245,6 @@ static int build_complete(struct rcmd *cmd, const struct store_args *a,
         memcpy(done.fingerprint, a->fp, STORE_FP_LEN);
     }
     redis_evalsha(cmd, SCRIPT_COMPLETE);
-    redis_arg(cmd, cmd->now, 8);
     if ((rc = redis_arg_record(cmd, &done, err)) != 0)
         return rc;
     fmt_at(cmd->at, done.expires_ms);
@@ -518,8 +532,26 @@ static int free_result(const struct rcmd_info *info, const redisReply *v,
     return 0;
 }
 
+/* permit_lease's 'A' for a key nothing held: the lease as sent. */
+static void fresh_result(const struct rcmd_info *info,
+                         struct store_acquire_out *out,
+                         struct redis_lease_hint *hint)
+{
+    out->claim = STORE_ACQUIRED;
+    out->attempt = 1;
+    out->lease = info->fresh.lease;
+    out->lease_expires_ms = info->fresh.lease_expires_ms;
+    if (!hint)
+        return;
+    hint->lease = info->fresh.lease;
+    hint->attempt = 1;
+    hint->created_ms = info->now_ms;
+    memcpy(hint->fp, info->fresh.fp, STORE_FP_LEN);
+}
+
 /* permit_lease: the lease's verdicts as acquire's; 'A' and 'R' carry the
- * permit's wait (and 'R' whether the policy is paused). */
+ * permit's wait (and 'R' whether the policy is paused); an 'A' without a
+ * record is a fresh key's. */
 static int permit_lease_result(const struct redis_store *st,
                                const struct rcmd_info *info, char verdict,
                                const redisReply *r, const struct rcmd_out *out,
@@ -536,6 +568,10 @@ static int permit_lease_result(const struct redis_store *st,
     out->permit->granted = verdict == 'A';
     out->permit->paused = paused == 1;
     out->permit->wait_ns = (uint64_t)wait_us * 1000;
+    if (verdict == 'A' && v->type == REDIS_REPLY_STRING && v->len == 0) {
+        fresh_result(info, out->acq, out->hint);
+        return 0;
+    }
     if (verdict == 'A')
         return acquire_result(info, verdict, r, v, out->acq, out->hint, err);
     return free_result(info, v, out->acq, err);

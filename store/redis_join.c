@@ -7,8 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
-const struct redis_join_layout REDIS_JOIN_PERMIT_LEASE = {1, 1, 5, 4};
-const struct redis_join_layout REDIS_JOIN_COMPLETE = {0, 1, 0, 3};
+const struct redis_join_layout REDIS_JOIN_PERMIT_LEASE = {1, 1, 5, 2};
+const struct redis_join_layout REDIS_JOIN_COMPLETE = {0, 1, 0, 2};
 
 /* EVALSHA, the sha, the key count. */
 #define HEAD_PARTS 3

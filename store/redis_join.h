@@ -28,10 +28,9 @@ struct redis_join_layout {
     unsigned shared_keys, own_keys, shared_args, own_args;
 };
 
-/* <bucket> <record> <T> <tau> <max_wait> <id> <live> <now> <fingerprint>
- * <new record> <PXAT> */
+/* <bucket> <record> <T> <tau> <max_wait> <id> <live> <new record> <PXAT> */
 extern const struct redis_join_layout REDIS_JOIN_PERMIT_LEASE;
-/* <record> <now> <completed record> <PXAT> */
+/* <record> <completed record> <PXAT> */
 extern const struct redis_join_layout REDIS_JOIN_COMPLETE;
 
 /* Whether b (a formatted command, RESP) may join a call led by a: both

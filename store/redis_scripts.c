@@ -27,12 +27,16 @@
  * expires_ms, so a script that must put a value back knows the expiry it
  * had from the value itself.
  *
- * Times travel as 8 little-endian bytes and are compared byte by byte, never
- * as Lua numbers (doubles) nor with Lua's string '<' (strcoll: Redis sets
- * the locale). What needs arithmetic or a message (remaining lease, decoding
+ * Times travel as 8 little-endian bytes and are compared as the numbers
+ * struct.unpack reads (ms), one C call each, never with Lua's string '<'
+ * (strcoll: Redis sets the locale). A double holds every time below 2^53 ms
+ * (year 287,000) exactly and rounds the larger (a saturated expiry) in
+ * order, so a comparison with now, the only kind the scripts make, is
+ * exact. What needs arithmetic or a message (remaining lease, decoding
  * a replay) is left to C: a script answers a one-letter verdict and, where
  * the caller needs it, the record as it was or as written:
- *   A acquired (the new record)   H held (the record)   D done (the record)
+ *   A acquired (the new record; '': as the caller sent it)
+ *   H held (the record)           D done (the record)
  *   M fingerprint mismatch        N no live record      E already completed
  *   S a later attempt holds it (the record)             O written
  *   X a value this script cannot read (the value: C decodes it for the
@@ -48,12 +52,9 @@
 /* Functions of every record script. KEYS[1] is the record (of a script
  * that serves several, each function is given its own). */
 #define RECORD_FNS                                                           \
-    "local function le_cmp(a, b)\n"                                          \
-    "  for i = 8, 1, -1 do\n"                                                \
-    "    local x, y = a:byte(i), b:byte(i)\n"                                \
-    "    if x ~= y then if x < y then return -1 end return 1 end\n"         \
-    "  end\n"                                                                \
-    "  return 0\n"                                                           \
+    /* The time at byte i of s (8 bytes, little-endian) as a number. */    \
+    "local function ms(s, i)\n"                                              \
+    "  return (struct.unpack('<I8', s, i))\n"                                \
     "end\n"                                                                  \
     /* One command: the value and its expiry (PXAT ms; '0': none), at k \
      * (KEYS[1] when not given). */                                         \
@@ -72,20 +73,21 @@
     "  if r:byte(1) >= 3 then return r:sub(72, 79) end\n"                   \
     "  return ''\n"                                                          \
     "end\n"                                                                  \
-    /* The live record at k at now (8 bytes): its value, or false when    \
-     * absent or expired; false and the value when this cannot read it. */ \
+    /* The live record at k at now (ms): its value, or false when absent  \
+     * or expired; false and the value when this cannot read it. */        \
     "local function live_at(k, now)\n"                                       \
     "  local r = redis.call('GET', k)\n"                                     \
     "  if r and not readable(r) then return false, r end\n"                  \
-    "  if r and le_cmp(r:sub(8, 15), now) <= 0 then return false end\n"      \
+    "  if r and ms(r, 8) <= now then return false end\n"                     \
     "  return r\n"                                                           \
     "end\n"
 
-/* ARGV[1] is now. cur: the live record; false when absent or expired at
- * now. */
+/* ARGV[1] is now (8 bytes), wall its time. cur: the live record; false
+ * when absent or expired at now. */
 #define PRELUDE                                                              \
     RECORD_FNS                                                               \
-    "local cur, bad = live_at(KEYS[1], ARGV[1])\n"                           \
+    "local wall = ms(ARGV[1], 1)\n"                                          \
+    "local cur, bad = live_at(KEYS[1], wall)\n"                              \
     "if bad then return {'X', bad} end\n"
 
 /* Waiting duplicates (contract §6, fleet mode): a script that ends the
@@ -143,7 +145,7 @@
     "  if not r then return nil end\n"                                       \
     "  if r:sub(40, 71) ~= fp then return {'M'} end\n"                       \
     "  if r:byte(2) == 2 then return {'D', r} end\n"                         \
-    "  if le_cmp(r:sub(24, 31), now) > 0 then\n"                             \
+    "  if ms(r, 24) > now then\n"                                            \
     "    return {'H', r, holder_gone(r, me, live)}\n"                        \
     "  end\n"                                                                \
     "  return nil\n"                                                         \
@@ -225,7 +227,7 @@ static const char ACQUIRE[] =
     PRELUDE
     CLAIM_FNS
     "local na = #ARGV\n"
-    "local r = claim_check(cur, ARGV[2], ARGV[1], ARGV[na - 1], ARGV[na])\n"
+    "local r = claim_check(cur, ARGV[2], wall, ARGV[na - 1], ARGV[na])\n"
     "if r then return r end\n"
     "local new = take_lease(cur, ARGV[3])\n"
     "save(new, ARGV[4])\n"
@@ -331,17 +333,24 @@ static const char PERMIT[] =
  * a script call costs by itself is paid once). KEYS[1] the policy's bucket,
  * KEYS[1 + i] request i's record (one hash tag, one Cluster slot); ARGV:
  * T, tau, max_wait (µs), this process's id, the liveness keys' prefix,
- * then for each request: now, fingerprint, the new key's record, PXAT ms.
+ * then for each request: the new key's record (its created_ms is the
+ * caller's now, its fingerprint the request's) and its PXAT ms.
  * Answers one reply per request, in order, each as if it had come alone
  * right after those before it (their leases and permits): a replay, a
- * mismatch or a live lease answers before the bucket is asked (a
- * duplicate spends no permit); a refused permit writes nothing and
- * answers {'R', the record or '', wait, paused}; otherwise the permit is
- * reserved and the lease written: {'A', new, wait}. The caller's lease
- * covers the wait (its record is made so). Redis's clock is read once,
- * the bucket read and written once for all of them. A fresh key costs
- * five commands alone (GET, TIME, GET and SET of the bucket, SET of the
- * record), two more with each request joined. */
+ * mismatch or a live lease answers without a permit (a duplicate spends
+ * none); a refused permit writes nothing and answers {'R', the record or
+ * '', wait, paused}; otherwise the permit is reserved and the lease
+ * written: {'A', new, wait}, new '' for a key nothing held (the lease is
+ * the record as sent). The caller's lease covers the wait (its record is
+ * made so). Redis's clock is read once, the bucket read and written once
+ * for all of them.
+ *
+ * The common request is a fresh key, so it goes first: the permit is
+ * reserved and the lease written with SET NX, which answers whether the
+ * key was free; when it was not (or the permit was refused) the permit is
+ * given back, nothing having been written, and the record read and
+ * checked. A fresh key costs one command (SET NX), with the bucket's
+ * TIME, GET and SET once per call. */
 static const char PERMIT_LEASE[] =
     RECORD_FNS
     BUCKET
@@ -349,13 +358,22 @@ static const char PERMIT_LEASE[] =
     "local T, tau, maxw = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])\n"
     "local me, live = ARGV[4], ARGV[5]\n"
     "local now, b, taken\n"
-    "local function one(k, wall, fp, new, pxat)\n"
+    "local function fresh(k, new, pxat)\n"
+    "  if pxat ~= '0' then return redis.call('SET', k, new, 'NX', 'PXAT', pxat) end\n"
+    "  return redis.call('SET', k, new, 'NX')\n"
+    "end\n"
+    "local function one(k, new, pxat)\n"
+    "  if not b then now = redis_now() b = bucket_get(KEYS[1]) end\n"
+    "  local tat = b.tat\n"
+    "  local ok, wait, paused = reserve(b, T, tau, maxw, now)\n"
+    "  if ok and fresh(k, new, pxat) then taken = true return {'A', '', wait} end\n"
+    "  b.tat = tat\n"
+    "  local wall = ms(new, 16)\n"
     "  local cur, bad = live_at(k, wall)\n"
     "  if bad then return {'X', bad} end\n"
-    "  local r = claim_check(cur, fp, wall, me, live)\n"
+    "  local r = claim_check(cur, new:sub(40, 71), wall, me, live)\n"
     "  if r then return r end\n"
-    "  if not b then now = redis_now() b = bucket_get(KEYS[1]) end\n"
-    "  local ok, wait, paused = reserve(b, T, tau, maxw, now)\n"
+    "  ok, wait, paused = reserve(b, T, tau, maxw, now)\n"
     "  if not ok then return {'R', cur or '', wait, paused} end\n"
     "  taken = true\n"
     "  new = take_lease(cur, new)\n"
@@ -364,21 +382,21 @@ static const char PERMIT_LEASE[] =
     "end\n"
     "local out = {}\n"
     "for i = 2, #KEYS do\n"
-    "  local o = 4 * i - 2\n"
-    "  out[i - 1] = one(KEYS[i], ARGV[o], ARGV[o + 1], ARGV[o + 2], ARGV[o + 3])\n"
+    "  local o = 2 * i + 2\n"
+    "  out[i - 1] = one(KEYS[i], ARGV[o], ARGV[o + 1])\n"
     "end\n"
     "if taken then bucket_put(KEYS[1], b, now) end\n"
     "return out\n";
 
 /* Completions, as many as a loop has at once for one slot
  * (store_redis_async.c joins them, redis_join.h): KEYS[i] record i;
- * ARGV[3i - 2 .. 3i] its now, the completed record (status, headers,
- * body, times and the completing lease's fence set; attempt, created_ms
- * and fingerprint as the caller knows them from the lease it took, else
- * 0), PXAT ms. Answers one reply per record, in order, each as if it had
- * come alone after those before it. The attempt, created_ms and
- * fingerprint are the stored record's; the first result stays. Fenced:
- * only the lease that holds the key completes it.
+ * ARGV[2i - 1], ARGV[2i] its completed record (status, headers, body,
+ * times, completed_ms the caller's now, and the completing lease's fence
+ * set; attempt, created_ms and fingerprint as the caller knows them from
+ * the lease it took, else 0) and PXAT ms. Answers one reply per record, in
+ * order, each as if it had come alone after those before it. The attempt,
+ * created_ms and fingerprint are the stored record's; the first result
+ * stays. Fenced: only the lease that holds the key completes it.
  *
  * One command on the common path: the result is written and the old value
  * read back by the same SET (its GET option), and then checked. Why that is
@@ -386,42 +404,42 @@ static const char PERMIT_LEASE[] =
  * the checks; a check that fails puts the old value back exactly (DEL when
  * there was none; else the same bytes with the expiry they had, which is
  * their expires_ms: every write sets it so) before the script answers.
- * When the caller's attempt, created_ms or fingerprint differ from the
- * stored ones (it did not know them), one more SET writes the stored
- * ones in. */
+ * When the caller's attempt or fingerprint differ from the stored ones (it
+ * did not know them, or a release under the same lease counted the
+ * attempt back), one more SET writes the stored ones in. created_ms needs
+ * no check of its own: no script rewrites it under one fence (a takeover
+ * draws a new one), and a caller that knows the fingerprint knows it. */
 static const char COMPLETE[] =
     NOTIFY_DONE
     RECORD_FNS
     "local function put_back(k, old)\n"
     "  if not old then redis.call('DEL', k) return end\n"
-    "  local x = 0\n"
-    "  for i = 15, 8, -1 do x = x * 256 + old:byte(i) end\n"
+    "  local x = ms(old, 8)\n"
     /* As C's PEXPIREAT_MAX: a saturated expiry is kept without a TTL. */
     "  if x > 0 and x <= 4611686018427387904 then\n"
     "    redis.call('SET', k, old, 'PXAT', string.format('%.0f', x))\n"
     "  else redis.call('SET', k, old) end\n"
     "end\n"
-    "local function complete(k, now, d, at)\n"
+    "local O = {'O'}\n"
+    "local function complete(k, d, at)\n"
     "  local old\n"
     "  if at ~= '0' then old = redis.call('SET', k, d, 'PXAT', at, 'GET')\n"
     "  else old = redis.call('SET', k, d, 'GET') end\n"
     "  if not old then put_back(k, old) return {'N'} end\n"
     "  if not readable(old) then put_back(k, old) return {'X', old} end\n"
-    "  if le_cmp(old:sub(8, 15), now) <= 0 then put_back(k, old) return {'N'} end\n"
+    "  if ms(old, 8) <= ms(d, 32) then put_back(k, old) return {'N'} end\n"
     "  if old:byte(2) == 2 then put_back(k, old) return {'E'} end\n"
-    "  if fence(old) ~= d:sub(72, 79) then put_back(k, old) return {'S', old} end\n"
-    "  if old:sub(4, 7) ~= d:sub(4, 7) or old:sub(16, 23) ~= d:sub(16, 23) or\n"
-    "     old:sub(40, 71) ~= d:sub(40, 71) then\n"
+    "  if old:sub(40, 79) ~= d:sub(40, 79) or old:sub(4, 7) ~= d:sub(4, 7) then\n"
+    "    if fence(old) ~= d:sub(72, 79) then put_back(k, old) return {'S', old} end\n"
     "    save(d:sub(1, 3) .. old:sub(4, 7) .. d:sub(8, 15) .. old:sub(16, 23) ..\n"
     "         d:sub(24, 39) .. old:sub(40, 71) .. d:sub(72), at, k)\n"
     "  end\n"
     "  notify_done(old, k)\n"
-    "  return {'O'}\n"
+    "  return O\n"
     "end\n"
     "local out = {}\n"
     "for i = 1, #KEYS do\n"
-    "  local o = 3 * i - 2\n"
-    "  out[i] = complete(KEYS[i], ARGV[o], ARGV[o + 1], ARGV[o + 2])\n"
+    "  out[i] = complete(KEYS[i], ARGV[2 * i - 1], ARGV[2 * i])\n"
     "end\n"
     "return out\n";
 
@@ -517,7 +535,7 @@ static const char SLOT_TAKE[] =
     "if not cur then return {'N'} end\n"                                     \
     "if cur:byte(2) == 2 then return {'E'} end\n"                            \
     "if fence(cur) ~= ARGV[2] then return {'S', cur} end\n"                  \
-    "if le_cmp(cur:sub(24, 31), ARGV[1]) <= 0 then return {'L'} end\n"       \
+    "if ms(cur, 24) <= wall then return {'L'} end\n"                         \
     /* v3 has no mark: none (0). */                                          \
     "local function mark(r)\n"                                               \
     "  if r:byte(1) >= 4 then return r:byte(80) end\n"                       \

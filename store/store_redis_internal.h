@@ -74,6 +74,12 @@ struct rcmd_info {
     uint32_t attempt;            /* release */
     uint64_t ttl_ms;             /* acquire, permit_lease: a late grant's
                                     release keeps the count that long */
+    struct {                     /* permit_lease: the lease a fresh key
+                                    gets (attempt 1, created now_ms), which
+                                    its answer does not carry back */
+        uint64_t lease, lease_expires_ms;
+        uint8_t fp[STORE_FP_LEN];
+    } fresh;
     /* "scope/key", for messages, and read back to give a late grant back
      * (a scope has no '/') */
     char name[RECORD_SCOPE_MAX + 1 + RECORD_KEY_MAX + 1];

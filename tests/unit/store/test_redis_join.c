@@ -14,29 +14,28 @@ struct fmt {
 };
 
 static struct fmt keyed(const char *bucket, const char *record, const char *max_wait,
-                        const char *now)
+                        const char *rec)
 {
     const char *argv[] = {"EVALSHA", "0123456789abcdef0123456789abcdef01234567", "2",
                           bucket, record, "100000", "0", max_wait, "sidecar-a",
-                          "sluice:{p}:live:", now, "fingerprint\r\nwith a CRLF",
-                          "rec\0ord", "1700000000000"};
-    size_t len[14];
+                          "sluice:{p}:live:", rec, "1700000000000"};
+    size_t len[12];
     struct fmt f;
 
-    for (int i = 0; i < 14; i++)
+    for (int i = 0; i < 12; i++)
         len[i] = strlen(argv[i]);
-    len[12] = 7; /* a record holds NULs */
-    f.len = redis_format_argv(f.buf, sizeof f.buf, 14, argv, len);
+    len[10] = 12; /* a record holds NULs and CRLFs */
+    f.len = redis_format_argv(f.buf, sizeof f.buf, 12, argv, len);
     cr_assert_leq(f.len, sizeof f.buf);
     return f;
 }
 
 Test(redis_join, requests_of_one_bucket_and_numbers_fit)
 {
-    struct fmt a = keyed("sluice:{p}:b", "sluice:{p}:k:1", "5000", "NOW-0001");
-    struct fmt b = keyed("sluice:{p}:b", "sluice:{p}:k:2", "5000", "NOW-0002");
-    struct fmt other = keyed("sluice:{p}:b:tenant", "sluice:{p}:k:3", "5000", "NOW-0003");
-    struct fmt wait = keyed("sluice:{p}:b", "sluice:{p}:k:4", "0", "NOW-0004");
+    struct fmt a = keyed("sluice:{p}:b", "sluice:{p}:k:1", "5000", "R-0001\0\r\nrec");
+    struct fmt b = keyed("sluice:{p}:b", "sluice:{p}:k:2", "5000", "R-0002\0\r\nrec");
+    struct fmt other = keyed("sluice:{p}:b:tenant", "sluice:{p}:k:3", "5000", "R-0003\0\r\nrec");
+    struct fmt wait = keyed("sluice:{p}:b", "sluice:{p}:k:4", "0", "R-0004\0\r\nrec");
 
     cr_expect(redis_join_fits(&REDIS_JOIN_PERMIT_LEASE, a.buf, a.len, b.buf, b.len));
     cr_expect(redis_join_fits(&REDIS_JOIN_PERMIT_LEASE, a.buf, a.len, a.buf, a.len), "a duplicate key fits too");
@@ -46,7 +45,7 @@ Test(redis_join, requests_of_one_bucket_and_numbers_fit)
 
 Test(redis_join, other_commands_never_fit)
 {
-    struct fmt a = keyed("sluice:{p}:b", "sluice:{p}:k:1", "5000", "NOW-0001");
+    struct fmt a = keyed("sluice:{p}:b", "sluice:{p}:k:1", "5000", "R-0001\0\r\nrec");
     const char *get[] = {"GET", "sluice:{p}:k:1"};
     size_t get_len[] = {3, 14};
     char g[64];
@@ -67,31 +66,31 @@ Test(redis_join, other_commands_never_fit)
 }
 
 /* Three requests: the bucket once, the records in order, the shared
- * numbers once, then each request's own four, as one RESP command. */
+ * numbers once, then each request's own two, as one RESP command. */
 Test(redis_join, the_joined_command_byte_for_byte)
 {
     struct fmt f[3] = {
-        keyed("sluice:{p}:b", "sluice:{p}:k:1", "5000", "NOW-0001"),
-        keyed("sluice:{p}:b", "sluice:{p}:k:2", "5000", "NOW-0002"),
-        keyed("sluice:{p}:b", "sluice:{p}:k:1", "5000", "NOW-0003"),
+        keyed("sluice:{p}:b", "sluice:{p}:k:1", "5000", "R-0001\0\r\nrec"),
+        keyed("sluice:{p}:b", "sluice:{p}:k:2", "5000", "R-0002\0\r\nrec"),
+        keyed("sluice:{p}:b", "sluice:{p}:k:1", "5000", "R-0003\0\r\nrec"),
     };
     const char *want_argv[] = {
         "EVALSHA", "0123456789abcdef0123456789abcdef01234567", "4", "sluice:{p}:b",
         "sluice:{p}:k:1", "sluice:{p}:k:2", "sluice:{p}:k:1",
         "100000", "0", "5000", "sidecar-a", "sluice:{p}:live:",
-        "NOW-0001", "fingerprint\r\nwith a CRLF", "rec\0ord", "1700000000000",
-        "NOW-0002", "fingerprint\r\nwith a CRLF", "rec\0ord", "1700000000000",
-        "NOW-0003", "fingerprint\r\nwith a CRLF", "rec\0ord", "1700000000000",
+        "R-0001\0\r\nrec", "1700000000000",
+        "R-0002\0\r\nrec", "1700000000000",
+        "R-0003\0\r\nrec", "1700000000000",
     };
-    size_t want_len[24];
+    size_t want_len[18];
     const char *cmd[3];
     size_t len[3], n, wn;
     char want[1024], out[1024], small[16];
 
-    for (int i = 0; i < 24; i++)
+    for (int i = 0; i < 18; i++)
         want_len[i] = strlen(want_argv[i]);
-    want_len[14] = want_len[18] = want_len[22] = 7;
-    wn = redis_format_argv(want, sizeof want, 24, want_argv, want_len);
+    want_len[12] = want_len[14] = want_len[16] = 12;
+    wn = redis_format_argv(want, sizeof want, 18, want_argv, want_len);
     for (int i = 0; i < 3; i++) {
         cmd[i] = f[i].buf;
         len[i] = f[i].len;
@@ -109,7 +108,7 @@ Test(redis_join, the_joined_command_byte_for_byte)
 /* Eleven requests: the key count takes two digits. */
 Test(redis_join, a_two_digit_key_count)
 {
-    struct fmt f = keyed("sluice:{p}:b", "sluice:{p}:k:1", "5000", "NOW-0001");
+    struct fmt f = keyed("sluice:{p}:b", "sluice:{p}:k:1", "5000", "R-0001\0\r\nrec");
     const char *cmd[11];
     size_t len[11], n;
     static char out[8192];
@@ -121,22 +120,22 @@ Test(redis_join, a_two_digit_key_count)
     n = redis_join(&REDIS_JOIN_PERMIT_LEASE, out, sizeof out, cmd, len, 11);
     cr_assert_gt(n, 0);
     cr_assert_leq(n, sizeof out);
-    cr_expect_eq(memcmp(out, "*64\r\n", 5), 0, "9 + 5 x 11 arguments");
+    cr_expect_eq(memcmp(out, "*42\r\n", 5), 0, "9 + 3 x 11 arguments");
     cr_expect(memmem(out, n, "$2\r\n12\r\n", 8) != NULL, "12 keys");
 }
 
-/* A completion's command: the record's key, then now, the record, PXAT. */
-static struct fmt completion(const char *record, const char *now)
+/* A completion's command: the record's key, then the record, PXAT. */
+static struct fmt completion(const char *record, const char *rec)
 {
     const char *argv[] = {"EVALSHA", "fedcba9876543210fedcba9876543210fedcba98", "1",
-                          record, now, "done\0record", "0"};
-    size_t len[7];
+                          record, rec, "0"};
+    size_t len[6];
     struct fmt f;
 
-    for (int i = 0; i < 7; i++)
+    for (int i = 0; i < 6; i++)
         len[i] = strlen(argv[i]);
-    len[5] = 11;
-    f.len = redis_format_argv(f.buf, sizeof f.buf, 7, argv, len);
+    len[4] = 12;
+    f.len = redis_format_argv(f.buf, sizeof f.buf, 6, argv, len);
     return f;
 }
 
@@ -144,15 +143,15 @@ static struct fmt completion(const char *record, const char *now)
  * whatever else the key holds. */
 Test(redis_join, completions_of_one_slot_fit_and_join)
 {
-    struct fmt f[2] = {completion("sluice:{p}:k:1", "NOW-0001"),
-                       completion("sluice:{p}:k:2", "NOW-0002")};
-    struct fmt other = completion("sluice:{q}:k:1", "NOW-0003");
-    struct fmt keyed_one = keyed("sluice:{p}:b", "sluice:{p}:k:1", "5000", "NOW-0001");
+    struct fmt f[2] = {completion("sluice:{p}:k:1", "R-0001\0\r\nrec"),
+                       completion("sluice:{p}:k:2", "R-0002\0\r\nrec")};
+    struct fmt other = completion("sluice:{q}:k:1", "R-0003\0\r\nrec");
+    struct fmt keyed_one = keyed("sluice:{p}:b", "sluice:{p}:k:1", "5000", "R-0001\0\r\nrec");
     const char *want_argv[] = {"EVALSHA", "fedcba9876543210fedcba9876543210fedcba98", "2",
                                "sluice:{p}:k:1", "sluice:{p}:k:2",
-                               "NOW-0001", "done\0record", "0",
-                               "NOW-0002", "done\0record", "0"};
-    size_t want_len[11];
+                               "R-0001\0\r\nrec", "0",
+                               "R-0002\0\r\nrec", "0"};
+    size_t want_len[9];
     const char *cmd[] = {f[0].buf, f[1].buf};
     size_t len[] = {f[0].len, f[1].len}, n, wn;
     char want[512], out[512];
@@ -164,10 +163,10 @@ Test(redis_join, completions_of_one_slot_fit_and_join)
                                   keyed_one.len), "another layout");
     cr_expect_not(redis_join_fits(&REDIS_JOIN_PERMIT_LEASE, f[0].buf, f[0].len, f[1].buf,
                                   f[1].len));
-    for (int i = 0; i < 11; i++)
+    for (int i = 0; i < 9; i++)
         want_len[i] = strlen(want_argv[i]);
-    want_len[6] = want_len[9] = 11;
-    wn = redis_format_argv(want, sizeof want, 11, want_argv, want_len);
+    want_len[5] = want_len[7] = 12;
+    wn = redis_format_argv(want, sizeof want, 9, want_argv, want_len);
     n = redis_join(&REDIS_JOIN_COMPLETE, out, sizeof out, cmd, len, 2);
     cr_assert_eq(n, wn);
     cr_expect_eq(memcmp(out, want, n), 0, "%.*s", (int)n, out);

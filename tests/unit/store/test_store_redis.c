@@ -738,6 +738,10 @@ Test(store, permit_lease_takes_both_or_neither)
     rec = stored("a");
     cr_expect_eq(rec.state, STORE_IN_PROGRESS);
     cr_expect_eq(rec.lease_expires_ms, t0 + LEASE + 1000);
+    /* The answer does not carry a fresh key's lease back: it is the one
+     * sent, exactly what Redis holds. */
+    cr_expect_eq(c.acq.lease, rec.lease);
+    cr_expect_eq(c.acq.lease_expires_ms, rec.lease_expires_ms);
     store_record_clear(&rec);
 
     /* Its duplicate: lease_held, and no permit spent on it... */
@@ -1343,10 +1347,11 @@ static void complete_on(struct aloop *a, struct waiter *w, const char *key,
     cr_assert_eq(c.rc, 0, "%s", c.err.text);
 }
 
-/* A fresh key, its permit granted, completed: six commands in all (GET,
- * TIME, the bucket's GET and SET, the lease's SET; the completion's one
- * SET), and the completed record is exactly what two reads would make. */
-Test(store, a_fresh_keyed_request_costs_six_commands)
+/* A fresh key, its permit granted, completed: five commands in all
+ * (TIME, the bucket's GET and SET, the lease's SET NX; the completion's
+ * one SET), and the completed record is exactly what two reads would
+ * make. */
+Test(store, a_fresh_keyed_request_costs_five_commands)
 {
     struct aloop a = aloop_new(st);
     struct waiter w = {0};
@@ -1362,7 +1367,7 @@ Test(store, a_fresh_keyed_request_costs_six_commands)
     cr_assert(c.permit.granted);
     lease = c.acq.lease;
     complete_on(&a, &w, "fresh", lease, 201);
-    cr_expect_eq(commands_run(), 6, "commands per fresh keyed request");
+    cr_expect_eq(commands_run(), 5, "commands per fresh keyed request");
     rec = stored("fresh");
     cr_expect_eq(rec.state, STORE_COMPLETED);
     cr_expect_eq(rec.status, 201);
