@@ -22,7 +22,8 @@
 # and commands are summed over the primaries and also given per primary), BASE (a second
 # sluice to compare in the same run: a build dir holding one, or a git revision, built here
 # from `git archive` into build-bench-base-<rev>/; each run then goes once per binary, "base"
-# and "this"), REPS (1: rounds of each phase's runs, alternating the binaries).
+# and "this"), REPS (1: rounds of each phase's runs, alternating the binaries), REDIS_CORE=1
+# (redis-server on a core of its own, below).
 set -euo pipefail
 
 SIDECARS=${SIDECARS:-4}
@@ -40,6 +41,18 @@ BUILD_DIR=${BUILD_DIR:-$REPO/build-bench-fleet}
 NAME=fleet.sh TMP_PREFIX=sluice-fleet
 # shellcheck source-path=SCRIPTDIR source=benchlib.sh
 . "$HERE/benchlib.sh"
+
+# REDIS_CORE=1: redis-server on the last core, the sidecars, wrk and the stub on the others
+# (taskset), as Redis runs on a machine of its own in a fleet: its CPU per request is then its
+# own work, not also what sharing a core with ten busy processes costs it (its caches evicted
+# at every switch), which on a 2-core machine doubles it and varies from run to run.
+PIN_REDIS=""
+# shellcheck disable=SC2034  # PIN_SLUICE and PIN_LOAD are read by benchlib.sh
+if [ "${REDIS_CORE:-0}" = 1 ]; then
+    last=$(($(nproc) - 1))
+    [ "$last" -ge 1 ] || die "REDIS_CORE=1 needs 2 cores"
+    PIN_REDIS="taskset -c $last" PIN_SLUICE="taskset -c 0-$((last - 1))" PIN_LOAD=$PIN_SLUICE
+fi
 
 # schedstat's on-CPU time, in ns: finer than benchlib's clock ticks over short runs.
 cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ t += $1 } END { printf "%.0f\n", t }'; }
@@ -103,7 +116,7 @@ if [ "$CLUSTER" -gt 0 ]; then
     for i in $(seq "$CLUSTER"); do
         p=${BUS_SAFE[$((i - 1))]}
         mkdir -p "$TMP/r$i"
-        redis-server --bind 127.0.0.1 --port "$p" --save '' --appendonly no --dir "$TMP/r$i" \
+        $PIN_REDIS redis-server --bind 127.0.0.1 --port "$p" --save '' --appendonly no --dir "$TMP/r$i" \
             --cluster-enabled yes --cluster-config-file nodes.conf >"$TMP/r$i/redis.log" 2>&1 &
         REDIS_PIDS+=($!)
         REDIS_PORTS+=("$p")
@@ -111,7 +124,7 @@ if [ "$CLUSTER" -gt 0 ]; then
     done
     REDIS_PORT=${REDIS_PORTS[0]}
 else
-    redis-server --bind 127.0.0.1 "${REDIS_LISTEN[@]}" --save '' --appendonly no \
+    $PIN_REDIS redis-server --bind 127.0.0.1 "${REDIS_LISTEN[@]}" --save '' --appendonly no \
         --dir "$TMP" >"$TMP/redis.log" 2>&1 &
     REDIS_PIDS=($!)
     REDIS_PORTS=("$REDIS_PORT")
@@ -213,7 +226,7 @@ run() {
     local wrks=()
     for i in "${!SL_PORTS[@]}"; do
         [ "${4:-}" = keyed ] && script=(-s "$HERE/freshkey.lua")
-        wrk -t1 -c"$CLIENTS" -d"${SECONDS_RUN}s" --latency "${script[@]}" \
+        $PIN_LOAD wrk -t1 -c"$CLIENTS" -d"${SECONDS_RUN}s" --latency "${script[@]}" \
             "http://127.0.0.1:${SL_PORTS[$i]}/x" ${script[@]:+-- "$1-s$i"} \
             >"$d/wrk$i.txt" 2>&1 &
         wrks+=($!)
