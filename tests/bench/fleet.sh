@@ -43,9 +43,9 @@ NAME=fleet.sh TMP_PREFIX=sluice-fleet
 . "$HERE/benchlib.sh"
 
 # REDIS_CORE=1: redis-server on the last core, the sidecars, wrk and the stub on the others
-# (taskset), as Redis runs on a machine of its own in a fleet: its CPU per request is then its
-# own work, not also what sharing a core with ten busy processes costs it (its caches evicted
-# at every switch), which on a 2-core machine doubles it and varies from run to run.
+# (taskset), as Redis runs on a machine of its own in a fleet, so that its CPU per request is
+# less what sharing a core with ten busy processes costs it. On the 2-core machine here it
+# did not narrow the rounds' spread (tests/bench/README.md, the SET NX round).
 PIN_REDIS=""
 # shellcheck disable=SC2034  # PIN_SLUICE and PIN_LOAD are read by benchlib.sh
 if [ "${REDIS_CORE:-0}" = 1 ]; then
