@@ -549,9 +549,24 @@ static void fresh_result(const struct rcmd_info *info,
     memcpy(hint->fp, info->fresh.fp, STORE_FP_LEN);
 }
 
-/* permit_lease: the lease's verdicts as acquire's; 'A' and 'R' carry the
- * permit's wait (and 'R' whether the policy is paused); an 'A' without a
- * record is a fresh key's. */
+/* permit_lease's answer for a key nothing held: the permit's wait alone
+ * (µs); the lease is the record as sent. */
+static int fresh_taken(const struct redis_store *st,
+                       const struct rcmd_info *info, long long wait_us,
+                       const struct rcmd_out *out, struct sc_error *err)
+{
+    if (wait_us < 0)
+        return redis_unexpected(st, info, err);
+    out->permit->granted = true;
+    out->permit->paused = false;
+    out->permit->wait_ns = (uint64_t)wait_us * 1000;
+    fresh_result(info, out->acq, out->hint);
+    return 0;
+}
+
+/* permit_lease: the lease's verdicts as acquire's; 'A' (a key taken over)
+ * and 'R' carry the permit's wait (and 'R' whether the policy is
+ * paused). */
 static int permit_lease_result(const struct redis_store *st,
                                const struct rcmd_info *info, char verdict,
                                const redisReply *r, const struct rcmd_out *out,
@@ -568,10 +583,6 @@ static int permit_lease_result(const struct redis_store *st,
     out->permit->granted = verdict == 'A';
     out->permit->paused = paused == 1;
     out->permit->wait_ns = (uint64_t)wait_us * 1000;
-    if (verdict == 'A' && v->type == REDIS_REPLY_STRING && v->len == 0) {
-        fresh_result(info, out->acq, out->hint);
-        return 0;
-    }
     if (verdict == 'A')
         return acquire_result(info, verdict, r, v, out->acq, out->hint, err);
     return free_result(info, v, out->acq, err);
@@ -623,13 +634,13 @@ static int script_result(const struct redis_store *st,
     const redisReply *v;
     char verdict;
 
-    /* The scripts that serve several requests at once answer one reply
-     * per request (redis_join.h): a command sent alone gets an array of
-     * one, a joined one's part of the reply is given as it is. */
-    if ((info->op == STORE_OP_PERMIT_LEASE || info->op == STORE_OP_COMPLETE) &&
-        r->type == REDIS_REPLY_ARRAY &&
-        r->elements == 1 && r->element[0]->type == REDIS_REPLY_ARRAY)
-        r = r->element[0];
+    /* The scripts that serve several requests at once answer each one's
+     * answer in one flat array: a command sent alone gets its one answer,
+     * a joined one its part (redis_join_split). */
+    if (info->op == STORE_OP_PERMIT_LEASE && out->acq && out->permit &&
+        r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
+        r->element[0]->type == REDIS_REPLY_INTEGER)
+        return fresh_taken(st, info, r->element[0]->integer, out, err);
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
         r->element[0]->type != REDIS_REPLY_STRING || r->element[0]->len != 1)
         return redis_unexpected(st, info, err);

@@ -7,8 +7,61 @@
 #include <stdio.h>
 #include <string.h>
 
-const struct redis_join_layout REDIS_JOIN_PERMIT_LEASE = {1, 1, 5, 2};
-const struct redis_join_layout REDIS_JOIN_COMPLETE = {0, 1, 0, 2};
+/* A verdict (a one-letter string) at el[0]: its letter, else 0. */
+static char verdict(redisReply *const *el)
+{
+    const redisReply *v = el[0];
+
+    return v->type == REDIS_REPLY_STRING && v->len == 1 ? v->str[0] : 0;
+}
+
+/* n elements when that many are left; else 0. */
+static size_t have(size_t n, size_t left)
+{
+    return n <= left ? n : 0;
+}
+
+/* PERMIT_LEASE (redis_scripts.c): a fresh key's wait alone, or a verdict
+ * and its fields. */
+static size_t permit_lease_len(redisReply *const *el, size_t left)
+{
+    if (el[0]->type == REDIS_REPLY_INTEGER)
+        return 1;
+    switch (verdict(el)) {
+    case 'M':
+        return 1;
+    case 'D':
+    case 'X':
+        return have(2, left);
+    case 'A':
+    case 'H':
+        return have(3, left);
+    case 'R':
+        return have(4, left);
+    default:
+        return 0;
+    }
+}
+
+/* COMPLETE: 'O', 'N', 'E', or 'S' or 'X' and the value. */
+static size_t complete_len(redisReply *const *el, size_t left)
+{
+    switch (verdict(el)) {
+    case 'O':
+    case 'N':
+    case 'E':
+        return 1;
+    case 'S':
+    case 'X':
+        return have(2, left);
+    default:
+        return 0;
+    }
+}
+
+const struct redis_join_layout REDIS_JOIN_PERMIT_LEASE = {1, 1, 5, 2,
+                                                          permit_lease_len};
+const struct redis_join_layout REDIS_JOIN_COMPLETE = {0, 1, 0, 2, complete_len};
 
 /* EVALSHA, the sha, the key count. */
 #define HEAD_PARTS 3
@@ -177,4 +230,29 @@ size_t redis_join(const struct redis_join_layout *l, char *out, size_t cap,
     for (unsigned i = 0; i < n; i++)
         put_parts(&w, end, &total, &sp[i], at_own_args, l->own_args);
     return total;
+}
+
+bool redis_join_split(const struct redis_join_layout *l, const redisReply *r,
+                      unsigned n, redisReply part[])
+{
+    size_t at = 0, len[REDIS_JOIN_MAX];
+
+    if (r->type != REDIS_REPLY_ARRAY || n < 1 || n > REDIS_JOIN_MAX)
+        return false;
+    for (unsigned i = 0; i < n; i++) {
+        if (at >= r->elements ||
+            !(len[i] = l->answer_len(r->element + at, r->elements - at)))
+            return false;
+        at += len[i];
+    }
+    if (at != r->elements)
+        return false;
+    at = 0;
+    for (unsigned i = 0; i < n; i++) {
+        part[i] = (redisReply){.type = REDIS_REPLY_ARRAY,
+                               .elements = len[i],
+                               .element = r->element + at};
+        at += len[i];
+    }
+    return true;
 }

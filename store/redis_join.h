@@ -13,19 +13,26 @@
  * own; n commands whose shared parts are the same and whose own keys have
  * the same hash tag (one Cluster slot) make one call of the shared parts
  * once and each one's own after them, keys then arguments, in order,
- * whose reply is one reply per request, in the same order. */
+ * whose reply is each request's answer, in the same order, one after
+ * another in one flat array (redis_scripts.c: no table per request),
+ * which redis_join_split cuts back into one reply per request. */
 #ifndef SLUICE_STORE_REDIS_JOIN_H
 #define SLUICE_STORE_REDIS_JOIN_H
 
 #include <stdbool.h>
 #include <stddef.h>
 
+#include <hiredis/hiredis.h>
+
 /* At most this many requests in one call. */
 #define REDIS_JOIN_MAX 32
 
-/* How a script's command for one request lays its keys and arguments out. */
+/* How a script's command for one request lays its keys and arguments
+ * out, and how long its answer is: the elements of the answer at el[0],
+ * of the left there; 0 when el[0] starts none. */
 struct redis_join_layout {
     unsigned shared_keys, own_keys, shared_args, own_args;
+    size_t (*answer_len)(redisReply *const *el, size_t left);
 };
 
 /* <bucket> <record> <T> <tau> <max_wait> <id> <live> <new record> <PXAT> */
@@ -44,5 +51,12 @@ bool redis_join_fits(const struct redis_join_layout *l, const char *a,
  * call again with a buffer that large. 0: a command is not of layout l. */
 size_t redis_join(const struct redis_join_layout *l, char *out, size_t cap,
                   const char *const cmd[], const size_t len[], unsigned n);
+
+/* Cuts r, the reply of a script of layout l to n requests (n answers, a
+ * call alone's too), into part[0..n), each an array of one answer's
+ * elements, r's own (they live as long as r). false: r is not n answers
+ * (an error, say), part untouched. */
+bool redis_join_split(const struct redis_join_layout *l, const redisReply *r,
+                      unsigned n, redisReply part[]);
 
 #endif

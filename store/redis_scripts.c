@@ -35,12 +35,15 @@
  * exact. What needs arithmetic or a message (remaining lease, decoding
  * a replay) is left to C: a script answers a one-letter verdict and, where
  * the caller needs it, the record as it was or as written:
- *   A acquired (the new record; '': as the caller sent it)
+ *   A acquired (the new record)
  *   H held (the record)           D done (the record)
  *   M fingerprint mismatch        N no live record      E already completed
  *   S a later attempt holds it (the record)             O written
  *   X a value this script cannot read (the value: C decodes it for the
- *     error). */
+ *     error)
+ *   R the permit refused (PERMIT_LEASE; the record or '', wait, paused)
+ * and PERMIT_LEASE answers a fresh key's lease with the permit's wait
+ * alone, no letter. */
 #include "store/redis_scripts.h"
 
 #include <pthread.h>
@@ -209,15 +212,20 @@
     "end\n"                                                                  \
     /* Reserves the start max(now, tat - tau) and moves tat to max(tat,    \
      * now) + T, or refuses without reserving when the start is beyond     \
-     * maxw. Answers (reserved, wait, paused); the caller writes b. */      \
+     * maxw. Answers (reserved, wait, paused); the caller writes b. The    \
+     * maxima are comparisons, not math.max: a joined call runs this once  \
+     * per request, and each C call costs Redis more than the arithmetic. */ \
     "local function reserve(b, T, tau, maxw, now)\n"                         \
-    "  local start = math.max(now, b.tat - tau)\n"                           \
+    "  local tat = b.tat\n"                                                  \
+    "  local start = tat - tau\n"                                            \
+    "  if start < now then start = now end\n"                                \
     "  local wait = start - now\n"                                           \
     "  if wait > maxw then\n"                                                \
     "    if b.pu > now then return false, wait, 1 end\n"                     \
     "    return false, wait, 0\n"                                            \
     "  end\n"                                                                \
-    "  b.tat = math.max(b.tat, now) + T\n"                                   \
+    "  if tat < now then tat = now end\n"                                    \
+    "  b.tat = tat + T\n"                                                    \
     "  return true, wait, 0\n"                                               \
     "end\n"
 
@@ -335,55 +343,66 @@ static const char PERMIT[] =
  * T, tau, max_wait (µs), this process's id, the liveness keys' prefix,
  * then for each request: the new key's record (its created_ms is the
  * caller's now, its fingerprint the request's) and its PXAT ms.
- * Answers one reply per request, in order, each as if it had come alone
+ *
+ * Answers each request's answer in order, one after another in one flat
+ * array (redis_join.c splits it), each as if the request had come alone
  * right after those before it (their leases and permits): a replay, a
  * mismatch or a live lease answers without a permit (a duplicate spends
- * none); a refused permit writes nothing and answers {'R', the record or
- * '', wait, paused}; otherwise the permit is reserved and the lease
- * written: {'A', new, wait}, new '' for a key nothing held (the lease is
- * the record as sent). The caller's lease covers the wait (its record is
- * made so). Redis's clock is read once, the bucket read and written once
- * for all of them.
+ * none); a refused permit writes nothing and answers 'R', the record or
+ * '', wait, paused; otherwise the permit is reserved and the lease
+ * written: for a key nothing held, the permit's wait alone (an integer,
+ * µs: the lease is the record as sent), else 'A', the new record, wait.
+ * No table per request: Redis reads every table of a reply for its
+ * special fields, which cost it more than the fresh key's whole answer.
+ * The caller's lease covers the wait (its record is made so). Redis's
+ * clock is read once, the bucket read and written once for all of them.
  *
  * The common request is a fresh key, so it goes first: the permit is
  * reserved and the lease written with SET NX, which answers whether the
  * key was free; when it was not (or the permit was refused) the permit is
  * given back, nothing having been written, and the record read and
- * checked. A fresh key costs one command (SET NX), with the bucket's
- * TIME, GET and SET once per call. */
+ * checked (held). A fresh key costs one command (SET NX), with the
+ * bucket's TIME, GET and SET once per call. */
 static const char PERMIT_LEASE[] =
     RECORD_FNS
     BUCKET
     CLAIM_FNS
     "local T, tau, maxw = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])\n"
     "local me, live = ARGV[4], ARGV[5]\n"
-    "local now, b, taken\n"
-    "local function fresh(k, new, pxat)\n"
-    "  if pxat ~= '0' then return redis.call('SET', k, new, 'NX', 'PXAT', pxat) end\n"
-    "  return redis.call('SET', k, new, 'NX')\n"
-    "end\n"
-    "local function one(k, new, pxat)\n"
-    "  if not b then now = redis_now() b = bucket_get(KEYS[1]) end\n"
-    "  local tat = b.tat\n"
-    "  local ok, wait, paused = reserve(b, T, tau, maxw, now)\n"
-    "  if ok and fresh(k, new, pxat) then taken = true return {'A', '', wait} end\n"
-    "  b.tat = tat\n"
+    "local now = redis_now()\n"
+    "local b, taken = bucket_get(KEYS[1]), false\n"
+    "local function held(k, new, pxat)\n"
     "  local wall = ms(new, 16)\n"
     "  local cur, bad = live_at(k, wall)\n"
     "  if bad then return {'X', bad} end\n"
     "  local r = claim_check(cur, new:sub(40, 71), wall, me, live)\n"
     "  if r then return r end\n"
-    "  ok, wait, paused = reserve(b, T, tau, maxw, now)\n"
+    "  local ok, wait, paused = reserve(b, T, tau, maxw, now)\n"
     "  if not ok then return {'R', cur or '', wait, paused} end\n"
     "  taken = true\n"
     "  new = take_lease(cur, new)\n"
     "  save(new, pxat, k)\n"
     "  return {'A', new, wait}\n"
     "end\n"
-    "local out = {}\n"
+    "local out, n = {}, 0\n"
     "for i = 2, #KEYS do\n"
-    "  local o = 2 * i + 2\n"
-    "  out[i - 1] = one(KEYS[i], ARGV[o], ARGV[o + 1])\n"
+    "  local k, o = KEYS[i], 2 * i + 2\n"
+    "  local new, pxat = ARGV[o], ARGV[o + 1]\n"
+    "  local tat = b.tat\n"
+    "  local ok, wait = reserve(b, T, tau, maxw, now)\n"
+    "  if ok then\n"
+    "    if pxat ~= '0' then ok = redis.call('SET', k, new, 'NX', 'PXAT', pxat)\n"
+    "    else ok = redis.call('SET', k, new, 'NX') end\n"
+    "  end\n"
+    "  if ok then\n"
+    "    taken = true\n"
+    "    n = n + 1\n"
+    "    out[n] = wait\n"
+    "  else\n"
+    "    b.tat = tat\n"
+    "    local r = held(k, new, pxat)\n"
+    "    for j = 1, #r do n = n + 1 out[n] = r[j] end\n"
+    "  end\n"
     "end\n"
     "if taken then bucket_put(KEYS[1], b, now) end\n"
     "return out\n";
@@ -393,8 +412,10 @@ static const char PERMIT_LEASE[] =
  * ARGV[2i - 1], ARGV[2i] its completed record (status, headers, body,
  * times, completed_ms the caller's now, and the completing lease's fence
  * set; attempt, created_ms and fingerprint as the caller knows them from
- * the lease it took, else 0) and PXAT ms. Answers one reply per record, in
- * order, each as if it had come alone after those before it. The attempt,
+ * the lease it took, else 0) and PXAT ms. Answers each record's answer,
+ * in order, in one flat array as PERMIT_LEASE does: 'O' (written), 'N',
+ * 'E', or 'S' or 'X' and the value; each as if it had come alone after
+ * those before it. The attempt,
  * created_ms and fingerprint are the stored record's; the first result
  * stays. Fenced: only the lease that holds the key completes it.
  *
@@ -420,26 +441,34 @@ static const char COMPLETE[] =
     "    redis.call('SET', k, old, 'PXAT', string.format('%.0f', x))\n"
     "  else redis.call('SET', k, old) end\n"
     "end\n"
-    "local O = {'O'}\n"
+    /* nil: written ('O'); else the answer. One unpack reads the old    \
+     * record's state, flags, attempt and expiry. */                        \
     "local function complete(k, d, at)\n"
     "  local old\n"
     "  if at ~= '0' then old = redis.call('SET', k, d, 'PXAT', at, 'GET')\n"
     "  else old = redis.call('SET', k, d, 'GET') end\n"
     "  if not old then put_back(k, old) return {'N'} end\n"
     "  if not readable(old) then put_back(k, old) return {'X', old} end\n"
-    "  if ms(old, 8) <= ms(d, 32) then put_back(k, old) return {'N'} end\n"
-    "  if old:byte(2) == 2 then put_back(k, old) return {'E'} end\n"
-    "  if old:sub(40, 79) ~= d:sub(40, 79) or old:sub(4, 7) ~= d:sub(4, 7) then\n"
+    "  local state, flags, attempt, expires = struct.unpack('<BBI4I8', old, 2)\n"
+    "  if expires <= ms(d, 32) then put_back(k, old) return {'N'} end\n"
+    "  if state == 2 then put_back(k, old) return {'E'} end\n"
+    "  if attempt ~= struct.unpack('<I4', d, 4) or old:sub(40, 79) ~= d:sub(40, 79) then\n"
     "    if fence(old) ~= d:sub(72, 79) then put_back(k, old) return {'S', old} end\n"
     "    save(d:sub(1, 3) .. old:sub(4, 7) .. d:sub(8, 15) .. old:sub(16, 23) ..\n"
     "         d:sub(24, 39) .. old:sub(40, 71) .. d:sub(72), at, k)\n"
     "  end\n"
-    "  notify_done(old, k)\n"
-    "  return O\n"
+    /* Unmarked, the common case: no call. */
+    "  if bit.band(flags, 12) ~= 0 then notify_done(old, k) end\n"
     "end\n"
-    "local out = {}\n"
+    "local out, n = {}, 0\n"
     "for i = 1, #KEYS do\n"
-    "  out[i] = complete(KEYS[i], ARGV[2 * i - 1], ARGV[2 * i])\n"
+    "  local r = complete(KEYS[i], ARGV[2 * i - 1], ARGV[2 * i])\n"
+    "  if r then\n"
+    "    for j = 1, #r do n = n + 1 out[n] = r[j] end\n"
+    "  else\n"
+    "    n = n + 1\n"
+    "    out[n] = 'O'\n"
+    "  end\n"
     "end\n"
     "return out\n";
 

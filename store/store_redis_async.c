@@ -680,18 +680,27 @@ static void pend(struct rconn *cn, struct req *q)
     q->pending = true;
 }
 
-/* The joined call's reply: each request's part to its own on_reply, as
+/* The joined call's reply: each request's answer to its own on_reply, as
  * if it had gone alone; anything else (an error such as NOSCRIPT or
  * MOVED, which no part of the call ran past; NULL: the connection went)
- * to each of them, which then goes again alone or ends with it. */
+ * to each of them, which then goes again alone or ends with it. An array
+ * that is not one answer per request (never sent by the scripts) ends
+ * each with an error: no part of it is anyone's answer. */
 static void on_joined(struct redis_conn *ac, redisReply *reply, void *priv)
 {
+    static char bad[] = "the reply of a joined call is not one answer per "
+                        "request";
     struct join *j = priv;
-    bool parts = reply && reply->type == REDIS_REPLY_ARRAY &&
-                 reply->elements == j->n;
+    redisReply part[REDIS_JOIN_MAX];
+    redisReply malformed = {.type = REDIS_REPLY_ERROR, .len = sizeof bad - 1,
+                            .str = bad};
+    bool split = reply && redis_join_split(layout_of(j->m[0]), reply, j->n,
+                                           part);
+    redisReply *whole = reply && reply->type == REDIS_REPLY_ARRAY ? &malformed
+                                                                   : reply;
 
     for (unsigned i = 0; i < j->n; i++)
-        on_reply(ac, parts ? reply->element[i] : reply, j->m[i]);
+        on_reply(ac, split ? &part[i] : whole, j->m[i]);
     freelist_give(&j->loop->joins, j);
 }
 

@@ -3,7 +3,9 @@
  * reader turns the bytes into a reply (what sluice's connections do), and
  * CLUSTER SHARDS's and CLUSTER SLOTS's readers either hand over ranges of
  * whole slots with a host and a port, or refuse with a message; a
- * redirection and the slot of a key are read from the same bytes. */
+ * redirection and the slot of a key are read from the same bytes, and so
+ * is a joined script call's reply (store/redis_join.c), which is cut into
+ * whole answers, each its own elements of the reply, or refused. */
 #include <errno.h>
 #include <stdbool.h>
 #include <string.h>
@@ -11,6 +13,7 @@
 #include <hiredis/hiredis.h>
 
 #include "fuzz_check.h"
+#include "store/redis_join.h"
 #include "store/redis_slot.h"
 
 #define ASKED "seed.local"
@@ -64,6 +67,28 @@ static void check_redirect(const redisReply *r)
                "the host lies outside the reply");
 }
 
+static void check_join(const redisReply *r)
+{
+    const struct redis_join_layout *l[] = {&REDIS_JOIN_PERMIT_LEASE, &REDIS_JOIN_COMPLETE};
+    redisReply part[4];
+
+    for (unsigned k = 0; k < 2; k++)
+        for (unsigned n = 1; n <= 4; n++) {
+            size_t at = 0;
+
+            if (!redis_join_split(l[k], r, n, part))
+                continue;
+            FUZZ_CHECK(r->type == REDIS_REPLY_ARRAY, "answers from a non-array");
+            for (unsigned i = 0; i < n; i++) {
+                FUZZ_CHECK(part[i].type == REDIS_REPLY_ARRAY && part[i].elements >= 1,
+                           "an empty answer");
+                FUZZ_CHECK(part[i].element == r->element + at, "answers out of order");
+                at += part[i].elements;
+            }
+            FUZZ_CHECK(at == r->elements, "%zu of %zu elements in answers", at, r->elements);
+        }
+}
+
 /* hiredis 0.14 allocates an aggregate's element array as its header
  * declares, before any element arrives (no maxelements until 1.0): a
  * header of 10^9 elements is hiredis's out-of-memory, not ours. Inputs that
@@ -95,6 +120,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         redisReaderGetReply(rd, &reply) == REDIS_OK && reply) {
         check_map(reply, data[0] & 1);
         check_redirect(reply);
+        check_join(reply);
         freeReplyObject(reply);
     }
     redisReaderFree(rd);

@@ -1,5 +1,6 @@
 /* Keyed requests' commands joined into one script call (store/redis_join.c):
- * what may join, and the joined command, byte for byte. */
+ * what may join, the joined command, byte for byte, and its reply cut back
+ * into each request's answer. */
 #define _GNU_SOURCE /* memmem */
 #include <criterion/criterion.h>
 #include <string.h>
@@ -170,4 +171,93 @@ Test(redis_join, completions_of_one_slot_fit_and_join)
     n = redis_join(&REDIS_JOIN_COMPLETE, out, sizeof out, cmd, len, 2);
     cr_assert_eq(n, wn);
     cr_expect_eq(memcmp(out, want, n), 0, "%.*s", (int)n, out);
+}
+
+/* A reply as hiredis's reader makes it of resp (what Redis would send). */
+static redisReply *reply_of(const char *resp)
+{
+    redisReader *rd = redisReaderCreate();
+    void *r = NULL;
+
+    cr_assert(rd);
+    cr_assert_eq(redisReaderFeed(rd, resp, strlen(resp)), REDIS_OK);
+    cr_assert_eq(redisReaderGetReply(rd, &r), REDIS_OK);
+    cr_assert(r, "a whole reply: %s", resp);
+    redisReaderFree(rd);
+    return r;
+}
+
+/* The scripts' flat answers (store/redis_scripts.c), each of its own
+ * length, cut where each ends: a fresh key's wait alone, a held lease's
+ * verdict, record and holder's state, a mismatch's verdict, a refused
+ * permit's four, a takeover's three, a replay's two. */
+Test(redis_join, a_keyed_call_s_reply_is_cut_into_each_answer)
+{
+    redisReply *r = reply_of("*14\r\n:250\r\n$1\r\nH\r\n$3\r\nrec\r\n:0\r\n$1\r\nM\r\n"
+                             "$1\r\nR\r\n$0\r\n\r\n:9000\r\n:1\r\n$1\r\nA\r\n$4\r\nrec2\r\n:7\r\n"
+                             "$1\r\nD\r\n$4\r\nrec3\r\n");
+    redisReply part[6];
+    const size_t want[] = {1, 3, 1, 4, 3, 2};
+
+    cr_assert(redis_join_split(&REDIS_JOIN_PERMIT_LEASE, r, 6, part));
+    for (int i = 0; i < 6; i++) {
+        cr_expect_eq(part[i].type, REDIS_REPLY_ARRAY);
+        cr_expect_eq(part[i].elements, want[i], "answer %d", i);
+    }
+    cr_expect_eq(part[0].element[0]->integer, 250);
+    cr_expect_eq(part[1].element[1]->len, 3);
+    cr_expect_eq(part[3].element[2]->integer, 9000, "R's wait");
+    cr_expect_eq(part[4].element[0]->str[0], 'A');
+    cr_expect_eq(part[5].element[1]->len, 4, "D's record");
+    freeReplyObject(r);
+}
+
+/* Anything but exactly n answers is not cut: fewer or more of them, an
+ * answer cut short, a verdict no script answers, an error, a completion's
+ * answer read as a keyed one's. */
+Test(redis_join, a_reply_that_is_not_n_answers_is_refused)
+{
+    static const char *const bad[] = {
+        "*2\r\n:1\r\n:2\r\n",                      /* two answers, three asked */
+        "*4\r\n:1\r\n:2\r\n:3\r\n:4\r\n",           /* four */
+        "*4\r\n:1\r\n:2\r\n$1\r\nH\r\n$3\r\nrec\r\n", /* H without its third */
+        "*3\r\n:1\r\n$1\r\nZ\r\n:2\r\n",            /* no such verdict */
+        "*3\r\n:1\r\n$2\r\nAA\r\n:2\r\n",           /* not one letter */
+        "*3\r\n:1\r\n*1\r\n:2\r\n:3\r\n",           /* a table per request */
+        "-NOSCRIPT No matching script.\r\n",
+    };
+    redisReply part[3];
+
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        redisReply *r = reply_of(bad[i]);
+
+        cr_expect_not(redis_join_split(&REDIS_JOIN_PERMIT_LEASE, r, 3, part), "%zu", i);
+        freeReplyObject(r);
+    }
+    {
+        redisReply *r = reply_of("*3\r\n:1\r\n:2\r\n:3\r\n");
+
+        cr_expect(redis_join_split(&REDIS_JOIN_PERMIT_LEASE, r, 3, part));
+        cr_expect_not(redis_join_split(&REDIS_JOIN_COMPLETE, r, 3, part),
+                      "a completion answers a letter");
+        freeReplyObject(r);
+    }
+}
+
+/* A completion's answers: written, none, done, and a stale fence's or an
+ * unreadable value's two. */
+Test(redis_join, a_completion_call_s_reply_is_cut_into_each_answer)
+{
+    redisReply *r = reply_of("*7\r\n$1\r\nO\r\n$1\r\nS\r\n$3\r\nrec\r\n$1\r\nN\r\n"
+                             "$1\r\nE\r\n$1\r\nX\r\n$1\r\n?\r\n");
+    redisReply part[5];
+    const size_t want[] = {1, 2, 1, 1, 2};
+
+    cr_assert(redis_join_split(&REDIS_JOIN_COMPLETE, r, 5, part));
+    for (int i = 0; i < 5; i++)
+        cr_expect_eq(part[i].elements, want[i], "answer %d", i);
+    cr_expect_eq(part[1].element[1]->len, 3);
+    cr_expect_eq(part[4].element[1]->str[0], '?');
+    cr_expect_not(redis_join_split(&REDIS_JOIN_COMPLETE, r, 4, part), "one answer left over");
+    freeReplyObject(r);
 }

@@ -893,6 +893,69 @@ Test(store, keyed_requests_of_one_pass_go_as_one_call)
     aloop_free(&a);
 }
 
+/* Every kind of answer in one joined call, each of its own length in the
+ * call's flat reply, reaches its own request: a fresh key's lease, a
+ * stored result (replayed), another request's key (mismatch), a released
+ * lease taken over (attempt 2), a live lease (held), and a fresh key
+ * after them all. */
+Test(store, each_answer_of_a_joined_call_is_its_own_request_s)
+{
+    struct aloop a = aloop_new(st);
+    struct store_bucket_ask b = {.t_ns = 1000, .max_wait_ns = 60 * NS_PER_S};
+    const char *keys[] = {"m1", "m-done", "m-other", "m-over", "m-held", "m2"};
+    const uint8_t *fps[] = {fp_a, fp_a, fp_a, fp_a, fp_a, fp_a};
+    struct waiter w = {0};
+    struct store_call c[6];
+    struct store_acquire_out out;
+    long long before;
+
+    cr_assert_eq(store_acquire(st, SCOPE, "m-done", fp_a, t0, LEASE, TTL, &out, &err), 0,
+                 "%s", err.text);
+    cr_assert_eq(store_complete(st, SCOPE, "m-done", out.lease, t0 + 1, TTL, 201, HDRS, 3,
+                                BIN_BODY, sizeof BIN_BODY, false, &err), 0, "%s", err.text);
+    cr_assert_eq(store_acquire(st, SCOPE, "m-other", fp_b, t0, LEASE, TTL, &out, &err), 0,
+                 "%s", err.text);
+    cr_assert_eq(store_acquire(st, SCOPE, "m-over", fp_a, t0, LEASE, TTL, &out, &err), 0,
+                 "%s", err.text);
+    cr_assert_eq(store_release(st, SCOPE, "m-over", 1, out.lease, t0 + 1, TTL, &err), 0,
+                 "%s", err.text);
+    cr_assert_eq(store_acquire(st, SCOPE, "m-held", fp_a, t0, LEASE, TTL, &out, &err), 0,
+                 "%s", err.text);
+    c[0] = permit_lease(&a, &w, "warm", fp_a, 0); /* connected, scripts in */
+    pl_now = t0 + 2;
+    before = evalsha_calls();
+    for (int i = 0; i < 6; i++) {
+        call_init(&c[i], &w);
+        cr_assert_eq(store_permit_lease_async(a.sl, &c[i], SCOPE, keys[i], fps[i], pl_now,
+                                              LEASE, TTL, &b), -EINPROGRESS, "%s", c[i].err.text);
+    }
+    cr_assert(run_until(a.base, &w, w.done + 6, WAIT_MS));
+    pl_now = 0;
+    cr_expect_eq(evalsha_calls() - before, 1, "one call for all six");
+    for (int i = 0; i < 6; i++)
+        cr_assert_eq(c[i].rc, 0, "%s: %s", keys[i], c[i].err.text);
+    cr_expect_eq(c[0].acq.claim, STORE_ACQUIRED);
+    cr_expect_eq(c[0].acq.attempt, 1);
+    cr_expect(c[0].permit.granted);
+    cr_expect_eq(c[1].acq.claim, STORE_DONE);
+    expect_bin_result(&c[1].acq.rec);
+    store_record_clear(&c[1].acq.rec);
+    cr_expect_not(c[1].permit.granted, "a replay spends no permit");
+    cr_expect_eq(c[2].acq.claim, STORE_MISMATCH);
+    cr_expect_eq(c[3].acq.claim, STORE_ACQUIRED);
+    cr_expect_eq(c[3].acq.attempt, 2, "taken over: the next attempt");
+    cr_expect(c[3].permit.granted);
+    cr_expect_eq(c[3].acq.lease, lease_in(st, SCOPE, "m-over"));
+    cr_expect_eq(c[4].acq.claim, STORE_HELD);
+    cr_expect_eq(c[4].acq.lease, out.lease);
+    cr_expect_eq(c[5].acq.claim, STORE_ACQUIRED);
+    cr_expect_eq(c[5].acq.attempt, 1);
+    cr_expect(c[5].permit.granted);
+    cr_expect(c[5].permit.wait_ns > c[3].permit.wait_ns, "m2 waits behind m-over's permit");
+    cr_expect_eq(c[5].acq.lease, lease_in(st, SCOPE, "m2"));
+    aloop_free(&a);
+}
+
 /* The completions a loop starts in one pass go as one script call per
  * slot, each answered as if it had gone alone: the results are stored
  * (and replayed), a stale fence is refused with the record kept as it
