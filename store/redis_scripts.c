@@ -441,8 +441,8 @@ static const char COMPLETE[] =
     "    redis.call('SET', k, old, 'PXAT', string.format('%.0f', x))\n"
     "  else redis.call('SET', k, old) end\n"
     "end\n"
-    /* nil: written ('O'); else the answer. One unpack reads the old    \
-     * record's state, flags, attempt and expiry. */                        \
+    /* nil: written ('O'); else the answer. One unpack reads the old
+     * record's state, flags, attempt and expiry. */
     "local function complete(k, d, at)\n"
     "  local old\n"
     "  if at ~= '0' then old = redis.call('SET', k, d, 'PXAT', at, 'GET')\n"

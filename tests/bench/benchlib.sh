@@ -132,6 +132,33 @@ stop_sluice() {   # stop_sluice PID DIR
     [ "$STOP_RC" -eq 0 ] || say "warning: sluice exited with status $STOP_RC on SIGTERM (see $2/stderr)"
 }
 
+# schedstat's on-CPU time of PID's threads, in ns: finer than clock ticks over short runs.
+cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ t += $1 } END { printf "%.0f\n", t }'; }
+
+free_ports() { python3 "$HERE/ratestat.py" ports "$1"; }   # free_ports N: N free loopback ports
+
+# base_sluice BASE: the sluice binary BASE names, a build dir holding one or a git revision,
+# built here from `git archive` into build-bench-base-<rev>/ (kept for the next run).
+base_sluice() {
+    local rev dir
+    if [ -x "$1/sluice" ]; then
+        echo "$1/sluice"
+        return 0
+    fi
+    rev=$(git -C "$REPO" rev-parse --short "$1^{commit}") || die "BASE=$1: no build dir, no revision"
+    dir=$REPO/build-bench-base-$rev
+    if [ ! -x "$dir/sluice" ]; then
+        say "building BASE $rev into $dir"
+        mkdir -p "$dir/src"
+        git -C "$REPO" archive "$rev" | tar -x -C "$dir/src"
+        cmake -S "$dir/src" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+            -DSLUICE_TESTS=OFF -DSLUICE_REVISION="$rev" >/dev/null
+        cmake --build "$dir" -j"$(nproc)" --target sluice >"$dir/bench-build.log" 2>&1 ||
+            die "the BASE build failed, see $dir/bench-build.log"
+    fi
+    echo "$dir/sluice"
+}
+
 source_rev() {
     local rev
     if rev=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null); then

@@ -54,8 +54,6 @@ if [ "${REDIS_CORE:-0}" = 1 ]; then
     PIN_REDIS="taskset -c $last" PIN_SLUICE="taskset -c 0-$((last - 1))" PIN_LOAD=$PIN_SLUICE
 fi
 
-# schedstat's on-CPU time, in ns: finer than benchlib's clock ticks over short runs.
-cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ t += $1 } END { printf "%.0f\n", t }'; }
 
 deps
 command -v redis-server >/dev/null || die "redis-server not found"
@@ -66,24 +64,9 @@ REPS=${REPS:-1}
 # The binaries each run goes with: "this" tree's, and BASE's first when given.
 BINS=("this:$SLUICE")
 if [ -n "${BASE:-}" ]; then
-    if [ -x "$BASE/sluice" ]; then
-        BINS=("base:$BASE/sluice" "${BINS[@]}")
-    else
-        rev=$(git -C "$REPO" rev-parse --short "$BASE^{commit}") || die "BASE=$BASE: no build dir, no revision"
-        base_dir=$REPO/build-bench-base-$rev
-        if [ ! -x "$base_dir/sluice" ]; then
-            say "building BASE $rev into $base_dir"
-            mkdir -p "$base_dir/src"
-            git -C "$REPO" archive "$rev" | tar -x -C "$base_dir/src"
-            cmake -S "$base_dir/src" -B "$base_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-                -DSLUICE_TESTS=OFF -DSLUICE_REVISION="$rev" >/dev/null
-            cmake --build "$base_dir" -j"$(nproc)" --target sluice >"$base_dir/bench-build.log" 2>&1 ||
-                die "the BASE build failed, see $base_dir/bench-build.log"
-        fi
-        BINS=("base:$base_dir/sluice" "${BINS[@]}")
-    fi
+    base_bin=$(base_sluice "$BASE")
+    BINS=("base:$base_bin" "${BINS[@]}")
 fi
-free_ports() { python3 "$HERE/ratestat.py" ports "$1"; }
 
 # ---- servers -------------------------------------------------------------------
 REDIS_PORT=$(free_ports 1)
