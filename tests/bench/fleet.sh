@@ -54,7 +54,6 @@ if [ "${REDIS_CORE:-0}" = 1 ]; then
     PIN_REDIS="taskset -c $last" PIN_SLUICE="taskset -c 0-$((last - 1))" PIN_LOAD=$PIN_SLUICE
 fi
 
-
 deps
 command -v redis-server >/dev/null || die "redis-server not found"
 build "$BUILD_DIR"
