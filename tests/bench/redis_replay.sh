@@ -93,7 +93,9 @@ EOF
     cp "$(ls -S "$d"/rec/*.resp | head -1)" "$d/loop.resp"
 }
 
-# cpu_per_request FILE REQUESTS: Redis's CPU (µs) per keyed request replaying FILE into a fresh server
+# cpu_per_request FILE REQUESTS: Redis's CPU (µs) per keyed request replaying FILE into a fresh server.
+# Replayed within minutes of its recording: the records' expiries (PXAT) are absolute times, and
+# a stream replayed after them would find every lease gone (another path, another cost).
 cpu_per_request() {
     local d=$TMP/round port b a
     rm -rf "$d"
