@@ -549,6 +549,15 @@ static void fresh_result(const struct rcmd_info *info,
     memcpy(hint->fp, info->fresh.fp, STORE_FP_LEN);
 }
 
+/* A permit's answer (wait_us >= 0, µs) into p. */
+static void permit_answer(struct store_permit *p, bool granted, bool paused,
+                          long long wait_us)
+{
+    p->granted = granted;
+    p->paused = paused;
+    p->wait_ns = (uint64_t)wait_us * 1000;
+}
+
 /* permit_lease's answer for a key nothing held: the permit's wait alone
  * (µs); the lease is the record as sent. */
 static int fresh_taken(const struct redis_store *st,
@@ -557,9 +566,7 @@ static int fresh_taken(const struct redis_store *st,
 {
     if (wait_us < 0)
         return redis_unexpected(st, info, err);
-    out->permit->granted = true;
-    out->permit->paused = false;
-    out->permit->wait_ns = (uint64_t)wait_us * 1000;
+    permit_answer(out->permit, true, false, wait_us);
     fresh_result(info, out->acq, out->hint);
     return 0;
 }
@@ -580,9 +587,7 @@ static int permit_lease_result(const struct redis_store *st,
     if (!v || !memchr("AR", verdict, 2) || !redis_int_at(r, 2, &wait_us) ||
         wait_us < 0 || (verdict == 'R' && !redis_int_at(r, 3, &paused)))
         return redis_unexpected(st, info, err);
-    out->permit->granted = verdict == 'A';
-    out->permit->paused = paused == 1;
-    out->permit->wait_ns = (uint64_t)wait_us * 1000;
+    permit_answer(out->permit, verdict == 'A', paused == 1, wait_us);
     if (verdict == 'A')
         return acquire_result(info, verdict, r, v, out->acq, out->hint, err);
     return free_result(info, v, out->acq, err);

@@ -235,24 +235,18 @@ size_t redis_join(const struct redis_join_layout *l, char *out, size_t cap,
 bool redis_join_split(const struct redis_join_layout *l, const redisReply *r,
                       unsigned n, redisReply part[])
 {
-    size_t at = 0, len[REDIS_JOIN_MAX];
+    size_t at = 0, len;
 
     if (r->type != REDIS_REPLY_ARRAY || n < 1 || n > REDIS_JOIN_MAX)
         return false;
     for (unsigned i = 0; i < n; i++) {
         if (at >= r->elements ||
-            !(len[i] = l->answer_len(r->element + at, r->elements - at)))
+            !(len = l->answer_len(r->element + at, r->elements - at)))
             return false;
-        at += len[i];
-    }
-    if (at != r->elements)
-        return false;
-    at = 0;
-    for (unsigned i = 0; i < n; i++) {
         part[i] = (redisReply){.type = REDIS_REPLY_ARRAY,
-                               .elements = len[i],
+                               .elements = len,
                                .element = r->element + at};
-        at += len[i];
+        at += len;
     }
-    return true;
+    return at == r->elements;
 }

@@ -55,7 +55,7 @@ size_t redis_join(const struct redis_join_layout *l, char *out, size_t cap,
 /* Cuts r, the reply of a script of layout l to n requests (n answers, a
  * call alone's too), into part[0..n), each an array of one answer's
  * elements, r's own (they live as long as r). false: r is not n answers
- * (an error, say), part untouched. */
+ * (an error, say), and part holds nothing to read. */
 bool redis_join_split(const struct redis_join_layout *l, const redisReply *r,
                       unsigned n, redisReply part[]);
 
